@@ -1,0 +1,3 @@
+from collbench.cli import main
+
+raise SystemExit(main())

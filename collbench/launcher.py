@@ -1,0 +1,102 @@
+"""Build the mpirun / srun command line and environment from the config.
+
+Transport presets are one table: the MCA parameters and UCX variables each preset sets. With
+mpirun they become `--mca k v` and `-x VAR`; with srun, OMPI_MCA_k variables in the environment.
+"""
+
+import os
+import shutil
+import subprocess
+from functools import lru_cache
+
+from collbench.errors import UserError
+
+TRANSPORT_PRESETS = {
+    # RDMA clusters (seed 001): UCX with UD verbs
+    "ucx": {"mca": (("pml", "ucx"), ("osc", "ucx")),
+            "env": {"UCX_TLS": "ud_verbs,self,sm", "UCX_NET_DEVICES": "all"}},
+    # UCX over TCP: the UCX code path without RDMA devices (pml_ucx refuses tcp unless told "any")
+    "ucx-tcp": {"mca": (("pml", "ucx"), ("pml_ucx_tls", "any"), ("pml_ucx_devices", "any")),
+                "env": {"UCX_TLS": "tcp,sm,self"}},
+    # OpenMPI's ob1 over TCP only: hosts that share /dev/shm and a hostname (namespaces) need it
+    "ob1-tcp": {"mca": (("pml", "ob1"), ("btl", "tcp,self")), "env": {}},
+    # one machine, shared memory
+    "shm": {"mca": (("pml", "ob1"), ("btl", "vader,self")), "env": {}},
+    # leave the MPI's own defaults alone
+    "none": {"mca": (), "env": {}},
+}
+
+
+@lru_cache(maxsize=8)
+def mpi_version(launcher_path):
+    """First line of `mpirun --version` (e.g. 'mpirun (Open MPI) 4.1.4'), or 'unknown'."""
+    try:
+        out = subprocess.run([launcher_path, "--version"], capture_output=True, text=True, timeout=20)
+        line = (out.stdout or out.stderr).strip().splitlines()
+        return line[0].strip() if line else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def resolve_launcher(cfg):
+    """Absolute path of mpirun/srun, or a UserError saying how to get it."""
+    name = cfg.launcher_path or cfg.launcher
+    path = shutil.which(name)
+    if path is None:
+        raise UserError(f"launcher {name!r} not found on PATH (install openmpi-bin, or set "
+                        f"launcher_path in the config)")
+    return path
+
+
+def transport_env(cfg):
+    """The environment the ranks need: preset variables, overridden by the config's env."""
+    env = dict(TRANSPORT_PRESETS[cfg.transport]["env"])
+    env.update(cfg.env)
+    return env
+
+
+def build_command(cfg, program_argv, ranks=None):
+    """(argv, env) to launch program_argv on cfg.ranks ranks over cfg.hosts.
+
+    env is the full environment for subprocess (os.environ plus the transport's variables).
+    """
+    launcher = resolve_launcher(cfg)
+    np = ranks or cfg.ranks
+    extra_env = transport_env(cfg)
+    env = dict(os.environ)
+    env.update(extra_env)
+    mca = TRANSPORT_PRESETS[cfg.transport]["mca"]
+    if cfg.launcher == "srun":
+        argv = [launcher, "-n", str(np)]
+        if cfg.ranks_per_node:
+            argv += ["--ntasks-per-node", str(cfg.ranks_per_node)]
+        if cfg.hosts and not _is_local(cfg):
+            argv += ["--nodelist", ",".join(cfg.placement())]
+        for k, v in mca:
+            env[f"OMPI_MCA_{k}"] = v
+        argv += ["--export=ALL"]
+        argv += list(cfg.launcher_args)
+        return argv + list(program_argv), env
+
+    argv = [launcher, "-np", str(np)]
+    if os.geteuid() == 0:
+        argv.append("--allow-run-as-root")
+    if cfg.oversubscribe:
+        # binding cores that ranks must share only slows them down
+        argv += ["--oversubscribe", "--bind-to", "none"]
+    if cfg.hostfile:
+        argv += ["--hostfile", cfg.hostfile]
+    elif not _is_local(cfg):
+        argv += ["--host", ",".join(f"{h.name}:{h.slots}" for h in cfg.hosts)]
+    if cfg.ranks_per_node:
+        argv += ["--map-by", f"ppr:{cfg.ranks_per_node}:node"]
+    for k, v in mca:
+        argv += ["--mca", k, v]
+    for name in sorted(extra_env):
+        argv += ["-x", name]
+    argv += list(cfg.launcher_args)
+    return argv + list(program_argv), env
+
+
+def _is_local(cfg):
+    return [h.name for h in cfg.hosts] == ["localhost"]
