@@ -1,0 +1,46 @@
+"""Shared test fixtures. Area-specific helpers live beside their tests."""
+
+import os
+import shutil
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures"
+# Real OSU 7.4 output shipped beside the repo (shared/fixtures); tests fall back to a copy in tests/fixtures.
+OSU_FIXTURES = next((p for p in (REPO.parent / "shared" / "fixtures" / "osu-7.4",
+                                 FIXTURES / "osu-7.4") if p.is_dir()), FIXTURES / "osu-7.4")
+
+
+@pytest.fixture
+def repo():
+    return REPO
+
+
+@pytest.fixture
+def free_port():
+    """A TCP port free on loopback right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def collbench_cmd():
+    """argv prefix that runs this checkout's collbench CLI with the current interpreter."""
+    return [sys.executable, "-m", "collbench"]
+
+
+def require_tool(name):
+    """The path of a tool the suite installs (scripts/install.sh); a missing one is a failure, not a skip."""
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not installed: run scripts/install.sh")
+    return path
+
+
+def is_root():
+    return os.geteuid() == 0
