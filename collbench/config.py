@@ -5,9 +5,8 @@ or a bad value is reported with the file, the dotted key and what was expected, 
 runs (exit code 2).
 """
 
-import math
 import os
-import socket
+import re
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -182,13 +181,25 @@ def _size_kind():
     return _Kind(check, "a size such as 1024, 64KB, 4MB")
 
 
+_SECONDS_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_SECONDS_MULT = {"ms": 1e-3, "s": 1.0, None: 1.0, "m": 60.0, "h": 3600.0}
+
+
 def _seconds_kind():
+    expected = "a duration such as 30s, 500ms, 10m, or a number of seconds"
+
     def check(v):
-        return parse_duration_us(v) / 1e6
-    return _Kind(check, "a duration such as 30s, 500ms, or a number of seconds")
+        if isinstance(v, bool):
+            raise ValueError(expected)
+        m = _SECONDS_RE.match(str(v))
+        if not m or float(m.group(1)) <= 0:
+            raise ValueError(expected)
+        return float(m.group(1)) * _SECONDS_MULT[m.group(2)]
+    return _Kind(check, expected)
 
 
 STR = _typed(str, "a string")
+PATH = _typed(str, "a path")  # resolved against the config file's directory, ~ expanded
 BOOL = _typed(bool, "true or false")
 POS_INT = _positive(int, "a positive whole number")
 NONNEG_INT = _positive(int, "a whole number >= 0", allow_zero=True)
@@ -219,21 +230,21 @@ STRESS_SCHEMA = {
     "backoff_max": (POS_FLOAT, 300.0),       # cap of the exponential back-off
     "rotate_bytes": (SIZE, 100 << 20),       # rotate the results log past this size
     "rotate_keep": (NONNEG_INT, 5),          # rotated files kept
-    "results_log": (STR, None),              # default <state_dir>/results.jsonl
+    "results_log": (PATH, None),              # default <state_dir>/results.jsonl
     "stop_grace": (POS_FLOAT, 10.0),         # SIGTERM -> SIGKILL grace, seconds
 }
 EXPORTER_SCHEMA = {
     "listen": (STR, "0.0.0.0:9105"),
-    "results_log": (STR, None),              # default: the daemon's log in state_dir
+    "results_log": (PATH, None),              # default: the daemon's log in state_dir
     "max_age": (POS_FLOAT, 900.0),           # seconds before a result series disappears
     "poll_interval": (POS_FLOAT, 1.0),       # seconds between log polls
     "legacy_metrics": (BOOL, False),
-    "tls_cert": (STR, None),
-    "tls_key": (STR, None),
+    "tls_cert": (PATH, None),
+    "tls_key": (PATH, None),
     "basic_auth_user": (STR, None),
-    "basic_auth_password_file": (STR, None),  # file holding the password; never in this config
-    "sysfs_root": (STR, "/sys"),
-    "procfs_root": (STR, "/proc"),
+    "basic_auth_password_file": (PATH, None),  # file holding the password; never in this config
+    "sysfs_root": (PATH, "/sys"),
+    "procfs_root": (PATH, "/proc"),
     "ethtool": (STR, "ethtool"),
     "netdevs": (STR_LIST, None),             # default: the RDMA devices' netdevs from sysfs
     "device_include": (STR, None),           # regex on RDMA device / netdev names
@@ -244,9 +255,9 @@ MASTER_SCHEMA = {
     "host": (STR, None),                     # address or ~/.ssh/config alias; unset = act locally
     "user": (STR, None),
     "port": (POS_INT, None),
-    "identity_file": (STR, None),
-    "known_hosts": (STR, None),              # default ~/.ssh/known_hosts
-    "ssh_config": (STR, None),               # default ~/.ssh/config
+    "identity_file": (PATH, None),
+    "known_hosts": (PATH, None),              # default ~/.ssh/known_hosts
+    "ssh_config": (PATH, None),               # default ~/.ssh/config
     "connect_timeout": (POS_FLOAT, 10.0),
     "command_timeout": (POS_FLOAT, 3600.0),
     "remote_dir": (STR, "/opt/collbench"),   # where collbench lives on the master
@@ -309,7 +320,10 @@ class _Loader:
         try:
             return kind.check(v)
         except ValueError as e:
-            self.fail(key, f"got {v!r}, expected {e or kind.expected}")
+            detail = str(e) or kind.expected
+            if detail.startswith((repr(v), str(v))):
+                self.fail(key, detail)  # the parser already quoted the value
+            self.fail(key, f"got {v!r}, expected {detail}")
 
     def path(self, p):
         p = os.path.expanduser(p)
@@ -325,8 +339,10 @@ class _Loader:
             self.fail(f"{name}.{unknown[0]}", f"unknown key (allowed: {', '.join(schema)})")
         out = {}
         for key, (kind, default) in schema.items():
-            out[key.replace("-", "_")] = (default if data.get(key) is None
-                                          else self.value(f"{name}.{key}", kind, data[key]))
+            v = default if data.get(key) is None else self.value(f"{name}.{key}", kind, data[key])
+            if kind is PATH and data.get(key) is not None:
+                v = self.path(v)
+            out[key] = v
         return out
 
     def hosts(self, v):
@@ -612,10 +628,3 @@ def apply_overrides(cfg, np=None, ops=None, sizes=None, iterations=None, datatyp
     cfg.plan = plan
     return cfg
 
-
-def this_host():
-    return socket.gethostname()
-
-
-def ceil_div(a, b):
-    return int(math.ceil(a / b))
