@@ -264,6 +264,7 @@ MASTER_SCHEMA = {
     "remote_config": (STR, None),            # config path on the master (default: uploaded copy)
     "remote_state_dir": (STR, None),
     "python": (STR, "python3"),
+    "hosts_ssh_config": (STR, None),         # ssh config the master uses to reach the hosts (servers, deploy)
 }
 ALERTS_SCHEMA = {
     "for": (STR, "2m"),                      # how long a latency must stay above a bound
@@ -271,6 +272,7 @@ ALERTS_SCHEMA = {
     "failure_window": (STR, "15m"),
     "nodes": (POS_INT, 8),                   # the cluster size the thresholds are for
     "link_gbps": (POS_FLOAT, 25.0),          # the link speed the thresholds are for
+    "job": (STR, "collbench"),               # Prometheus job name of the exporter's scrape
 }
 PLAN_STEP_KEYS = ("op", "sizes", "iterations", "warmup", "datatype")
 TOP_KEYS = ("hosts", "ranks", "ranks_per_node", "oversubscribe", "launcher", "launcher_path",

@@ -1,5 +1,206 @@
-"""Placeholder: filled in by its issue."""
+"""`collbench once`: run the plan once, show progress, print a table per op, write result files.
+
+Exit codes: 0 every step measured (and validated, with --validate); 1 a step failed, a
+validation failed or a planned step never ran (the table says which); 2 a config or flag
+error, found before anything runs or is written; 130 interrupted (Ctrl-C) or 143 terminated
+(SIGTERM): the MPI job is stopped and no result file is written.
+"""
+
+import importlib
+import signal
+import sys
+import time
+
+from collbench.cli import add_config_arg
+from collbench.config import apply_overrides, load_config
+from collbench.errors import UserError
+from collbench.launcher import mpi_version, resolve_launcher
+from collbench.ops import get_op
+from collbench.records import RunContext
+from collbench.report_table import format_latency, render_other_failures, render_tables
+from collbench.results_files import check_writable, write_jsonl, write_tsv
+from collbench.sizes import format_size
+
+# engine name (config `engine`) -> module with run_steps(cfg, steps, ctx, on_progress=None)
+# and, optionally, preflight(cfg, steps) for checks that must pass before anything runs.
+ENGINES = {
+    "builtin": "collbench.builtin_engine",
+    "osu": "collbench.osu_engine",
+}
 
 
 def register(subparsers):
-    pass
+    p = subparsers.add_parser(
+        "once", help="run the benchmark plan once: a table per op, optional JSONL/TSV files",
+        description="Run every step of the plan once (one op at one size per step) and print a "
+                    "table per op: latency avg/min/max, bus bandwidth, validation and the "
+                    "Good/Warning/Critical verdict. Progress goes to stderr.",
+        epilog="--results appends this run's records to the file (JSON Lines, one per op and "
+               "size); --tsv replaces the file with this run's table. Both are written "
+               "atomically after the run: an interrupted run writes nothing. Exit code 1 if any "
+               "step failed, 2 on a config or flag error (nothing runs).")
+    add_config_arg(p)
+    p.add_argument("--np", type=int, metavar="N", help="number of MPI ranks (default: the config's ranks)")
+    p.add_argument("--ops", metavar="LIST", help="only these ops, e.g. allreduce,bcast")
+    p.add_argument("--sizes", metavar="LIST", help="only these sizes (bytes per rank), e.g. 1KB,1MB")
+    p.add_argument("--iterations", type=int, metavar="N", help="timed iterations per step")
+    p.add_argument("--datatype", metavar="TYPE", help="char, int, float or double (reductions default to float)")
+    p.add_argument("--validate", action="store_true", default=None,
+                   help="check every result element (on untimed calls)")
+    p.add_argument("--engine", choices=sorted(ENGINES), help="override the config's engine")
+    p.add_argument("--results", metavar="FILE", help="append JSONL result records to FILE")
+    p.add_argument("--tsv", metavar="FILE", help="write the results table as TSV to FILE")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=run)
+
+
+class Progress:
+    """Progress on stderr: a live line on a terminal, one line per finished step otherwise."""
+
+    def __init__(self, stream, total, quiet=False):
+        self.stream = stream
+        self.total = total
+        self.quiet = quiet
+        self.live = not quiet and hasattr(stream, "isatty") and stream.isatty()
+        self.done = 0
+        self.started = time.monotonic()
+        self._live_shown = False
+
+    @staticmethod
+    def _label(op_name, size_bytes):
+        op = get_op(op_name)
+        return f"{op.name} {format_size(size_bytes)}" if op.has_size and size_bytes else op.name
+
+    def _live(self, text):
+        self.stream.write("\r\033[K" + text)
+        self.stream.flush()
+        self._live_shown = True
+
+    def start(self, index, total, step):
+        if self.live:
+            elapsed = time.monotonic() - self.started
+            self._live(f"[{index + 1}/{total}] {self._label(step.op, step.size_bytes)} "
+                       f"({step.datatype}, {step.iterations} iterations) ... {elapsed:.0f}s")
+
+    def finished(self, rec):
+        if self.quiet or rec.get("type") not in ("result", "failure"):
+            return
+        self.done += 1
+        if rec.get("op"):
+            label = self._label(rec["op"], rec.get("size_bytes") or 0)
+        else:
+            label = "job"
+        if rec["type"] == "failure":
+            error = str(rec.get("error"))
+            # engines already start their errors with the step ("allreduce 4MB: ...")
+            text = f"FAILED: {error}" if label in error.split(":")[0] else f"{label}: FAILED: {error}"
+        else:
+            text = f"{label}: avg {format_latency(rec.get('latency_avg_us'))}"
+            if rec.get("validation") == "fail":
+                text += " VALIDATION FAILED"
+            elif rec.get("verdict"):
+                text += f" ({rec['verdict']})"
+        line = f"[{min(self.done, self.total)}/{self.total}] {text}"
+        if self.live:
+            self._live(line)
+        else:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+
+    def close(self):
+        if self._live_shown:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+            self._live_shown = False
+
+
+class Terminated(Exception):
+    """SIGTERM arrived: unwind like Ctrl-C so the running MPI job is stopped, not orphaned."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+def _count(n, noun):
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def engine_module(name):
+    return importlib.import_module(ENGINES[name])
+
+
+def run(args):
+    # Everything that can be wrong with the input is checked before the first mpirun.
+    cfg = load_config(args.config)
+    if args.engine:
+        cfg.engine = args.engine
+    apply_overrides(cfg, np=args.np, ops=args.ops, sizes=args.sizes, iterations=args.iterations,
+                    datatype=args.datatype, validate=args.validate)
+    steps = list(cfg.once_plan())
+    if not steps:
+        raise UserError("the plan has no steps")
+    results_path = check_writable(args.results, "--results") if args.results else None
+    tsv_path = check_writable(args.tsv, "--tsv") if args.tsv else None
+    engine = engine_module(cfg.engine)
+    if hasattr(engine, "preflight"):
+        engine.preflight(cfg, steps)
+    ctx = RunContext(cfg, cfg.engine, mpi_version(resolve_launcher(cfg)))
+
+    progress = Progress(sys.stderr, len(steps), quiet=args.quiet)
+    records = []
+    # The MPI job runs in its own session; a SIGTERM to us must still end it (the engines stop
+    # their job when unwound), so it is turned into an exception like Ctrl-C.
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        for rec in engine.run_steps(cfg, steps, ctx, on_progress=progress.start):
+            records.append(rec)
+            progress.finished(rec)
+    except (KeyboardInterrupt, Terminated) as e:
+        progress.close()
+        print(f"collbench: {'terminated' if isinstance(e, Terminated) else 'interrupted'} after "
+              f"{len(records)} of {len(steps)} steps; no result file written", file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    progress.close()
+    if not args.quiet:
+        print(f"collbench: {_count(len(records), 'record')} from {_count(len(steps), 'step')} in "
+              f"{time.monotonic() - progress.started:.1f}s", file=sys.stderr)
+
+    # Files first: a closed stdout (`| head`) must not lose the measurements.
+    try:
+        if results_path:
+            write_jsonl(results_path, records)
+            print(f"collbench: results appended to {results_path}", file=sys.stderr)
+        if tsv_path:
+            write_tsv(tsv_path, records)
+            print(f"collbench: table written to {tsv_path}", file=sys.stderr)
+    except OSError as e:
+        print(f"collbench: cannot write {e.filename or 'a result file'}: {e.strerror or e}", file=sys.stderr)
+        print_report(cfg, ctx, steps, records)
+        return 1
+
+    print_report(cfg, ctx, steps, records)
+    failed = [r for r in records if r.get("type") == "failure"]
+    bad_validation = [r for r in records if r.get("type") == "result" and r.get("validation") == "fail"]
+    measured = {(r.get("op"), r.get("size_bytes") or 0) for r in records if r.get("op")}
+    not_run = [s for s in steps if (s.op, s.size_bytes) not in measured]
+    if failed or bad_validation or not_run:
+        print(f"collbench: {len(failed)} failed, {len(bad_validation)} failed validation, "
+              f"{len(not_run)} not run, of {len(steps)} steps", file=sys.stderr)
+        return 1
+    return 0
+
+
+def print_report(cfg, ctx, steps, records):
+    print(f"collbench once: run {ctx.run_id}, {cfg.ranks} ranks on {ctx.nodes} "
+          f"node{'s' if ctx.nodes != 1 else ''} ({', '.join(ctx.hosts)}), engine {cfg.engine}, "
+          f"transport {cfg.transport}, {ctx.mpi}")
+    print()
+    print(render_tables(records, steps, ranks=cfg.ranks, nodes=ctx.nodes))
+    other = render_other_failures(records)
+    if other:
+        print()
+        print(other)
+    sys.stdout.flush()

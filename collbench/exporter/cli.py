@@ -1,5 +1,164 @@
-"""Placeholder: filled in by its issue."""
+"""`collbench exporter`: serve the results log and the host's congestion counters to Prometheus.
+
+Settings come from the config's `exporter` section, overridden by flags. Every bad value
+(address, port in use, regex, TLS file, password) is a UserError: one line, exit 2.
+"""
+
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+from types import SimpleNamespace
+
+from collbench.config import EXPORTER_SCHEMA, POS_FLOAT, _Loader, load_config
+from collbench.errors import ConfigError, UserError
+
+PASSWORD_ENV = "COLLBENCH_EXPORTER_PASSWORD"
 
 
 def register(subparsers):
-    pass
+    from collbench.cli import add_config_arg
+    p = subparsers.add_parser(
+        "exporter", help="serve benchmark results and congestion counters to Prometheus",
+        description="Prometheus exporter: tails the stress daemon's results log and reads RDMA sysfs, "
+                    "ethtool -S and /proc/net/netstat counters at scrape time. Serves /metrics, /health "
+                    "and a landing page. Flags override the config's exporter section.")
+    add_config_arg(p)
+    p.add_argument("--listen", "--web.listen-address", dest="listen", metavar="HOST:PORT",
+                   help="address to serve on (default 0.0.0.0:9105; 9105 is also the Mesos exporter's port)")
+    p.add_argument("--results-log", metavar="PATH",
+                   help="results log to tail (default: <state_dir>/results.jsonl, the stress daemon's log)")
+    p.add_argument("--state-dir", metavar="DIR", help="the stress daemon's state directory (for stress_running)")
+    p.add_argument("--max-age", metavar="SECONDS", type=float,
+                   help="drop result series older than this (default 900)")
+    p.add_argument("--poll-interval", metavar="SECONDS", type=float, help="results log poll period (default 1)")
+    p.add_argument("--legacy-metrics", action="store_const", const=True, default=None,
+                   help="also serve the seed prototype's mpi_* metric names")
+    p.add_argument("--collectors", metavar="LIST",
+                   help=f"comma list of collectors (default all: {', '.join(EXPORTER_SCHEMA['collectors'][1])})")
+    p.add_argument("--tls-cert", "--web.tls-cert", dest="tls_cert", metavar="PEM", help="serve HTTPS with this certificate")
+    p.add_argument("--tls-key", "--web.tls-key", dest="tls_key", metavar="PEM", help="private key of --tls-cert")
+    p.add_argument("--basic-auth-user", metavar="USER", help="require HTTP basic auth with this user")
+    p.add_argument("--basic-auth-password-file", metavar="FILE",
+                   help=f"file holding the basic auth password (or set ${PASSWORD_ENV})")
+    p.add_argument("--sysfs-root", metavar="DIR", help="sysfs mount (default /sys; tests use fixture trees)")
+    p.add_argument("--procfs-root", metavar="DIR", help="procfs mount (default /proc)")
+    p.add_argument("--ethtool", metavar="CMD", help="ethtool command (default ethtool)")
+    p.add_argument("--netdevs", metavar="LIST", help="comma list of netdevs for ethtool -S (default: the RDMA devices')")
+    p.add_argument("--device-include", metavar="REGEX", help="only RDMA devices / netdevs matching this")
+    p.add_argument("--device-exclude", metavar="REGEX", help="skip RDMA devices / netdevs matching this")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(func=run)
+
+
+def _comma(value):
+    return [x.strip() for x in value.split(",") if x.strip()]
+
+
+def exporter_settings(args):
+    """The resolved exporter settings (SimpleNamespace) from config + flags; UserError if bad."""
+    cfg = load_config(args.config)
+    ex = vars(cfg.exporter).copy()
+    base = os.path.dirname(os.path.abspath(cfg.source)) if cfg.source != "<default>" else os.getcwd()
+    loader = _Loader("command line", os.getcwd())
+    # Paths in the config are relative to the config file; on the command line, to the cwd.
+    for key in ("results_log", "tls_cert", "tls_key", "basic_auth_password_file", "sysfs_root", "procfs_root"):
+        if ex.get(key):
+            ex[key] = os.path.normpath(os.path.join(base, os.path.expanduser(ex[key])))
+    flags = {"listen": args.listen, "results_log": args.results_log, "legacy_metrics": args.legacy_metrics,
+             "tls_cert": args.tls_cert, "tls_key": args.tls_key, "basic_auth_user": args.basic_auth_user,
+             "basic_auth_password_file": args.basic_auth_password_file, "sysfs_root": args.sysfs_root,
+             "procfs_root": args.procfs_root, "ethtool": args.ethtool,
+             "device_include": args.device_include, "device_exclude": args.device_exclude}
+    for key, value in flags.items():
+        if value is not None:
+            ex[key] = os.path.abspath(os.path.expanduser(value)) if key in (
+                "results_log", "tls_cert", "tls_key", "basic_auth_password_file",
+                "sysfs_root", "procfs_root") else value
+    if args.max_age is not None:
+        ex["max_age"] = loader.value("--max-age", POS_FLOAT, args.max_age)
+    if args.poll_interval is not None:
+        ex["poll_interval"] = loader.value("--poll-interval", POS_FLOAT, args.poll_interval)
+    if args.collectors is not None:
+        ex["collectors"] = _comma(args.collectors)
+    if args.netdevs is not None:
+        ex["netdevs"] = _comma(args.netdevs)
+    state_dir = os.path.abspath(args.state_dir) if args.state_dir else cfg.state_dir
+    ex["state_dir"] = state_dir
+    if not ex.get("results_log"):
+        ex["results_log"] = cfg.stress.results_log or os.path.join(state_dir, "results.jsonl")
+        if not os.path.isabs(ex["results_log"]):
+            ex["results_log"] = os.path.normpath(os.path.join(base, ex["results_log"]))
+
+    from collbench.exporter.app import COLLECTORS
+    source = cfg.source if args.collectors is None else "--collectors"
+    for name in ex["collectors"]:
+        if name not in COLLECTORS:
+            raise ConfigError(source, "exporter.collectors" if args.collectors is None else None,
+                              f"unknown collector {name!r} (expected some of: {', '.join(COLLECTORS)})")
+    for key in ("device_include", "device_exclude"):
+        if ex.get(key):
+            try:
+                re.compile(ex[key])
+            except re.error as e:
+                raise UserError(f"exporter.{key}: {ex[key]!r} is not a valid regular expression ({e})") from None
+    if bool(ex.get("tls_cert")) != bool(ex.get("tls_key")):
+        raise UserError("exporter.tls_cert and exporter.tls_key: set both (a certificate and its key) or neither")
+    if os.path.isdir(ex["results_log"]):
+        raise UserError(f"exporter.results_log: {ex['results_log']} is a directory, expected the results log file")
+    ex["password"] = _password(ex)
+    return SimpleNamespace(**ex)
+
+
+def _password(ex):
+    user, path = ex.get("basic_auth_user"), ex.get("basic_auth_password_file")
+    password = None
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                password = f.read().rstrip("\r\n")
+        except OSError as e:
+            raise UserError(f"exporter.basic_auth_password_file: cannot read {path}: {e.strerror}") from None
+        if not password:
+            raise UserError(f"exporter.basic_auth_password_file: {path} is empty")
+    elif os.environ.get(PASSWORD_ENV):
+        password = os.environ[PASSWORD_ENV]
+    if user and password is None:
+        raise UserError(f"exporter.basic_auth_user is set but there is no password: set "
+                        f"exporter.basic_auth_password_file or ${PASSWORD_ENV}")
+    if password is not None and path and not user:
+        raise UserError("exporter.basic_auth_password_file is set but exporter.basic_auth_user is not")
+    return password if user else None
+
+
+def run(args):
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = exporter_settings(args)
+    from collbench.exporter.app import Exporter
+    from collbench.exporter.server import BasicAuth, ExporterHTTPServer, parse_listen, tls_context
+
+    address = parse_listen(settings.listen, "--listen" if args.listen else "exporter.listen")
+    ctx = tls_context(settings.tls_cert, settings.tls_key) if settings.tls_cert else None
+    auth = BasicAuth(settings.basic_auth_user, settings.password) if settings.basic_auth_user else None
+    exporter = Exporter(settings)
+    server = ExporterHTTPServer(address, exporter, tls_context=ctx, auth=auth)   # binds: fails before start-up work
+    exporter.start()
+    log = logging.getLogger("collbench.exporter")
+    log.info("serving %s://%s:%d/metrics (results log %s)", "https" if ctx else "http",
+             address[0], server.port, settings.results_log)
+
+    def stop(signum, frame):
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        exporter.stop()
+        server.server_close()
+    log.info("stopped")
+    return 0

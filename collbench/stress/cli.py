@@ -1,5 +1,538 @@
-"""Placeholder: filled in by its issue."""
+"""`collbench stress start|stop|status|log|servers|run`: the stress daemon's verbs.
+
+start   check everything in the foreground (config, launcher, engine), then daemonize
+        (double fork, setsid, stdio to daemon.log) and wait until the daemon is up
+run     the same daemon in the foreground (systemd, containers, debugging)
+stop    SIGTERM the daemon (it stops its job); SIGKILL after stress.stop_grace; confirm by pid
+status  running (0) / crashed (1) / stopped (3), like LSB init scripts; --json for machines
+log     recent records, readable; -f follows across rotations
+servers benchmark processes and their CPU on the configured hosts that are this machine
+"""
+
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+
+from collbench.cli import add_config_arg
+from collbench.config import load_config
+from collbench.errors import UserError
+from collbench.stress import processes
+from collbench.stress.results_log import parse_record, tail_records
+from collbench.stress.state import (CRASHED, RUNNING, STOPPED, AlreadyRunning, StatePaths, daemon_status,
+                                    pid_alive, read_state, remove_pid_file, write_json_atomic)
+
+EXIT_START_FAILED = 1
 
 
 def register(subparsers):
-    pass
+    p = subparsers.add_parser("stress", help="the stress daemon: keep the fabric busy with collectives",
+                              description="The stress daemon: runs the stress plan around the clock and "
+                                          "appends one record per (iteration, op, size) to the results log.")
+    verbs = p.add_subparsers(dest="verb", metavar="VERB")
+    verbs.required = True
+
+    def verb(name, func, help_):
+        v = verbs.add_parser(name, help=help_, description=help_)
+        add_config_arg(v)
+        v.add_argument("--state-dir", metavar="DIR",
+                       help="pid, state and log files (default: state_dir in the config, else "
+                            "/var/lib/collbench as root, ~/.local/state/collbench otherwise)")
+        v.set_defaults(func=func)
+        return v
+
+    v = verb("start", cmd_start, "start the daemon in the background")
+    v.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
+                   help="how long to wait for the daemon to come up (default 60)")
+    verb("run", cmd_run, "run the daemon in the foreground (what the systemd unit runs)")
+    verb("stop", cmd_stop, "stop the daemon, its MPI job and every process it started")
+    v = verb("status", cmd_status, "running / stopped / crashed, iteration, last result per (op, size)")
+    v.add_argument("--json", action="store_true", help="machine-readable status")
+    v = verb("log", cmd_log, "show recent results, failures and events")
+    v.add_argument("-n", "--lines", type=int, default=20, metavar="N", help="records to show (default 20)")
+    v.add_argument("-f", "--follow", action="store_true", help="keep printing new records")
+    v.add_argument("--json", action="store_true", help="print the raw JSON lines")
+    v = verb("servers", cmd_servers, "benchmark processes and CPU on the configured hosts")
+    v.add_argument("--interval", type=float, default=0.5, metavar="SECONDS", help="CPU sampling interval")
+    v.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+# ---------------------------------------------------------------- config / paths
+
+def resolve(args):
+    """(cfg, StatePaths) from --config and --state-dir (paths made absolute: start chdirs to /)."""
+    cfg = load_config(args.config)
+    state_dir = os.path.abspath(os.path.expanduser(args.state_dir or cfg.state_dir))
+    results = cfg.stress.results_log
+    if results:
+        results = os.path.expanduser(results)
+        if not os.path.isabs(results):
+            base = os.path.dirname(os.path.abspath(cfg.source)) if os.path.isfile(cfg.source) else state_dir
+            results = os.path.join(base, results)
+    if os.path.isfile(cfg.source):
+        cfg.source = os.path.abspath(cfg.source)
+    return cfg, StatePaths(state_dir, results)
+
+
+def _results_path(paths, info):
+    """The log the daemon writes: as recorded in its state file, else from the config."""
+    return (info or {}).get("results_log") or paths.results_log
+
+
+def _preflight(cfg, daemon):
+    """Fail in the terminal, not in daemon.log: launcher, engine binary, plan file."""
+    from collbench import launcher
+    launcher.resolve_launcher(cfg)
+    if daemon.engine == "osu":
+        from collbench import osu_engine
+        osu_engine.preflight(cfg, daemon.plan)
+    else:
+        from collbench import builtin_engine
+        path = os.path.join(daemon.paths.state_dir, "stress-plan.txt")
+        builtin_engine.write_plan(daemon.plan, path)
+        builtin_engine.engine_command(cfg, daemon.plan, path, loop=daemon.mode == "loop")
+
+
+# ---------------------------------------------------------------- start / run
+
+def cmd_start(args):
+    from collbench.stress.daemon import Daemon
+    cfg, paths = resolve(args)
+    st = daemon_status(paths)
+    if st.state == RUNNING:
+        print(f"collbench stress: already running (pid {st.pid}, up {_age(time.time() - st.info.get('started', time.time()))}, "
+              f"state dir {paths.state_dir}); not starting a second daemon", file=sys.stderr)
+        return EXIT_START_FAILED
+    paths.ensure()
+    daemon = Daemon(cfg, paths)
+    _preflight(cfg, daemon)
+    if st.state == CRASHED:
+        print(f"collbench stress: previous daemon crashed ({st.reason}); replacing its pid file", file=sys.stderr)
+
+    ready_r, ready_w = os.pipe()
+    first = os.fork()
+    if first == 0:   # first child: new session, then fork again so the daemon can never get a tty
+        os.close(ready_r)
+        try:
+            os.setsid()
+            if os.fork() != 0:
+                os._exit(0)
+            os.setpgid(0, 0)
+            _daemon_main(cfg, paths, ready_w)
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    os.waitpid(first, 0)
+    message = _read_ready(ready_r, args.wait)
+    if message.startswith("ok "):
+        pid = int(message.split()[1])
+        print(f"collbench stress: started (pid {pid}, mode {daemon.mode}, {len(daemon.plan)} steps, "
+              f"{cfg.ranks} ranks on {','.join(cfg.placement())})")
+        print(f"  results: {paths.results_log}")
+        print(f"  logs:    {paths.daemon_log}, {paths.mpi_output}")
+        return 0
+    print(f"collbench stress: failed to start: {message or 'no word from the daemon'} "
+          f"(see {paths.daemon_log})", file=sys.stderr)
+    return EXIT_START_FAILED
+
+
+def _read_ready(fd, timeout):
+    import select
+    data = b""
+    end = time.monotonic() + timeout
+    while b"\n" not in data:
+        left = end - time.monotonic()
+        if left <= 0:
+            return "timed out waiting for the daemon to come up"
+        r, _, _ = select.select([fd], [], [], left)
+        if not r:
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    os.close(fd)
+    return data.decode("utf-8", "replace").strip()
+
+
+def _daemon_main(cfg, paths, ready_w):
+    """The daemonized process: stdio to daemon.log, run, tell `start` when it is up."""
+    from collbench.stress.daemon import Daemon
+    os.chdir("/")
+    os.umask(0o022)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    out = os.open(paths.daemon_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(null)
+    os.close(out)
+    sys.stdout = os.fdopen(1, "w", buffering=1)
+    sys.stderr = os.fdopen(2, "w", buffering=1)
+    _setup_logging()
+
+    def ready(pid):
+        os.write(ready_w, f"ok {pid}\n".encode())
+        os.close(ready_w)
+
+    code = 1
+    try:
+        code = Daemon(cfg, paths).run(on_ready=ready)
+    except AlreadyRunning as e:
+        _tell(ready_w, str(e))
+    except UserError as e:
+        _tell(ready_w, str(e))
+        logging.getLogger("collbench.stress").error("%s", e)
+    except BaseException as e:   # noqa: B902 - the daemon's last words go to daemon.log
+        logging.getLogger("collbench.stress").exception("daemon failed")
+        _tell(ready_w, f"{type(e).__name__}: {e}")
+    os._exit(code)
+
+
+def _tell(fd, message):
+    try:
+        os.write(fd, (message.replace("\n", " ") + "\n").encode())
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _setup_logging():
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
+
+
+def cmd_run(args):
+    from collbench.stress.daemon import Daemon
+    cfg, paths = resolve(args)
+    _setup_logging()
+    paths.ensure()
+    daemon = Daemon(cfg, paths)
+    _preflight(cfg, daemon)
+    try:
+        return daemon.run()
+    except AlreadyRunning as e:
+        print(f"collbench stress: {e}", file=sys.stderr)
+        return EXIT_START_FAILED
+
+
+# ---------------------------------------------------------------- stop
+
+def cmd_stop(args):
+    cfg, paths = resolve(args)
+    st = daemon_status(paths)
+    token = st.info.get("token")
+    if st.state == RUNNING:
+        t0 = time.monotonic()
+        try:
+            os.kill(st.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        grace = cfg.stress.stop_grace + 5.0   # the daemon itself gives its job stop_grace
+        while time.monotonic() - t0 < grace and _daemon_alive(st):
+            time.sleep(0.1)
+        escalated = _daemon_alive(st)
+        if escalated:
+            print(f"collbench stress: daemon pid {st.pid} still running {grace:.0f}s after SIGTERM: SIGKILL",
+                  file=sys.stderr)
+            _kill_pid(st.pid, signal.SIGKILL)
+        killed = _kill_token(token)
+        left = _wait_gone([st.pid] + killed, 5.0)
+        if left:
+            print(f"collbench stress: could not stop pid(s) {', '.join(map(str, left))}", file=sys.stderr)
+            return 1
+        if escalated:
+            _mark_stopped(paths, st.info, "killed by `stress stop` after the grace period")
+            remove_pid_file(paths)
+        extra = f"; killed {len(killed)} leftover process(es)" if killed else ""
+        print(f"collbench stress: stopped (pid {st.pid}, {time.monotonic() - t0:.1f}s){extra}")
+        return 0
+    killed = _kill_token(token)
+    left = _wait_gone(killed, 5.0)
+    if st.state == CRASHED:
+        remove_pid_file(paths)
+        _mark_stopped(paths, st.info, f"cleaned up after a crash ({st.reason})")
+        msg = f"collbench stress: was not running ({st.reason}); removed the stale pid file"
+    else:
+        msg = "collbench stress: not running"
+    if killed:
+        msg += f"; killed {len(killed)} process(es) the dead daemon left: {', '.join(map(str, killed))}"
+    print(msg)
+    return 1 if left else 0
+
+
+def _daemon_alive(st):
+    from collbench.stress.state import is_daemon
+    return is_daemon(st.pid, st.info.get("proc_start"))
+
+
+def _kill_pid(pid, sig):
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _kill_token(token):
+    """SIGKILL every process carrying the daemon's token (its job's processes); their pids."""
+    if not token:
+        return []
+    pids = [p for p in processes.pids() if processes.environ_token(p) == token and pid_alive(p)]
+    for p in pids:
+        _kill_pid(p, signal.SIGKILL)
+    return pids
+
+
+def _wait_gone(pids, timeout):
+    end = time.monotonic() + timeout
+    while True:
+        left = [p for p in pids if pid_alive(p)]
+        if not left or time.monotonic() > end:
+            return left
+        time.sleep(0.1)
+
+
+def _mark_stopped(paths, info, why):
+    if not info:
+        return
+    info = dict(info, status=STOPPED, updated=time.time(), job_pid=None, stop_reason=why)
+    try:
+        write_json_atomic(paths.state, info)
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------- status
+
+def cmd_status(args):
+    cfg, paths = resolve(args)
+    st = daemon_status(paths)
+    info = st.info
+    results = _results_path(paths, info)
+    last = last_results(results)
+    leftovers = []
+    if st.state != RUNNING and info.get("token"):
+        leftovers = [p for p in processes.pids() if processes.environ_token(p) == info["token"]]
+    if args.json:
+        out = {"state": st.state, "pid": st.pid, "reason": st.reason, "state_dir": paths.state_dir,
+               "results_log": results, "uptime_s": (time.time() - info["started"])
+               if st.state == RUNNING and info.get("started") else None,
+               "iteration": info.get("iteration"), "leftover_pids": leftovers,
+               "daemon": info, "last_results": last["results"], "last_failure": last["failure"]}
+        print(json.dumps(out, indent=1, sort_keys=True))
+        return st.exit_code
+    print("\n".join(render_status(st, paths, results, last, leftovers)))
+    return st.exit_code
+
+
+def last_results(results_path, max_records=20000):
+    """The newest result per (op, size) and the newest failure, from the log's tail."""
+    recs = tail_records(results_path, max_records) if results_path else []
+    latest, failure, event = {}, None, None
+    for r in recs:
+        t = r.get("type")
+        if t == "result":
+            latest[(r.get("op"), r.get("size_bytes"))] = r
+        elif t == "failure":
+            failure = r
+        elif t == "event":
+            event = r
+    return {"results": list(latest.values()), "failure": failure, "event": event}
+
+
+def render_status(st, paths, results, last, leftovers):
+    info, now = st.info, time.time()
+    lines = []
+    if st.state == RUNNING:
+        lines.append(f"collbench stress: running (pid {st.pid}, up {_age(now - info.get('started', now))}, "
+                     f"iteration {info.get('iteration', 0)}, {info.get('status', '?')})")
+        lines.append(f"  mode {info.get('mode')}, engine {info.get('engine')}, job pid {info.get('job_pid') or '-'}, "
+                     f"relaunches {info.get('relaunches', 0)}, state updated {_age(now - info.get('updated', now))} ago")
+    elif st.state == CRASHED:
+        lines.append(f"collbench stress: crashed ({st.reason})")
+        if info.get("updated"):
+            lines.append(f"  last state update {_age(now - info['updated'])} ago at iteration {info.get('iteration', 0)}; "
+                         "`collbench stress start` replaces the stale pid file, `stop` cleans up")
+    else:
+        lines.append("collbench stress: stopped")
+        if info.get("updated"):
+            lines.append(f"  last ran until {_age(now - info['updated'])} ago "
+                         f"({info.get('stop_reason') or 'clean stop'}), iteration {info.get('iteration', 0)}")
+    if leftovers:
+        lines.append(f"  WARNING: {len(leftovers)} process(es) of the dead daemon still running: "
+                     f"{', '.join(map(str, leftovers))} (`collbench stress stop` kills them)")
+    lines.append(f"  state dir {paths.state_dir}")
+    lines.append(f"  results   {results}")
+    if info.get("config"):
+        lines.append(f"  config    {info['config']}")
+    fail = last["failure"]
+    if fail:
+        lines.append(f"  last failure {_age(now - fail.get('ts', now))} ago: {fail.get('error')}")
+    res = sorted(last["results"], key=lambda r: (str(r.get("op")), r.get("size_bytes") or 0))
+    if not res:
+        lines.append("  no results yet")
+        return lines
+    lines.append("")
+    lines.append(f"  {'OP':<15}{'SIZE':>7}{'AVG':>12}{'MAX':>12}{'BUSBW':>12}  {'VERDICT':<9}{'ITER':>6}{'AGE':>9}")
+    for r in res:
+        lines.append(f"  {r.get('op', '?'):<15}{r.get('size', '?'):>7}{_lat(r.get('latency_avg_us')):>12}"
+                     f"{_lat(r.get('latency_max_us')):>12}{_bw(r.get('busbw_bytes_per_s')):>12}  "
+                     f"{str(r.get('verdict') or '-'):<9}{str(r.get('iteration', '-')):>6}"
+                     f"{_age(now - r.get('ts', now)):>9}")
+    return lines
+
+
+# ---------------------------------------------------------------- log
+
+def cmd_log(args):
+    cfg, paths = resolve(args)
+    if args.lines < 0:
+        raise UserError(f"--lines: got {args.lines}, expected a number >= 0")
+    st = daemon_status(paths)
+    path = _results_path(paths, st.info)
+    if not os.path.exists(path) and not args.follow:
+        print(f"collbench stress: no results log yet at {path}", file=sys.stderr)
+        return 1
+    show = (lambda r: print(json.dumps(r, separators=(",", ":")))) if args.json else \
+        (lambda r: print(format_record(r)))
+    if os.path.exists(path):
+        for r in tail_records(path, args.lines):
+            show(r)
+    sys.stdout.flush()
+    if args.follow:
+        follow(path, show)
+    return 0
+
+
+def follow(path, show, poll=0.5, stop=None):
+    """Print records appended to `path`, across rename rotations, until interrupted."""
+    f, ino = None, None
+    if os.path.exists(path):
+        f = open(path, "rb")
+        f.seek(0, os.SEEK_END)
+        ino = os.fstat(f.fileno()).st_ino
+    buf = b""
+
+    def drain():
+        nonlocal buf
+        chunk = f.read()
+        if not chunk:
+            return False
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            rec = parse_record(line)
+            if rec is not None:
+                show(rec)
+        sys.stdout.flush()
+        return True
+
+    while stop is None or not stop():
+        if f is not None and drain():
+            continue
+        try:
+            cur = os.stat(path).st_ino
+        except FileNotFoundError:
+            cur = None
+        if cur is not None and cur != ino:
+            # Rotated. The writer may have appended to the old file between our last read and
+            # the rename: drain it once more (it is never written again), then read the new
+            # file from its start. Each record is thus shown once.
+            if f is not None:
+                drain()
+                f.close()
+            f, ino, buf = open(path, "rb"), cur, b""
+            continue
+        if f is not None and os.fstat(f.fileno()).st_size < f.tell():
+            f.seek(0)   # truncated in place (not our rotation, but be safe)
+        time.sleep(poll)
+
+
+def format_record(r):
+    t = r.get("type")
+    when = r.get("time", "?")
+    seq = r.get("seq")
+    head = f"{when} #{seq}" if seq is not None else when
+    if t == "result":
+        bw = _bw(r.get("busbw_bytes_per_s"))
+        return (f"{head} it={r.get('iteration', '-')} {r.get('op', '?'):<14} {r.get('size', '?'):>6} "
+                f"avg {_lat(r.get('latency_avg_us')):>10}  max {_lat(r.get('latency_max_us')):>10}  "
+                f"busbw {bw:>11}  {r.get('verdict') or '-'}"
+                + (f"  validation {r['validation']}" if r.get("validation") not in (None, "off") else ""))
+    if t == "failure":
+        return f"{head} it={r.get('iteration', '-')} FAILED (exit {r.get('exit_code')}): {r.get('error')}"
+    if t == "event":
+        return f"{head} event {r.get('event')} pid {r.get('pid')}: {r.get('detail') or ''}"
+    return f"{head} {json.dumps(r)}"
+
+
+# ---------------------------------------------------------------- servers
+
+def cmd_servers(args):
+    cfg, paths = resolve(args)
+    info = read_state(paths) or {}
+    token = info.get("token")
+    local_names = _local_names()
+    data, out, shown = None, [], None
+    for host in cfg.host_names:
+        if host in local_names:
+            if data is None:
+                data = processes.collect(interval=args.interval, token=token)
+                shown = host
+                out.append({"host": host, "local": True, "data": data})
+            else:
+                out.append({"host": host, "local": True, "same_as": shown})
+        else:
+            out.append({"host": host, "local": False})
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    for item in out:
+        if item.get("data"):
+            print("\n".join(processes.format_host(item["host"], item["data"])))
+        elif item.get("same_as"):
+            print(f"{item['host']}: this machine (shown under {item['same_as']})")
+        else:
+            print(f"{item['host']}: remote host; `collbench ctl` queries it over SSH")
+    return 0
+
+
+def _local_names():
+    names = {"localhost", "127.0.0.1", "::1", socket.gethostname()}
+    try:
+        names.add(socket.getfqdn())
+    except OSError:
+        pass
+    return names
+
+
+# ---------------------------------------------------------------- formatting
+
+def _age(seconds):
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _lat(us):
+    if us is None:
+        return "-"
+    if us >= 1e6:
+        return f"{us / 1e6:.2f} s"
+    if us >= 1e3:
+        return f"{us / 1e3:.2f} ms"
+    return f"{us:.1f} us"
+
+
+def _bw(bps):
+    if bps is None:
+        return "-"
+    return f"{bps / 1e9:.2f} GB/s" if bps >= 1e8 else f"{bps / 1e6:.1f} MB/s"

@@ -1,0 +1,329 @@
+#!/usr/bin/env python3
+"""Exporter cost on a 1 GiB results log, against the seed prototype's way (re-read the whole
+file with a regular expression per size on every poll), in one run:
+
+  1. poll cost at steady state (10 new records per poll) and with nothing new, vs. one
+     prototype poll on the same file; the two must find the same latest values;
+  2. RSS: the real exporter process (peak, after start-up, steady polling and the scrape load)
+     vs. the prototype's poll;
+  3. start-up time on the 1 GiB log: to the first scrape that shows the latency series (process
+     start, imports, backfill), and the backfill alone; also with every record "recent" (the
+     backfill then stops at its byte budget);
+  4. scrape latency p50/p99 with 20 concurrent scrapers for 30 s on loopback.
+
+The log is generated once in /tmp and reused; each run appends a fresh 15-minute window of
+records to it (what a running daemon would have written recently).
+
+    .venv/bin/python bench/exporter_bench.py [--log PATH] [--size-gib 1] [--scrape-seconds 30]
+"""
+
+import argparse
+import http.client
+import json
+import multiprocessing
+import os
+import re
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from collbench.config import SEED_PLAN, default_plan  # noqa: E402
+from collbench.exporter.app import Exporter  # noqa: E402
+from collbench.ops import get_op  # noqa: E402
+from collbench.sizes import format_size  # noqa: E402
+
+PLAN = [(s.op, s.size_bytes) for s in default_plan(SEED_PLAN)]
+RECORD = ('{"schema":1,"type":"result","time":"%s","ts":%.3f,"run_id":"20261122T000000-bench000",'
+          '"hosts":["gpu01","gpu02","gpu03","gpu04","gpu05","gpu06","gpu07","gpu08"],"nodes":8,"ranks":64,'
+          '"engine":"builtin","mpi":"Open MPI 4.1.4","transport":"ucx","op":"%s","datatype":"float",'
+          '"size":"%s","size_bytes":%d,"latency_avg_us":%.2f,"latency_min_us":%.2f,"latency_max_us":%.2f,'
+          '"iterations":500,"warmup":50,"algbw_bytes_per_s":%.1f,"busbw_bytes_per_s":%.1f,"validation":"off",'
+          '"straggler_rank":17,"verdict":"Good","status":"ok","iteration":%d,"seq":%d}\n')
+RATE = 0.75          # records per second in the generated history (a busy 8-step plan)
+WINDOW = 900         # the recent window appended each run (exporter.max_age default)
+
+
+def record(seq, ts, op, size_bytes):
+    lat = 40.0 + size_bytes / 100.0 + (seq % 97)
+    algbw, busbw = get_op(op).bandwidth(size_bytes, 64, lat)
+    iso = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(ts))
+    return RECORD % (iso, ts, op, format_size(size_bytes), size_bytes, lat, lat * 0.9, lat * 1.1,
+                     algbw or 0.0, busbw or 0.0, seq // len(PLAN) + 1, seq)
+
+
+def ensure_log(path, size):
+    if os.path.exists(path) and os.path.getsize(path) >= size:
+        return False
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    one = len(record(1, time.time(), "allreduce", 4 << 20))
+    n = size // one + 1
+    start = time.time() - WINDOW - n / RATE
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        buf = []
+        for seq in range(1, n + 1):
+            op, sz = PLAN[seq % len(PLAN)]
+            buf.append(record(seq, start + seq / RATE, op, sz))
+            if len(buf) == 20000:
+                f.write("".join(buf))
+                buf.clear()
+        f.write("".join(buf))
+    os.replace(tmp, path)
+    return True
+
+
+def last_seq(path):
+    with open(path, "rb") as f:
+        f.seek(max(0, os.path.getsize(path) - 4096))
+        tail = f.read().rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    return json.loads(tail)["seq"]
+
+
+def append_window(path):
+    """A fresh 15 minutes of records at the end, as the daemon would have written them."""
+    seq = last_seq(path)
+    now = time.time()
+    n = int(WINDOW * RATE)
+    with open(path, "a") as f:
+        f.write("".join(record(seq + i, now - WINDOW + i / RATE, *PLAN[(seq + i) % len(PLAN)])
+                        for i in range(1, n + 1)))
+    return seq + n
+
+
+# ---------------------------------------------------------------- the prototype's way
+
+def prototype_poll(path, out):
+    """What the seed prototype did every poll: read the whole log, one regex per size."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    with open(path, encoding="utf-8") as f:
+        content = f.read()
+    latest = {}
+    for op, size in PLAN:
+        pattern = re.compile(r'"op":"%s","datatype":"\w+","size":"%s",.*?"latency_avg_us":([0-9.]+)'
+                             % (op, format_size(size)))
+        found = pattern.findall(content)
+        if found:
+            latest[f"{op}/{format_size(size)}"] = float(found[-1])
+    with open(out, "w") as f:
+        json.dump({"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0, "latest": latest,
+                   "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}, f)
+
+
+def run_prototype(path):
+    out = path + ".proto.json"
+    subprocess.run([sys.executable, __file__, "--prototype-poll", path, out], check=True)
+    with open(out) as f:
+        return json.load(f)
+
+
+# ---------------------------------------------------------------- our poll, in process
+
+def our_poll_cost(path, polls=200, per_poll=10):
+    ex = Exporter(SimpleNamespace(results_log=path, state_dir=None, max_age=WINDOW * 2.0, poll_interval=1.0,
+                                  legacy_metrics=False, collectors=["results"], sysfs_root="/sys",
+                                  procfs_root="/proc", ethtool="ethtool", netdevs=None, device_include=None,
+                                  device_exclude=None))
+    ex.backfill()
+    latest = {f"{s.op}/{s.size}": round(s.avg_s * 1e6, 2) for s in ex.state.fresh_series()}
+    seq = last_seq(path)
+    busy, idle = [], []
+    with open(path, "a") as f:
+        for i in range(polls):
+            now = time.time()
+            f.write("".join(record(seq + j, now, *PLAN[(seq + j) % len(PLAN)]) for j in range(1, per_poll + 1)))
+            f.flush()
+            seq += per_poll
+            c0 = time.process_time()
+            ex.poll_once()
+            busy.append(time.process_time() - c0)
+            c0 = time.process_time()
+            ex.poll_once()
+            idle.append(time.process_time() - c0)
+    records = ex.state.snapshot()["records"]["result"]
+    ex.stop()
+    return busy, idle, latest, records
+
+
+# ---------------------------------------------------------------- the exporter process
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_kb(pid, field):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def get(port, path="/metrics", timeout=10):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        r = conn.getresponse()
+        return r.status, r.read().decode()
+    finally:
+        conn.close()
+
+
+def start_exporter(path, extra=()):
+    port = free_port()
+    fixtures = os.path.join(REPO, "tests", "fixtures")
+    cmd = [sys.executable, "-m", "collbench", "exporter", "--listen", f"127.0.0.1:{port}", "--results-log", path,
+           "--sysfs-root", os.path.join(fixtures, "sysfs-mlx5"), "--ethtool",
+           os.path.join(fixtures, "ethtool", "fake_ethtool"), "--procfs-root", "/proc", *extra]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"exporter exited: {proc.stderr.read()}")
+        try:
+            status, body = get(port, timeout=2)
+            if status == 200 and "collbench_latency_avg_seconds{" in body:
+                break
+        except OSError:
+            pass
+        if time.perf_counter() - t0 > 60:
+            raise SystemExit("exporter did not serve the latency series within 60 s")
+        time.sleep(0.01)
+    ready = time.perf_counter() - t0
+    return proc, port, ready
+
+
+def stop_exporter(proc):
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    err = proc.stderr.read()
+    proc.stderr.close()
+    m = re.search(r"recovered (\d+) recent records in ([0-9.]+) s", err)
+    return (int(m.group(1)), float(m.group(2))) if m else (None, None)
+
+
+def scraper(port, seconds, queue):
+    """One scraper: a keep-alive connection, scraping back to back (the harshest load)."""
+    lat, errors = [], 0
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        t0 = time.perf_counter()
+        try:
+            conn.request("GET", "/metrics")
+            r = conn.getresponse()
+            r.read()
+            if r.status != 200:
+                errors += 1
+            lat.append(time.perf_counter() - t0)
+        except OSError:
+            errors += 1
+            conn.close()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.close()
+    queue.put((lat, errors))
+
+
+def scrape_load(port, scrapers, seconds):
+    q = multiprocessing.Queue()
+    procs = [multiprocessing.Process(target=scraper, args=(port, seconds, q)) for _ in range(scrapers)]
+    for p in procs:
+        p.start()
+    results = [q.get(timeout=seconds + 60) for _ in procs]
+    for p in procs:
+        p.join()
+    lat = sorted(x for r, _ in results for x in r)
+    return lat, sum(e for _, e in results)
+
+
+def pct(sorted_values, p):
+    return sorted_values[min(len(sorted_values) - 1, int(p / 100 * len(sorted_values)))]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--log", default="/tmp/collbench-bench/results-1g.jsonl")
+    ap.add_argument("--size-gib", type=float, default=1.0)
+    ap.add_argument("--scrapers", type=int, default=20)
+    ap.add_argument("--scrape-seconds", type=float, default=30.0)
+    ap.add_argument("--prototype-poll", nargs=2, metavar=("LOG", "OUT"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.prototype_poll:
+        prototype_poll(*args.prototype_poll)
+        return 0
+
+    t0 = time.perf_counter()
+    made = ensure_log(args.log, int(args.size_gib * (1 << 30)))
+    print(f"results log {args.log}: {os.path.getsize(args.log) / (1 << 30):.2f} GiB "
+          f"({'generated' if made else 'reused'} in {time.perf_counter() - t0:.1f} s)", flush=True)
+    append_window(args.log)
+
+    print("prototype poll (whole file, one regex per size) ...", flush=True)
+    proto = run_prototype(args.log)
+    print("our poll, 200 x (10 new records + an idle poll) ...", flush=True)
+    busy, idle, ours_latest, recs = our_poll_cost(args.log)
+    agree = all(abs(ours_latest.get(k, -1) - v) < 0.01 for k, v in proto["latest"].items()) and \
+        set(proto["latest"]) == set(ours_latest)
+
+    print("exporter process: start-up on the log ...", flush=True)
+    proc, port, ready = start_exporter(args.log)
+    rss_start = rss_kb(proc.pid, "VmRSS")
+    time.sleep(3)       # a few steady polls
+    print(f"{args.scrapers} scrapers x {args.scrape_seconds:.0f} s ...", flush=True)
+    lat, errors = scrape_load(port, args.scrapers, args.scrape_seconds)
+    rss_after = rss_kb(proc.pid, "VmRSS")
+    hwm = rss_kb(proc.pid, "VmHWM")
+    series = get(port)[1].count("\n")
+    backfilled, backfill_s = stop_exporter(proc)
+
+    print("exporter process: start-up with every record recent (byte budget bound) ...", flush=True)
+    proc2, _, ready_worst = start_exporter(args.log, ["--max-age", "1e9"])
+    hwm_worst = rss_kb(proc2.pid, "VmHWM")
+    backfilled2, backfill2_s = stop_exporter(proc2)
+
+    busy.sort()
+    idle.sort()
+    p50b, p99b, p50i = statistics.median(busy) * 1e3, pct(busy, 99) * 1e3, statistics.median(idle) * 1e3
+    rows = [
+        ("poll, 10 new records (CPU, median)", f"{p50b:.3f} ms", "< 1 ms", p50b < 1),
+        ("poll, 10 new records (CPU, p99)", f"{p99b:.3f} ms", "< 1 ms", p99b < 1),
+        ("poll, nothing new (CPU, median)", f"{p50i:.3f} ms", "", None),
+        ("prototype poll on the same file (CPU)", f"{proto['cpu'] * 1e3:.0f} ms", "", None),
+        ("  ratio prototype / ours", f"{proto['cpu'] * 1e3 / p50b:.0f} x", "", None),
+        ("  same latest values found", "yes" if agree else "NO", "yes", agree),
+        ("exporter RSS after start-up", f"{rss_start / 1024:.1f} MB", "< 80 MB", rss_start < 80 * 1024),
+        ("exporter RSS after scrape load", f"{rss_after / 1024:.1f} MB", "< 80 MB", rss_after < 80 * 1024),
+        ("exporter peak RSS (VmHWM)", f"{hwm / 1024:.1f} MB", "< 80 MB", hwm < 80 * 1024),
+        ("exporter peak RSS, budget-bound start", f"{hwm_worst / 1024:.1f} MB", "< 80 MB", hwm_worst < 80 * 1024),
+        ("prototype poll peak RSS", f"{proto['maxrss_kb'] / 1024:.0f} MB", "", None),
+        ("start-up to first full scrape (process)", f"{ready:.2f} s", "< 1 s", ready < 1),
+        ("  of which backfill", f"{backfill_s:.3f} s ({backfilled} records)", "", None),
+        ("start-up, all records recent (process)", f"{ready_worst:.2f} s", "< 1 s", ready_worst < 1),
+        ("  of which backfill", f"{backfill2_s:.3f} s ({backfilled2} records, 16 MiB budget)", "", None),
+        (f"scrape p50, {args.scrapers} scrapers back to back", f"{statistics.median(lat) * 1e3:.2f} ms", "", None),
+        (f"scrape p99, {args.scrapers} scrapers back to back", f"{pct(lat, 99) * 1e3:.2f} ms", "< 10 ms",
+         pct(lat, 99) < 0.010),
+        ("  scrapes / errors / lines per scrape", f"{len(lat)} / {errors} / {series}", "", None),
+    ]
+    print()
+    print(f"{'measure':44} {'value':40} {'target':9} ok")
+    for name, value, target, ok in rows:
+        print(f"{name:44} {value:40} {target:9} {'' if ok is None else ('yes' if ok else 'NO')}")
+    print(f"\n(host: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; {recs} records polled in process)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

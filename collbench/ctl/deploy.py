@@ -1,0 +1,217 @@
+"""`collbench ctl deploy`: install or update collbench on the master (and hosts), upload the
+config over SFTP, build the engine there.
+
+Layout on a node: `<remote_dir>` holds the source tree (pyproject.toml, collbench/, scripts/),
+`<remote_dir>/.venv` the virtualenv collbench is pip-installed into. A node whose tree already
+hashes the same as ours is left alone: that is also how a host sharing the master's filesystem
+(NFS home, a testbed) is recognised, so nothing is copied twice or over itself. Uploads are a
+tarball over SFTP, unpacked by the node's own Python beside the old tree and swapped in by rename.
+The hosts are reached from the master (its ssh setup, the one mpirun uses), not from the laptop.
+"""
+
+import hashlib
+import inspect
+import io
+import os
+import posixpath
+import sys
+import tarfile
+import time
+
+from collbench.ctl import ssh
+from collbench.ctl.servers import is_this_machine
+from collbench.errors import UserError
+
+TREE_PARTS = ("pyproject.toml", "README.md", "collbench", "scripts")
+SKIP_DIRS = ("__pycache__", ".venv", ".git", "collbench.egg-info", ".pytest_cache")
+PIP_TIMEOUT = 900.0
+
+
+def tree_files(root):
+    """Relative paths of the files that make up an install, sorted."""
+    out = []
+    for part in TREE_PARTS:
+        top = os.path.join(root, part)
+        if os.path.isfile(top):
+            out.append(part)
+        for d, dirs, files in os.walk(top):
+            dirs[:] = sorted(x for x in dirs if x not in SKIP_DIRS)
+            for f in sorted(files):
+                if not f.endswith((".pyc", ".pyo", ".so")):
+                    out.append(os.path.relpath(os.path.join(d, f), root))
+    return sorted(out)
+
+
+def tree_hash(root):
+    """sha256 over the install's file names and contents; '' when root has no collbench tree."""
+    if not os.path.isfile(os.path.join(root, "pyproject.toml")):
+        return ""
+    h = hashlib.sha256()
+    for rel in tree_files(root):
+        h.update(rel.encode() + b"\0")
+        try:
+            with open(os.path.join(root, rel), "rb") as f:
+                h.update(hashlib.sha256(f.read()).digest())
+        except OSError:
+            h.update(b"?")
+    return h.hexdigest()
+
+
+def local_source_root():
+    import collbench
+    root = os.path.dirname(os.path.dirname(os.path.abspath(collbench.__file__)))
+    if not os.path.isfile(os.path.join(root, "pyproject.toml")):
+        raise UserError(f"deploy needs a collbench source checkout; {root} has no pyproject.toml")
+    return root
+
+
+def _tarball(root):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for rel in tree_files(root):
+            tar.add(os.path.join(root, rel), arcname=rel, recursive=False)
+    return buf.getvalue()
+
+
+def _unpack(tarball, remote_dir, parts):
+    """Run on the node: unpack beside the old tree, swap each top-level part in by rename."""
+    import shutil
+    import tarfile as _tarfile
+    new = os.path.join(remote_dir, ".deploy-new")
+    old = os.path.join(remote_dir, ".deploy-old")
+    for d in (new, old):
+        shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(new)
+    with _tarfile.open(tarball) as tar:
+        for m in tar.getmembers():
+            if m.name.startswith(("/", "..")) or "/../" in m.name or not (m.isfile() or m.isdir()):
+                raise SystemExit(f"refusing tarball member {m.name!r}")
+        tar.extractall(new)
+    os.makedirs(old)
+    for part in parts:
+        src, dst = os.path.join(new, part), os.path.join(remote_dir, part)
+        if os.path.lexists(dst):
+            os.rename(dst, os.path.join(old, part))
+        if os.path.lexists(src):
+            os.rename(src, dst)
+    shutil.rmtree(new, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+    os.remove(tarball)
+
+
+def _remote_script(func, call):
+    return "\n".join(["import hashlib, os, sys", f"TREE_PARTS = {TREE_PARTS!r}",
+                      f"SKIP_DIRS = {SKIP_DIRS!r}", inspect.getsource(tree_files),
+                      inspect.getsource(tree_hash), inspect.getsource(func), call])
+
+
+def _check(res, what):
+    if res.returncode != 0:
+        tail = "\n".join((res.stderr or res.stdout).strip().splitlines()[-5:])
+        raise UserError(f"{what} failed (exit {res.returncode}): {tail}")
+    return res
+
+
+def install(conn, remote_dir, python, log=print, force=False):
+    """Bring collbench at remote_dir on conn's node up to date with this checkout.
+
+    Returns 'up to date' or 'installed'.
+    """
+    root = local_source_root()
+    want = tree_hash(root)
+    venv_py = posixpath.join(remote_dir, ".venv", "bin", "python")
+    host = conn.target.hostname
+    res = conn.run([python, "-", remote_dir], timeout=120,
+                   input=_remote_script(tree_hash, "print(tree_hash(sys.argv[1]) if os.path.isdir(sys.argv[1]) else '')"))
+    _check(res, f"hashing {remote_dir} on {host} with {python}")
+    have = res.stdout.strip()
+    importable = conn.run([venv_py, "-c", "import collbench"], timeout=60).returncode == 0
+    if have == want and importable and not force:
+        log(f"{host}: collbench at {remote_dir} is up to date ({want[:12]})")
+        return "up to date"
+    if have != want:
+        log(f"{host}: uploading collbench {want[:12]} to {remote_dir}")
+        conn.makedirs(remote_dir)
+        tarball = posixpath.join(remote_dir, f".deploy-{want[:12]}.tar.gz")
+        local_tmp = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"collbench-deploy-{os.getpid()}-{time.time_ns()}.tar.gz")
+        with open(local_tmp, "wb") as f:
+            f.write(_tarball(root))
+        try:
+            conn.put_file(local_tmp, tarball, mode=0o600)
+        finally:
+            os.remove(local_tmp)
+        _check(conn.run([python, "-", tarball, remote_dir], timeout=300,
+                        input=_remote_script(_unpack, f"_unpack(sys.argv[1], sys.argv[2], {TREE_PARTS!r})")),
+               f"unpacking on {host}")
+    if conn.run(["test", "-x", venv_py], timeout=30).returncode != 0:
+        log(f"{host}: creating {remote_dir}/.venv with {python}")
+        _check(conn.run([python, "-m", "venv", posixpath.join(remote_dir, ".venv")], timeout=300),
+               f"creating the venv on {host} (install python3-venv there)")
+    log(f"{host}: pip install {remote_dir} (dependencies from the node's package index)")
+    _check(conn.run([venv_py, "-m", "pip", "install", "--disable-pip-version-check", "-q",
+                     "--upgrade", "--force-reinstall", "--no-deps", remote_dir], timeout=PIP_TIMEOUT),
+           f"pip install of collbench on {host}")
+    _check(conn.run([venv_py, "-m", "pip", "install", "--disable-pip-version-check", "-q", remote_dir],
+                    timeout=PIP_TIMEOUT), f"pip install of collbench's dependencies on {host}")
+    return "installed"
+
+
+def build_engine(conn, remote_dir, config_path, log=print):
+    venv_py = posixpath.join(remote_dir, ".venv", "bin", "python")
+    log(f"{conn.target.hostname}: building the engine")
+    res = conn.run([venv_py, "-m", "collbench", "engine", "build", "--config", config_path],
+                   timeout=PIP_TIMEOUT)
+    _check(res, f"`collbench engine build` on {conn.target.hostname}")
+    out = res.stdout.strip().splitlines()
+    if out:
+        log(f"{conn.target.hostname}: {out[-1]}")
+
+
+def add_arguments(p):
+    p.add_argument("--force", action="store_true", help="reinstall even when the tree is up to date")
+    p.add_argument("--no-build", action="store_true", help="do not build the engine")
+    p.add_argument("--no-hosts", action="store_true", help="leave the hosts of the hostfile alone")
+
+
+def run_cli(args):
+    from collbench.ctl import cli as ctl_cli
+    from collbench.ctl import remote
+    cfg = ctl_cli.load(args)
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)   # noqa: E731
+    if not ctl_cli.is_remote(cfg, args):
+        return deploy_hosts(cfg, args, log)
+    with ctl_cli.open_master(cfg, args) as m:
+        conn = m.connect()
+        install(conn, cfg.master.remote_dir, cfg.master.python, log, args.force)
+        upload = True if args.upload_config is None else args.upload_config
+        rc_path = m.upload_config() if upload else m.config_path()
+        log(f"{conn.target.hostname}: config at {rc_path}")
+        if not args.no_build:
+            build_engine(conn, cfg.master.remote_dir, rc_path, log)
+        if args.no_hosts:
+            return 0
+        argv = m.collbench_argv("ctl", "deploy", "--local", "--config", rc_path)
+        argv += ["--no-build"] if args.no_build else []
+        argv += ["--force"] if args.force else []
+        return m.stream(argv, timeout=PIP_TIMEOUT * 2)
+
+
+def deploy_hosts(cfg, args, log):
+    """On the master: bring every other host of the hostfile to this tree (skips shared ones)."""
+    failed = 0
+    root = local_source_root()
+    for host in cfg.host_names:
+        if is_this_machine(host):
+            continue
+        try:
+            target = ssh.resolve_target(host, ssh_config=cfg.master.hosts_ssh_config,
+                                        connect_timeout=cfg.master.connect_timeout)
+            with ssh.connect(target, args.accept_new_host_key) as conn:
+                state = install(conn, root, cfg.master.python, log, args.force)
+                if state == "installed" and not args.no_build and cfg.source != "<default>":
+                    conn.put_file(cfg.source, cfg.source, mode=0o600)
+                    build_engine(conn, root, cfg.source, log)
+        except UserError as e:
+            log(f"{host}: deploy failed: {e}")
+            failed += 1
+    return 1 if failed else 0

@@ -1,0 +1,496 @@
+"""The Grafana dashboard, generated from one panel table.
+
+`grafana/collbench-dashboard.json` (the exporter's metric names) and
+`grafana/collbench-dashboard-legacy.json` (seed 001's `mpi_*` names, `exporter.legacy_metrics`)
+are both built here from the same rows; only the result panels differ. The stat panels' colours
+come from the thresholds (config or seed 001's defaults), the reference text from the op table.
+`collbench dashboard [--config] [--legacy] [-o FILE]` writes them; the checked-in files are its
+output for the embedded default config (tests/test_dashboard.py keeps them equal).
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+from collbench.cli import add_config_arg
+from collbench.config import load_config
+from collbench.errors import UserError
+from collbench.ops import OPS, get_op
+from collbench.rules import seconds_text
+
+SCHEMA_VERSION = 39          # Grafana 10.3 / 11.x
+UID = "collbench"
+LEGACY_UID = "collbench-legacy"
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+GRID_WIDTH = 24
+
+# Selector every panel query starts from: the job and instance variables.
+SEL = 'job=~"$job",instance=~"$instance"'
+RATE = "$__rate_interval"
+FAILURES = "collbench_benchmark_failures_total{" + SEL + "}"
+
+GREEN, YELLOW, RED, BLUE = "green", "#EAB839", "red", "blue"
+
+
+@dataclass
+class Target:
+    expr: str
+    legend: str = ""
+
+
+@dataclass
+class Panel:
+    """One panel of the table: what it shows and how; layout is computed."""
+    title: str
+    kind: str                      # timeseries | stat | text
+    targets: list = field(default_factory=list)
+    description: str = ""
+    unit: str = ""
+    width: int = 8
+    height: int = 8
+    thresholds: list = None        # [(value or None, colour)], ascending
+    threshold_lines: bool = False  # draw the thresholds on a time series
+    mappings: list = None          # [(value, text, colour)]
+    repeat: str = None             # variable to repeat the panel over
+    log_scale: bool = False
+    content: str = ""              # markdown for text panels
+    decimals: int = None
+
+
+@dataclass
+class Row:
+    title: str
+    panels: list
+
+
+# ---------------------------------------------------------------- variables
+
+def _query_variable(name, label, query, multi=True, hide=0):
+    return {
+        "type": "query",
+        "name": name,
+        "label": label,
+        "datasource": DATASOURCE,
+        "definition": query,
+        "query": {"qryType": 1, "query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+        "refresh": 2,              # on time range change: new ops/sizes appear as the plan changes
+        "multi": multi,
+        "includeAll": True,
+        "allValue": ".+",
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "options": [],
+        "hide": hide,
+        "regex": "",
+        "sort": 1,
+    }
+
+
+def _custom_variable(name, label, values):
+    return {
+        "type": "custom",
+        "name": name,
+        "label": label,
+        "query": ",".join(values),
+        "multi": True,
+        "includeAll": True,
+        "allValue": "|".join(values),
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "options": [{"selected": False, "text": v, "value": v} for v in values],
+        "hide": 0,
+    }
+
+
+def variables(legacy):
+    ds = {
+        "type": "datasource", "name": "datasource", "label": "Data source", "query": "prometheus",
+        "current": {}, "hide": 0, "refresh": 1, "regex": "", "options": [], "includeAll": False,
+        "multi": False,
+    }
+    if legacy:
+        return [
+            ds,
+            _query_variable("job", "Job", "label_values(mpi_stress_test_running, job)"),
+            _query_variable("instance", "Instance", 'label_values(mpi_stress_test_running{job=~"$job"}, instance)'),
+            _custom_variable("op", "Op", [op.legacy_name for op in OPS.values() if op.legacy_name]),
+            _query_variable("size", "Size",
+                            'label_values({__name__=~"mpi_.+_latency_us",' + SEL + "}, size)"),
+        ]
+    return [
+        ds,
+        _query_variable("job", "Job", "label_values(collbench_stress_running, job)"),
+        _query_variable("instance", "Instance", 'label_values(collbench_stress_running{job=~"$job"}, instance)'),
+        _query_variable("op", "Op", "label_values(collbench_latency_avg_seconds{" + SEL + "}, op)"),
+        _query_variable("size", "Size",
+                        "label_values(collbench_latency_avg_seconds{" + SEL + ',op=~"$op"}, size)'),
+        # The ops that have a bus bandwidth (barrier has none): the busbw panel repeats over them.
+        _query_variable("bwop", "Bandwidth ops",
+                        "label_values(collbench_busbw_bytes_per_second{" + SEL + ',op=~"$op"}, op)', hide=2),
+    ]
+
+
+# ---------------------------------------------------------------- the panel table
+
+def _running_mappings():
+    return [(0, "stopped", RED), (1, "running", GREEN)]
+
+
+def status_row(cfg, legacy):
+    stale = cfg.alerts.stale_after
+    if legacy:
+        return Row("Status", [
+            Panel("Stress test", "stat", [Target(f"mpi_stress_test_running{{{SEL}}}", "{{instance}}")],
+                  "1 while the stress test runs (legacy name of collbench_stress_running).",
+                  mappings=_running_mappings(), width=6, height=4),
+            Panel("Iteration", "stat", [Target(f"mpi_stress_test_iteration{{{SEL}}}", "{{instance}}")],
+                  "Plan pass of the newest result.", width=6, height=4, decimals=0),
+            Panel("Results age", "stat",
+                  [Target(f"time() - mpi_benchmark_last_update_timestamp{{{SEL}}}", "{{instance}}")],
+                  f"Seconds since the newest result; stale after {seconds_text(stale)} (alerts.stale_after).",
+                  unit="s", thresholds=[(None, GREEN), (stale / 2, YELLOW), (stale, RED)], width=6, height=4),
+            Panel("Exporter", "stat", [Target(f"up{{{SEL}}}", "{{instance}}")],
+                  "Prometheus' scrape of the exporter: up or down.",
+                  mappings=[(0, "down", RED), (1, "up", GREEN)], width=6, height=4),
+        ])
+    return Row("Status", [
+        Panel("Stress daemon", "stat", [Target(f"collbench_stress_running{{{SEL}}}", "{{instance}}")],
+              "1 while the stress daemon's process is alive (checked at every scrape).",
+              mappings=_running_mappings(), width=4, height=4),
+        Panel("Iteration", "stat", [Target(f"collbench_stress_iteration{{{SEL}}}", "{{instance}}")],
+              "Plan pass of the stress daemon's newest record (from 1).", width=4, height=4, decimals=0),
+        Panel("Results age", "stat", [Target(f"collbench_results_age_seconds{{{SEL}}}", "{{instance}}")],
+              f"Seconds since the newest result was measured; the ResultsStale alert fires past "
+              f"{seconds_text(stale)} (alerts.stale_after).",
+              unit="s", thresholds=[(None, GREEN), (stale / 2, YELLOW), (stale, RED)], width=4, height=4),
+        Panel("Failures in range", "stat",
+              # The exporter creates an op's failure counter at its first failure, which increase()
+              # cannot see: a series born in the range counts whole. No failure at all shows 0.
+              [Target(f"sum by (instance) (({FAILURES} unless {FAILURES} offset $__range) "
+                      f"or increase({FAILURES}[$__range])) "
+                      f"or max by (instance) (collbench_stress_running{{{SEL}}}) * 0", "{{instance}}")],
+              "Failed benchmark steps (failure records) in the dashboard's time range.",
+              thresholds=[(None, GREEN), (1, RED)], width=4, height=4, decimals=0),
+        Panel("Last run", "stat", [Target(f"collbench_last_run_success{{{SEL}}}", "{{instance}}")],
+              "Whether the newest record is a passing result (ok) or a failure.",
+              mappings=[(0, "failed", RED), (1, "ok", GREEN)], width=4, height=4),
+        Panel("Firing alerts", "stat",
+              [Target('count(ALERTS{alertname=~"Collbench.+",alertstate="firing",' + SEL + "}) or vector(0)")],
+              "collbench alerts firing now in Prometheus (see docs/METRICS.md, Alerts).",
+              thresholds=[(None, GREEN), (1, RED)], width=4, height=4, decimals=0),
+        Panel("Exporter scrape", "stat", [Target(f"up{{{SEL}}}", "{{instance}}")],
+              "Prometheus' scrape of the exporter: up or down.",
+              mappings=[(0, "down", RED), (1, "up", GREEN)], width=8, height=4),
+        Panel("Collectors", "stat", [Target(f"collbench_collector_success{{{SEL}}}", "{{instance}} {{collector}}")],
+              "Each collector's last scrape: ok, or failed (the exporter log says why).",
+              mappings=[(0, "failed", RED), (1, "ok", GREEN)], width=16, height=4),
+    ])
+
+
+def ordered_thresholds(thresholds):
+    """Thresholds.items() in the op table's order, largest size first (seed 001's table order)."""
+    order = list(OPS)
+    return sorted(thresholds.items(), key=lambda item: (order.index(item[0]), -item[1]))
+
+
+def key_latency_row(cfg, legacy):
+    basis = f"{cfg.alerts.nodes} nodes at {cfg.alerts.link_gbps:g} Gb/s"
+    panels = []
+    for op_name, _size_bytes, size, warning_us, critical_us in ordered_thresholds(cfg.thresholds):
+        op = get_op(op_name)
+        if legacy:
+            if not op.legacy_name:
+                continue
+            expr = f'mpi_{op.legacy_name}_latency_us{{{SEL},size="{size}"}}'
+            unit, scale = "µs", 1.0
+        else:
+            expr = f'collbench_latency_avg_seconds{{{SEL},op="{op_name}",size="{size}"}}'
+            unit, scale = "s", 1e-6
+        w, c = (float(f"{v * scale:.6g}") for v in (warning_us, critical_us))
+        panels.append(Panel(
+            f"{op.title} {size}", "stat", [Target(expr, "{{instance}}")],
+            f"Average latency. Good < {seconds_text(warning_us / 1e6)}, warning "
+            f"{seconds_text(warning_us / 1e6)}-{seconds_text(critical_us / 1e6)}, critical > "
+            f"{seconds_text(critical_us / 1e6)} ({basis}).",
+            unit=unit, thresholds=[(None, GREEN), (w, YELLOW), (c, RED)], width=4, height=4))
+    return Row(f"Key latencies ({basis})", panels)
+
+
+def latency_row(legacy):
+    if legacy:
+        return Row("Latency", [
+            Panel("$op latency by size", "timeseries",
+                  [Target(f'mpi_${{op}}_latency_us{{{SEL},size=~"$size"}}', "{{size}} {{instance}}")],
+                  "Average latency of each size, one panel per op.", unit="µs", repeat="op",
+                  log_scale=True, width=12, height=8),
+        ])
+    return Row("Latency", [
+        Panel("$op latency by size", "timeseries",
+              [Target(f'collbench_latency_avg_seconds{{{SEL},op="$op",size=~"$size"}}', "{{size}} {{instance}}")],
+              "Average latency of each message size (bytes per rank), one panel per op.",
+              unit="s", repeat="op", log_scale=True, width=12, height=8),
+        Panel("Slowest rank vs average", "timeseries",
+              [Target(f'collbench_latency_max_seconds{{{SEL},op=~"$op",size=~"$size"}} / '
+                      f'collbench_latency_avg_seconds{{{SEL},op=~"$op",size=~"$size"}}',
+                      "{{op}} {{size}} {{instance}}")],
+              "Max over ranks / average: 1 when the ranks agree; a rising ratio is a straggler "
+              "(a slow host, NIC or link).", unit="none", width=12, height=8, decimals=2),
+    ])
+
+
+def bandwidth_row(cfg):
+    line_rate = cfg.alerts.link_gbps * 1e9 / 8
+    return Row("Bandwidth", [
+        Panel("$bwop bus bandwidth", "timeseries",
+              [Target(f'collbench_busbw_bytes_per_second{{{SEL},op="$bwop",size=~"$size"}}', "{{size}} {{instance}}")],
+              f"busbw (nccl-tests): comparable across ops and node counts, and with the line rate "
+              f"({cfg.alerts.link_gbps:g} Gb/s, the red line). Large sizes should approach it.",
+              unit="Bps", repeat="bwop", thresholds=[(None, GREEN), (line_rate, RED)], threshold_lines=True,
+              width=12, height=8),
+    ])
+
+
+def congestion_row(cfg):
+    ecn_warning, ecn_critical = cfg.thresholds.ecn_rate
+    rdma = f"{{{SEL}}}"
+    line_rate = cfg.alerts.link_gbps * 1e9 / 8
+    by_port = "sum by (instance, device, port)"
+    return Row("Congestion: ECN, CNP, PFC", [
+        Panel("ECN-marked packets (RoCE)", "timeseries",
+              [Target(f"{by_port} (rate(collbench_rdma_np_ecn_marked_roce_packets_total{rdma}[{RATE}]))",
+                      "{{instance}} {{device}}/{{port}}")],
+              f"RoCE packets that arrived with ECN Congestion Experienced, per second: a switch queue "
+              f"passed its marking threshold. Good < {ecn_warning:g}/s, warning to {ecn_critical:g}/s, critical above.",
+              unit="pps", thresholds=[(None, GREEN), (ecn_warning, YELLOW), (ecn_critical, RED)],
+              threshold_lines=True, width=8),
+        Panel("CNPs sent and handled", "timeseries",
+              [Target(f"{by_port} (rate(collbench_rdma_np_cnp_sent_total{rdma}[{RATE}]))",
+                      "sent {{instance}} {{device}}/{{port}}"),
+               Target(f"{by_port} (rate(collbench_rdma_rp_cnp_handled_total{rdma}[{RATE}]))",
+                      "handled {{instance}} {{device}}/{{port}}")],
+              "Congestion Notification Packets: sent by this NIC as receiver of marked packets (np), "
+              "and received and acted on as sender, slowing down (rp, DCQCN).", unit="pps", width=8),
+        Panel("CNPs ignored", "timeseries",
+              [Target(f"{by_port} (rate(collbench_rdma_rp_cnp_ignored_total{rdma}[{RATE}]))",
+                      "{{instance}} {{device}}/{{port}}")],
+              "CNPs the sender received but did not act on: congestion control is off for that "
+              "priority or misconfigured. Should stay at 0.", unit="pps", width=8),
+        Panel("PFC pause frames by priority", "timeseries",
+              [Target(f"sum by (instance, netdev, direction, priority) "
+                      f"(rate(collbench_ethtool_pause_frames_total{rdma}[{RATE}]))",
+                      "{{instance}} {{netdev}} prio {{priority}} {{direction}}")],
+              "Per-priority pause frames, per second: rx = the switch paused this NIC, tx = this NIC "
+              "paused the switch (it could not drain its receive buffer).", unit="pps", width=8),
+        Panel("Time paused by priority", "timeseries",
+              [Target(f"sum by (instance, netdev, direction, priority) "
+                      f"(rate(collbench_ethtool_pause_duration_seconds_total{rdma}[{RATE}]))",
+                      "{{instance}} {{netdev}} prio {{priority}} {{direction}}")],
+              "Share of the time the priority was paused. Above 50% the PfcPausedHigh alert fires: "
+              "a pause storm in the making.", unit="percentunit",
+              thresholds=[(None, GREEN), (0.5, RED)], threshold_lines=True, width=8),
+        Panel("Pause storms and PHY discards", "timeseries",
+              [Target(f"sum by (instance, netdev) (increase(collbench_ethtool_pause_storm_warning_events_total{rdma}[{RATE}]))",
+                      "storm warning {{instance}} {{netdev}}"),
+               Target(f"sum by (instance, netdev) (increase(collbench_ethtool_pause_storm_error_events_total{rdma}[{RATE}]))",
+                      "storm error {{instance}} {{netdev}}"),
+               Target(f"sum by (instance, netdev) (rate(collbench_ethtool_rx_discards_phy_total{rdma}[{RATE}]))",
+                      "rx_discards_phy/s {{instance}} {{netdev}}")],
+              "Pause-storm events of the NIC's stall prevention (any is an incident) and packets the "
+              "port dropped for lack of buffer (lossless priorities must show none).", width=8),
+        Panel("Retransmits and ack timeouts", "timeseries",
+              [Target(f"{by_port} (rate(collbench_rdma_{name}_total{rdma}[{RATE}]))", f"{text} {{{{instance}}}} {{{{device}}}}")
+               for name, text in (("local_ack_timeout_err", "ack timeout"),
+                                  ("packet_seq_err", "NAK sequence error"),
+                                  ("out_of_sequence", "out of sequence"),
+                                  ("implied_nak_seq_err", "implied NAK"),
+                                  ("duplicate_request", "duplicate request"))],
+              "Transport recovery, per second: ack timeouts and sequence errors mean the RC transport "
+              "retransmitted (drops, or a lossy priority).", unit="pps", width=8),
+        Panel("Kernel IP ECN", "timeseries",
+              [Target(f"sum by (instance) (rate(collbench_netstat_ip_in_{name}_packets_total{rdma}[{RATE}]))",
+                      f"{name.upper()} {{{{instance}}}}") for name in ("ce", "ect0", "ect1")],
+              "ECN codepoints of IP packets the kernel received (TCP transports; RoCE bypasses the "
+              "kernel): CE = congestion experienced.", unit="pps", width=8),
+        Panel("RDMA port traffic", "timeseries",
+              [Target(f"{by_port} (rate(collbench_rdma_port_xmit_data_bytes_total{rdma}[{RATE}]))",
+                      "tx {{instance}} {{device}}/{{port}}"),
+               Target(f"{by_port} (rate(collbench_rdma_port_rcv_data_bytes_total{rdma}[{RATE}]))",
+                      "rx {{instance}} {{device}}/{{port}}")],
+              f"Bytes per second through the RDMA port, against the line rate ({cfg.alerts.link_gbps:g} Gb/s).",
+              unit="Bps", thresholds=[(None, GREEN), (line_rate, RED)], threshold_lines=True, width=8),
+    ])
+
+
+def reference_text(cfg):
+    lines = ["#### What each collective means for training (seed 001)", "",
+             "| Op | Training use | busbw factor |", "|---|---|---|"]
+    factors = {"allreduce": "2(n-1)/n", "ring": "(n-1)/n", "one": "1", "none": "-"}
+    for op in OPS.values():
+        lines.append(f"| {op.title} | {op.training_use} | {factors[op.bus_factor_kind]} |")
+    lines += ["", "Allreduce is the critical path: it runs every training step.", "",
+              f"#### What good looks like ({cfg.alerts.nodes} nodes at {cfg.alerts.link_gbps:g} Gb/s)", "",
+              "| Metric | Good | Warning | Critical |", "|---|---|---|---|"]
+    for op_name, _b, size, w, c in ordered_thresholds(cfg.thresholds):
+        w_s, c_s = seconds_text(w / 1e6), seconds_text(c / 1e6)
+        lines.append(f"| {get_op(op_name).title} {size} | < {w_s} | {w_s}-{c_s} | > {c_s} |")
+    ew, ec = cfg.thresholds.ecn_rate
+    lines.append(f"| ECN rate | < {ew:g}/s | {ew:g}-{ec:g}/s | > {ec:g}/s |")
+    lines += ["", "Sizes are bytes per rank (OSU). Panels and alerts: docs/METRICS.md."]
+    return "\n".join(lines)
+
+
+def reference_row(cfg):
+    return Row("Reference", [Panel("What the ops mean", "text", content=reference_text(cfg),
+                                   width=24, height=14)])
+
+
+def rows(cfg, legacy):
+    if legacy:
+        return [status_row(cfg, True), key_latency_row(cfg, True), latency_row(True),
+                congestion_row(cfg), reference_row(cfg)]
+    return [status_row(cfg, False), key_latency_row(cfg, False), latency_row(False), bandwidth_row(cfg),
+            congestion_row(cfg), reference_row(cfg)]
+
+
+# ---------------------------------------------------------------- JSON
+
+def _thresholds_json(steps):
+    return {"mode": "absolute",
+            "steps": [{"color": colour, "value": value} for value, colour in steps]}
+
+
+def _mappings_json(mappings):
+    return [{"type": "value", "options": {str(v): {"text": text, "color": colour, "index": i}
+                                          for i, (v, text, colour) in enumerate(mappings)}}]
+
+
+def panel_json(p, pid, pos):
+    out = {"id": pid, "type": p.kind, "title": p.title, "description": p.description, "gridPos": pos}
+    if p.kind == "text":
+        out["options"] = {"mode": "markdown", "content": p.content}
+        return out
+    out["datasource"] = DATASOURCE
+    out["targets"] = [{"datasource": DATASOURCE, "refId": chr(ord("A") + i), "expr": t.expr,
+                       "legendFormat": t.legend or "__auto", "range": p.kind == "timeseries",
+                       "instant": p.kind == "stat"}
+                      for i, t in enumerate(p.targets)]
+    defaults = {"unit": p.unit or "short",
+                "thresholds": _thresholds_json(p.thresholds or [(None, GREEN)]),
+                "mappings": _mappings_json(p.mappings) if p.mappings else []}
+    if p.decimals is not None:
+        defaults["decimals"] = p.decimals
+    if p.kind == "timeseries":
+        defaults["color"] = {"mode": "palette-classic"}
+        defaults["custom"] = {
+            "drawStyle": "line", "lineWidth": 1, "fillOpacity": 0, "showPoints": "auto", "spanNulls": True,
+            "thresholdsStyle": {"mode": "line" if p.threshold_lines else "off"},
+            "scaleDistribution": {"type": "log", "log": 10} if p.log_scale else {"type": "linear"},
+        }
+        out["options"] = {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+                          "tooltip": {"mode": "multi", "sort": "desc"}}
+    else:
+        defaults["color"] = {"mode": "thresholds"}
+        out["options"] = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                          "colorMode": "background", "graphMode": "none", "textMode": "auto",
+                          "justifyMode": "auto", "orientation": "auto"}
+    out["fieldConfig"] = {"defaults": defaults, "overrides": []}
+    if p.repeat:
+        out["repeat"] = p.repeat
+        out["repeatDirection"] = "h"
+        out["maxPerRow"] = GRID_WIDTH // p.width
+    return out
+
+
+def build_dashboard(cfg, legacy=False):
+    panels, pid, y = [], 1, 0
+    for row in rows(cfg, legacy):
+        panels.append({"id": pid, "type": "row", "title": row.title, "collapsed": False, "panels": [],
+                       "gridPos": {"h": 1, "w": GRID_WIDTH, "x": 0, "y": y}})
+        pid, y, x, line_h = pid + 1, y + 1, 0, 0
+        for p in row.panels:
+            if x + p.width > GRID_WIDTH:
+                x, y, line_h = 0, y + line_h, 0
+            panels.append(panel_json(p, pid, {"h": p.height, "w": p.width, "x": x, "y": y}))
+            pid, x, line_h = pid + 1, x + p.width, max(line_h, p.height)
+        y += line_h
+    title = "collbench: MPI collectives and RDMA congestion"
+    return {
+        "uid": LEGACY_UID if legacy else UID,
+        "title": title + (" (legacy mpi_* metrics)" if legacy else ""),
+        "description": ("MPI collective latency and bandwidth from the collbench stress daemon, with the "
+                        "RoCE congestion counters (ECN, CNP, PFC) read by the collbench exporter."),
+        "tags": ["collbench", "mpi", "rdma"] + (["legacy"] if legacy else []),
+        "schemaVersion": SCHEMA_VERSION,
+        "version": 1,
+        "editable": True,
+        "graphTooltip": 1,
+        "time": {"from": "now-6h", "to": "now"},
+        "refresh": "1m",
+        "timezone": "",
+        "fiscalYearStartMonth": 0,
+        "liveNow": False,
+        "weekStart": "",
+        "timepicker": {},
+        "links": [{"type": "dashboards", "tags": ["collbench"], "asDropdown": True, "title": "collbench",
+                   "includeVars": True, "keepTime": True}],
+        "annotations": {"list": [{
+            "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
+            "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts",
+            "type": "dashboard"}]},
+        "templating": {"list": variables(legacy)},
+        "panels": panels,
+    }
+
+
+def render(cfg, legacy=False):
+    return json.dumps(build_dashboard(cfg, legacy), indent=2, ensure_ascii=False) + "\n"
+
+
+def _run(args):
+    text = render(load_config(args.config), args.legacy)
+    if args.output in (None, "-"):
+        sys.stdout.write(text)
+        return 0
+    directory = os.path.dirname(os.path.abspath(args.output))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".collbench-dashboard.", dir=directory)
+    except OSError as e:
+        raise UserError(f"-o {args.output}: cannot write: {e.strerror}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, args.output)
+    except OSError as e:
+        os.unlink(tmp)
+        raise UserError(f"-o {args.output}: cannot write: {e.strerror}") from None
+    return 0
+
+
+def register(subparsers):
+    p = subparsers.add_parser(
+        "dashboard", help="write the Grafana dashboard JSON (thresholds from the config)",
+        description="Write the collbench Grafana dashboard (file-provisionable JSON, fixed uid) with "
+                    "the stat panels coloured by the config's thresholds.")
+    add_config_arg(p)
+    p.add_argument("--legacy", action="store_true",
+                   help="the variant for seed 001's mpi_* metric names (exporter.legacy_metrics)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here (atomically) instead of stdout")
+    p.set_defaults(func=_run)
+
+
+def main(argv=None):
+    """`python -m collbench.dashboard [--config] [--legacy] [-o]`, the same as `collbench dashboard`."""
+    parser = argparse.ArgumentParser(prog="python -m collbench.dashboard")
+    register(parser.add_subparsers())
+    args = parser.parse_args(["dashboard"] + list(sys.argv[1:] if argv is None else argv))
+    try:
+        return args.func(args)
+    except UserError as e:
+        print(f"collbench: error: {e}", file=sys.stderr)
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

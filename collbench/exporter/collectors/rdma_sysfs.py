@@ -1,0 +1,155 @@
+"""RDMA congestion and error counters from sysfs, read at scrape time.
+
+  <sysfs>/class/infiniband/<dev>/ports/<port>/hw_counters/<name>  -> collbench_rdma_<name>_total
+  <sysfs>/class/infiniband/<dev>/ports/<port>/counters/<name>     -> collbench_rdma_port_<name>_total
+
+hw_counters are the driver's (mlx5: np_ecn_marked_roce_packets, np_cnp_sent, rp_cnp_handled,
+out_of_sequence, ...); every file there is exported, so a newer driver's counters appear without
+a code change. Port counters are the IB PMA counters; port_xmit_data / port_rcv_data count
+4-byte words (IBTA), exported in bytes. A counter file that cannot be read (some return EINVAL
+while the port is down, some say "N/A (no PMA)") is skipped, not fatal.
+"""
+
+import os
+import re
+
+from prometheus_client.core import CounterMetricFamily
+
+from collbench.exporter.collectors import Collector, DeviceFilter, NoData
+
+# Files in hw_counters that are settings, not counters.
+NOT_COUNTERS = {"lifespan"}
+# Port counters in 4-byte words, exported in bytes under these names.
+WORD_COUNTERS = {"port_xmit_data": "collbench_rdma_port_xmit_data_bytes",
+                 "port_rcv_data": "collbench_rdma_port_rcv_data_bytes"}
+_BAD_CHARS = re.compile(r"[^a-z0-9_]")
+
+
+def infiniband_dir(sysfs_root):
+    return os.path.join(sysfs_root, "class", "infiniband")
+
+
+def rdma_devices(sysfs_root, device_filter=None):
+    """Sorted RDMA device names under sysfs, filtered; [] when there are none."""
+    try:
+        names = sorted(os.listdir(infiniband_dir(sysfs_root)))
+    except OSError:
+        return []
+    return [n for n in names if device_filter is None or device_filter(n)]
+
+
+def device_netdevs(sysfs_root, dev):
+    """The Ethernet netdevs of an RDMA device (RoCE): each port's gid_attrs/ndevs, else the
+    PCI function's net/ directory."""
+    base = os.path.join(infiniband_dir(sysfs_root), dev)
+    found = []
+    try:
+        ports = sorted(os.listdir(os.path.join(base, "ports")))
+    except OSError:
+        ports = []
+    for port in ports:
+        ndevs = os.path.join(base, "ports", port, "gid_attrs", "ndevs")
+        try:
+            entries = sorted(os.listdir(ndevs), key=lambda x: int(x) if x.isdigit() else 0)
+        except OSError:
+            continue
+        for e in entries[:4]:   # GID 0 names the port's netdev; reading the rest costs a syscall each
+            try:
+                with open(os.path.join(ndevs, e), encoding="ascii") as f:
+                    name = f.read().strip()
+            except OSError:
+                continue    # unset GID entries return EINVAL
+            if name and name not in found:
+                found.append(name)
+                break
+    if not found:
+        try:
+            found = sorted(os.listdir(os.path.join(base, "device", "net")))
+        except OSError:
+            pass
+    return found
+
+
+def metric_name(prefix, counter):
+    name = _BAD_CHARS.sub("_", counter.lower())
+    if name.endswith("_total"):
+        name = name[:-len("_total")]
+    return f"{prefix}{name}"
+
+
+def read_counter(path):
+    # os.open/os.read: a scrape reads ~50 files per port; file objects would double the cost.
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        raw = os.read(fd, 64)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        return int(raw)
+    except ValueError:
+        return None
+
+
+class RdmaSysfsCollector(Collector):
+    name = "rdma_sysfs"
+
+    def __init__(self, sysfs_root="/sys", device_filter=None):
+        self.sysfs_root = sysfs_root
+        self.device_filter = device_filter or DeviceFilter()
+
+    def collect(self):
+        root = infiniband_dir(self.sysfs_root)
+        if not os.path.isdir(root):
+            raise NoData(f"{root} does not exist (no RDMA devices on this host)")
+        devices = rdma_devices(self.sysfs_root, self.device_filter)
+        if not devices:
+            raise NoData(f"no RDMA device in {root} passes the device filters")
+        families = {}
+
+        def add(name, help_text, dev, port, value):
+            fam = families.get(name)
+            if fam is None:
+                fam = families[name] = CounterMetricFamily(name, help_text, labels=["device", "port"])
+            fam.add_metric([dev, port], value)
+
+        for dev in devices:
+            ports_dir = os.path.join(root, dev, "ports")
+            try:
+                ports = sorted(os.listdir(ports_dir), key=lambda p: int(p) if p.isdigit() else 0)
+            except OSError:
+                continue
+            for port in ports:
+                hw = os.path.join(ports_dir, port, "hw_counters")
+                for counter in _listdir(hw):
+                    if counter in NOT_COUNTERS:
+                        continue
+                    value = read_counter(os.path.join(hw, counter))
+                    if value is not None:
+                        add(metric_name("collbench_rdma_", counter),
+                            f"RDMA hw_counters/{counter} of the port (driver counter).", dev, port, value)
+                pc = os.path.join(ports_dir, port, "counters")
+                for counter in _listdir(pc):
+                    value = read_counter(os.path.join(pc, counter))
+                    if value is None:
+                        continue
+                    if counter in WORD_COUNTERS:
+                        add(WORD_COUNTERS[counter],
+                            f"RDMA port counters/{counter} in bytes (the file counts 4-byte words).",
+                            dev, port, value * 4)
+                    else:
+                        short = counter[len("port_"):] if counter.lower().startswith("port_") else counter
+                        add(metric_name("collbench_rdma_port_", short),
+                            f"RDMA port counters/{counter} (IB port counter).", dev, port, value)
+        return [families[k] for k in sorted(families)]
+
+
+def _listdir(path):
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []

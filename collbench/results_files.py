@@ -1,0 +1,120 @@
+"""The result files of `collbench once`: JSON Lines records and a TSV table.
+
+Both are written atomically: a temporary file in the target's directory, fsync'd, then renamed
+over the target. An interrupted or failed write leaves the previous file (or none) intact,
+never a half-written one.
+
+* JSONL (`--results`) is a history: an existing file is kept and this run's records are added
+  after it (each record carries its run_id). The copy-then-rename costs a read of the old file,
+  the price of never leaving it half-appended.
+* TSV (`--tsv`) is this run's table (like seed 000's `t_<op>_<id>.tsv`): replaced each run.
+"""
+
+import os
+import tempfile
+
+from collbench.errors import UserError
+from collbench.records import dumps
+
+TSV_COLUMNS = (
+    ("run_id", "run_id"), ("time", "time"), ("op", "op"), ("size", "size"), ("size_bytes", "size_bytes"),
+    ("datatype", "datatype"), ("ranks", "ranks"), ("nodes", "nodes"), ("engine", "engine"),
+    ("iterations", "iterations"), ("latency_avg_us", "latency_avg_us"),
+    ("latency_min_us", "latency_min_us"), ("latency_max_us", "latency_max_us"),
+    ("algbw_GBps", "algbw_bytes_per_s"), ("busbw_GBps", "busbw_bytes_per_s"),
+    ("data_GB", None), ("validation", "validation"), ("straggler_rank", "straggler_rank"),
+    ("verdict", "verdict"), ("status", "status"), ("error", "error"),
+)
+
+
+def check_writable(path, flag):
+    """Fail before the run (UserError, exit 2) if path cannot be written: nothing measured is lost."""
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    if os.path.isdir(path):
+        raise UserError(f"{flag} {path}: is a directory (expected a file path)")
+    if not os.path.isdir(parent):
+        raise UserError(f"{flag} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {path}: directory {parent} is not writable")
+    if os.path.exists(path) and not os.access(path, os.R_OK):
+        raise UserError(f"{flag} {path}: exists and is not readable (it is appended to)")
+    return path
+
+
+def _atomic_write(path, chunks, keep_existing):
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    mode = None
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            if keep_existing and os.path.exists(path):
+                mode = os.stat(path).st_mode & 0o7777
+                with open(path, "rb") as old:
+                    data = old.read()
+                out.write(data)
+                if data and not data.endswith(b"\n"):
+                    out.write(b"\n")  # a previous writer's torn last line stays on its own line
+            for chunk in chunks:
+                out.write(chunk.encode("utf-8"))
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, mode if mode is not None else 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:  # make the rename itself durable
+        dfd = os.open(parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+    return path
+
+
+def write_jsonl(path, records):
+    """Add records to path (kept if it exists), one JSON object per line."""
+    return _atomic_write(path, (dumps(r) + "\n" for r in records), keep_existing=True)
+
+
+def _tsv_value(rec, key, header):
+    if header == "data_GB":
+        from collbench.ops import get_op
+        if rec.get("type") != "result" or not rec.get("op"):
+            return ""
+        op = get_op(rec["op"])
+        if not op.has_size:
+            return ""
+        return f"{op.data_bytes(rec['size_bytes'], rec['ranks']) / 1e9:.9g}"
+    v = rec.get(key)
+    if header == "size" and v is None and rec.get("size_bytes"):
+        from collbench.sizes import format_size
+        v = format_size(rec["size_bytes"])  # failure records carry only size_bytes
+    if v is None:
+        return ""
+    if header.endswith("_GBps"):
+        return f"{v / 1e9:.6g}"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    # a field never holds a tab or newline in the TSV (errors can)
+    return " ".join(str(v).split())
+
+
+def tsv_lines(records):
+    yield "\t".join(h for h, _ in TSV_COLUMNS) + "\n"
+    for rec in records:
+        if rec.get("type") not in ("result", "failure"):
+            continue
+        yield "\t".join(_tsv_value(rec, key, h) for h, key in TSV_COLUMNS) + "\n"
+
+
+def write_tsv(path, records):
+    """Replace path with this run's table: a header line, then one line per (op, size)."""
+    return _atomic_write(path, tsv_lines(list(records)), keep_existing=False)

@@ -1,0 +1,253 @@
+"""Run one MPI job: stream its stdout lines, keep the tail of its stderr, stop it for good.
+
+The job leads its own process group and session (start_new_session), so stop() can reach
+mpirun, its daemons and the ranks with one killpg; it also signals every descendant found
+by walking /proc parent links and every process left in the job's session (ranks that a
+dying mpirun orphaned), never by name. Processes that ignore SIGTERM get SIGKILL after the
+grace period; stop() reports their pids.
+"""
+
+import collections
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+
+_EOF = object()
+STDERR_KEEP = 200   # lines of stderr kept in memory for stderr_tail()
+POLL = 0.05         # seconds between checks while a job is stopping
+
+
+class JobTimeout(Exception):
+    """No stdout line arrived within the idle timeout."""
+
+    def __init__(self, idle_timeout):
+        super().__init__(f"no output for {idle_timeout:g}s")
+        self.idle_timeout = idle_timeout
+
+
+@dataclass
+class JobResult:
+    returncode: int
+    timed_out: bool
+    stderr_tail: str
+    killed_pids: list = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- /proc helpers
+
+def _proc_stat(pid):
+    """(state, ppid, pgid, sid, starttime) of pid from /proc, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    # comm (field 2) may hold spaces and parentheses: split after the last ')'
+    rest = data[data.rindex(")") + 2:].split()
+    return rest[0], int(rest[1]), int(rest[2]), int(rest[3]), int(rest[19])
+
+
+def _all_stats():
+    stats = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = _proc_stat(int(name))
+            if st is not None:
+                stats[int(name)] = st
+    return stats
+
+
+def process_tree(root_pid, stats=None):
+    """Pids of every live descendant of root_pid (not root_pid itself), by /proc ppid links."""
+    stats = stats if stats is not None else _all_stats()
+    children = collections.defaultdict(list)
+    for pid, st in stats.items():
+        children[st[1]].append(pid)
+    found, todo = [], [root_pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if stats[child][0] != "Z":
+                found.append(child)
+                todo.append(child)
+    return found
+
+
+def _alive(pid, starttime):
+    """True while pid is the same process (start time matches) and not a zombie."""
+    st = _proc_stat(pid)
+    return st is not None and st[4] == starttime and st[0] != "Z"
+
+
+# ---------------------------------------------------------------- the job
+
+class MpiJob:
+    """One launcher process (mpirun/srun) and everything it starts."""
+
+    def __init__(self, argv, env, output_log=None):
+        self.argv = list(argv)
+        self.env = env
+        self.output_log = output_log
+        self.proc = None
+        self.pid = None
+        self._stdout = queue.Queue()
+        self._stderr = collections.deque(maxlen=STDERR_KEEP)
+        self._log_lock = threading.Lock()
+        self._readers = []
+        self._known = {}  # pid -> starttime of every process seen in the job
+        self._start_time = None
+
+    @property
+    def returncode(self):
+        return None if self.proc is None else self.proc.returncode
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, bufsize=1, errors="replace",
+            start_new_session=True)
+        self.pid = self.proc.pid
+        st = _proc_stat(self.pid)
+        self._start_time = st[4] if st else None
+        for stream, sink, tag in ((self.proc.stdout, self._stdout.put, "out"),
+                                  (self.proc.stderr, self._stderr.append, "err")):
+            t = threading.Thread(target=self._read, args=(stream, sink, tag),
+                                 name=f"mpijob-{self.pid}-{tag}", daemon=True)
+            t.start()
+            self._readers.append(t)
+        return self
+
+    def _read(self, stream, sink, tag):
+        try:
+            for line in stream:
+                line = line.rstrip("\n")
+                self._log(tag, line)
+                sink(line)
+        except (OSError, ValueError):
+            pass
+        finally:
+            if tag == "out":
+                self._stdout.put(_EOF)
+
+    def _log(self, tag, line):
+        if self.output_log is None:
+            return
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+        with self._log_lock:
+            try:
+                self.output_log.write(f"{stamp} [{self.pid} {tag}] {line}\n")
+                self.output_log.flush()
+            except (OSError, ValueError):
+                pass  # a full disk or a closed log must not stop the job's streams
+
+    def lines(self, idle_timeout):
+        """Yield stdout lines (without newline) until EOF; JobTimeout after idle_timeout s of silence."""
+        while True:
+            try:
+                item = self._stdout.get(timeout=idle_timeout)
+            except queue.Empty:
+                raise JobTimeout(idle_timeout) from None
+            if item is _EOF:
+                self._stdout.put(_EOF)  # later calls see EOF again
+                return
+            yield item
+
+    def stderr_tail(self, n=20):
+        return "\n".join(list(self._stderr)[-n:])
+
+    def descendants(self):
+        """Pids of the job's live process tree below the launcher."""
+        return process_tree(self.pid) if self.pid else []
+
+    def _owns_ids(self, launcher_stat):
+        """False once the launcher's pid names another process: that session and group are not ours."""
+        return launcher_stat is None or launcher_stat[4] == self._start_time
+
+    def _remember_tree(self):
+        """Record the job's processes: descendants of the launcher and its session's members."""
+        stats = _all_stats()
+        if not self._owns_ids(stats.get(self.pid)):
+            return [p for p, start in self._known.items() if _alive(p, start)]
+        pids = set(process_tree(self.pid, stats)) | {
+            pid for pid, st in stats.items() if st[3] == self.pid and st[0] != "Z"}
+        if self.pid in stats and stats[self.pid][0] != "Z":
+            pids.add(self.pid)
+        for pid in pids:
+            self._known.setdefault(pid, stats[pid][4])
+        return [p for p, start in self._known.items() if _alive(p, start)]
+
+    def _signal_all(self, sig, pids):
+        if self._owns_ids(_proc_stat(self.pid)):
+            try:
+                os.killpg(self.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for pid in pids:
+            if _alive(pid, self._known[pid]):
+                try:
+                    os.kill(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    def stop(self, grace=10.0):
+        """SIGTERM the whole job, SIGKILL what is left after grace s, reap; pids that needed SIGKILL."""
+        if self.proc is None:
+            return []
+        alive = self._remember_tree()
+        killed = []
+        if alive:
+            self._signal_all(signal.SIGTERM, alive)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline:
+                self.proc.poll()
+                alive = self._remember_tree()
+                if not alive:
+                    break
+                time.sleep(POLL)
+            alive = self._remember_tree()
+            if alive:
+                killed = sorted(alive)
+                self._signal_all(signal.SIGKILL, alive)
+                # SIGKILL cannot be ignored: wait (bounded) until the kernel has them all
+                deadline = time.monotonic() + 10.0
+                while self._remember_tree() and time.monotonic() < deadline:
+                    self.proc.poll()
+                    time.sleep(POLL)
+        self.proc.wait()
+        self._join_readers()
+        return killed
+
+    def wait(self, timeout=None):
+        """Wait for the launcher to exit; its return code (negative: killed by that signal)."""
+        rc = self.proc.wait(timeout)
+        self._join_readers(timeout=5.0)
+        return rc
+
+    def _join_readers(self, timeout=5.0):
+        # orphans that kept the pipes open are gone after stop(); bound the join anyway
+        for t in self._readers:
+            t.join(timeout)
+
+
+def run_job(argv, env, idle_timeout, on_line, output_log=None, stop_grace=10.0):
+    """Run a job to completion, calling on_line(line) per stdout line; stop it if it goes silent."""
+    job = MpiJob(argv, env, output_log).start()
+    timed_out, killed = False, []
+    try:
+        for line in job.lines(idle_timeout):
+            on_line(line)
+        try:
+            job.wait(timeout=idle_timeout)  # stdout closed: the launcher should exit promptly
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            killed = job.stop(stop_grace)
+    except JobTimeout:
+        timed_out = True
+        killed = job.stop(stop_grace)
+    finally:
+        if job.returncode is None:  # on_line raised, or we were interrupted
+            job.stop(stop_grace)
+    return JobResult(job.returncode, timed_out, job.stderr_tail(), killed)

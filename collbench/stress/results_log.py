@@ -1,0 +1,198 @@
+"""The stress daemon's results log: append-only JSON Lines with size-based rename rotation.
+
+Contract (docs/LOG_FORMAT.md): every record is written with one write(2) of a whole
+`\\n`-terminated line on an O_APPEND descriptor, so a reader never sees half a record at the
+end of a file it has already read past. Rotation happens only between records: the live file
+is renamed to `.1` (older ones shift to `.2` ... `.N`, the oldest past N is deleted) and a new
+live file is created. A record is therefore in exactly one file, and `seq` (1, 2, 3 ...) runs
+on without a gap or a repeat across rotations and across daemon restarts: on open, the log
+resumes from the highest `seq` found at the end of the newest file that holds one.
+"""
+
+import json
+import os
+
+from collbench.records import dumps
+
+# How far back from the end of a file to look for the last record's seq on open. Records are
+# well under 4 KB; the window is generous so a burst of unparsable lines does not hide it.
+_TAIL_WINDOW = 256 * 1024
+
+
+class ResultsLog:
+    """Append records to `path`, giving each the next `seq`; rotate past `rotate_bytes`."""
+
+    def __init__(self, path, rotate_bytes, rotate_keep):
+        self.path = path
+        self.rotate_bytes = rotate_bytes
+        self.rotate_keep = rotate_keep
+        self.rotations = 0
+        os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+        self.last_seq = last_seq_in(self.rotated_paths(include_live=True))
+        self._fd = None
+        self._open()
+
+    # ------------------------------------------------------------------ files
+
+    def rotated_paths(self, include_live=False):
+        """Newest first: the live file (if asked), then .1, .2 ... .N that exist."""
+        paths = [self.path] if include_live else []
+        return paths + [f"{self.path}.{i}" for i in range(1, self.rotate_keep + 1)
+                        if os.path.exists(f"{self.path}.{i}")]
+
+    def _open(self):
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # A crash mid-write can leave a line without its newline: end it, so the next record
+        # starts on a line of its own (the fragment stays one unparsable line for readers).
+        size = os.fstat(self._fd).st_size
+        if size:
+            with open(self.path, "rb") as f:
+                f.seek(size - 1)
+                if f.read(1) != b"\n":
+                    _write_all(self._fd, b"\n")
+
+    def close(self):
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ------------------------------------------------------------------ writing
+
+    def append(self, record):
+        """Give `record` the next seq, write it as one line, flush; rotate if past the size.
+
+        Returns the record (with seq). The caller's dict is updated in place.
+        """
+        record["seq"] = self.last_seq + 1
+        data = (dumps(record) + "\n").encode("utf-8")
+        _write_all(self._fd, data)
+        self.last_seq = record["seq"]
+        if self.rotate_bytes and os.fstat(self._fd).st_size >= self.rotate_bytes:
+            self.rotate()
+        return record
+
+    def rotate(self):
+        """Rename rotation: live -> .1 -> .2 ... -> .N; the oldest beyond N is deleted."""
+        os.close(self._fd)
+        self._fd = None
+        keep = self.rotate_keep
+        if keep == 0:
+            os.unlink(self.path)
+        else:
+            oldest = f"{self.path}.{keep}"
+            if os.path.exists(oldest):
+                os.unlink(oldest)
+            for i in range(keep - 1, 0, -1):
+                src = f"{self.path}.{i}"
+                if os.path.exists(src):
+                    os.rename(src, f"{self.path}.{i + 1}")
+            os.rename(self.path, f"{self.path}.1")
+        self.rotations += 1
+        self._open()
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def last_seq_in(paths):
+    """The highest seq at the end of the first file (newest first) that holds one; 0 if none."""
+    for path in paths:
+        seq = _last_seq_of_file(path)
+        if seq is not None:
+            return seq
+    return 0
+
+
+def _last_seq_of_file(path):
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - _TAIL_WINDOW))
+            chunk = f.read()
+    except FileNotFoundError:
+        return None
+    best = None
+    for line in chunk.splitlines():
+        rec = parse_record(line)
+        if rec is not None and isinstance(rec.get("seq"), int):
+            best = rec["seq"] if best is None else max(best, rec["seq"])
+    return best
+
+
+def parse_record(line):
+    """A record dict from one line (bytes or str), or None for a blank or unparsable line."""
+    if isinstance(line, bytes):
+        try:
+            line = line.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    line = line.strip()
+    if not line:
+        return None
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def read_records(path, rotate_keep=64):
+    """Every record of a log and its rotations, oldest first (for status, `log`, tests)."""
+    files = [f"{path}.{i}" for i in range(rotate_keep, 0, -1) if os.path.exists(f"{path}.{i}")]
+    if os.path.exists(path):
+        files.append(path)
+    out = []
+    for p in files:
+        with open(p, "rb") as f:
+            for line in f:
+                rec = parse_record(line)
+                if rec is not None:
+                    out.append(rec)
+    return out
+
+
+def tail_records(path, count, max_files=8):
+    """The last `count` records (oldest first), reading back through rotations as needed."""
+    out = []
+    paths = [path] + [f"{path}.{i}" for i in range(1, max_files)]
+    for p in paths:
+        if not os.path.exists(p):
+            if p == path:
+                continue
+            break
+        recs = _tail_file(p, count - len(out))
+        out = recs + out
+        if len(out) >= count:
+            break
+    return out[-count:] if count else []
+
+
+def _tail_file(path, count, block=64 * 1024):
+    """Up to the last `count` records of one file, read backwards in blocks."""
+    if count <= 0:
+        return []
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        pos = f.tell()
+        data = b""
+        while pos > 0 and data.count(b"\n") <= count:
+            step = min(block, pos)
+            pos -= step
+            f.seek(pos)
+            data = f.read(step) + data
+    lines = data.splitlines()
+    if pos > 0:
+        lines = lines[1:]   # the first line may be cut in the middle
+    recs = [r for r in (parse_record(x) for x in lines) if r is not None]
+    return recs[-count:]

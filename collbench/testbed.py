@@ -1,0 +1,372 @@
+"""A multi-host testbed on one Linux machine: N network namespaces on a bridge, an sshd in each.
+
+    python -m collbench.testbed up N [--dir DIR] [--rate-limit RATE] [--link-rate hI=RATE ...]
+    python -m collbench.testbed env DIR | down DIR | list
+
+For tests, and for trying collbench without a cluster (needs root). Each host is a network
+namespace with one interface (eth0) on a private bridge, an address in 198.18.0.0/24 (the
+benchmarking range of RFC 2544), its own UTS host name and its own sshd (generated host key,
+root login by a generated key only). The testbed directory holds everything to use it:
+
+    hostfile        OpenMPI hostfile of the hosts' addresses
+    ssh_config      Host h1..hN (and the addresses) -> key, user root, known_hosts, strict checking
+    known_hosts     the hosts' generated keys
+    id_ed25519      the client key
+    collbench.yaml  a config: master = h1 over SSH, ranks on every host, ob1 over TCP
+    testbed.json    what `down` removes
+
+Several testbeds can run at once: names carry a random id, and each takes its own aligned
+block of 198.18.0.0/24 (allocated under a lock). `down` kills every process in the namespaces,
+deletes them and the bridge, and is idempotent. Per-link rate limits use tc (tbf or htb) on
+both ends of a host's link, so later work can build uneven topologies.
+"""
+
+import argparse
+import fcntl
+import ipaddress
+import json
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+SUBNET = ipaddress.ip_network("198.18.0.0/24")
+LOCK_FILE = "/run/collbench-testbed.lock"
+SSHD = "/usr/sbin/sshd"
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class TestbedError(Exception):
+    pass
+
+
+def _run(argv, check=True, **kw):
+    res = subprocess.run(argv, capture_output=True, text=True, **kw)
+    if check and res.returncode != 0:
+        raise TestbedError(f"{' '.join(map(shlex.quote, argv))} failed: {res.stderr.strip() or res.stdout.strip()}")
+    return res
+
+
+def _used_networks():
+    """Networks of the addresses in SUBNET already on this machine's (root namespace) interfaces."""
+    out = _run(["ip", "-4", "-o", "addr", "show"]).stdout
+    nets = []
+    for line in out.splitlines():
+        parts = line.split()
+        if "inet" in parts:
+            iface = ipaddress.ip_interface(parts[parts.index("inet") + 1])
+            if iface.ip in SUBNET:
+                nets.append(iface.network)
+    return nets
+
+
+def _allocate_block(n_hosts):
+    """A free aligned block of SUBNET for a bridge + n_hosts (call with the lock held)."""
+    size = 8
+    while size < n_hosts + 3:   # network, bridge, hosts, broadcast
+        size *= 2
+    if size > SUBNET.num_addresses:
+        raise TestbedError(f"{n_hosts} hosts do not fit {SUBNET} (at most {SUBNET.num_addresses - 3})")
+    used = _used_networks()
+    for block in SUBNET.subnets(new_prefix=32 - (size.bit_length() - 1)):
+        if not any(block.overlaps(u) for u in used):
+            return block
+    raise TestbedError(f"no free block of {size} addresses left in {SUBNET}: tear down other testbeds "
+                       f"(python -m collbench.testbed list)")
+
+
+def _rate_limit(ns, dev, rate, shaper):
+    """Shape egress of dev (in namespace ns, or the root namespace when ns is None)."""
+    pre = ["ip", "netns", "exec", ns] if ns else []
+    if shaper == "tbf":
+        _run(pre + ["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
+                    "burst", "256kb", "latency", "50ms"])
+    else:
+        _run(pre + ["tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "10"])
+        _run(pre + ["tc", "class", "replace", "dev", dev, "parent", "1:", "classid", "1:10",
+                    "htb", "rate", rate, "ceil", rate])
+
+
+def _write(path, text, mode=0o644):
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, mode)
+
+
+def up(n_hosts, directory=None, prefix="cbtb", rate_limit=None, link_rates=None, shaper="htb",
+       slots=1, python=None):
+    """Build the testbed; returns its description (dict, also in <dir>/testbed.json).
+
+    On any failure everything built so far is torn down before the error is raised.
+    """
+    if os.geteuid() != 0:
+        raise TestbedError("the testbed needs root (network namespaces, bridges, sshd)")
+    if not 1 <= n_hosts <= 64:
+        raise TestbedError(f"got {n_hosts} hosts, expected 1..64")
+    if not prefix.isalnum() or len(prefix) > 6:
+        raise TestbedError(f"prefix {prefix!r}: expected up to 6 letters or digits")
+    tb_id = secrets.token_hex(3)
+    directory = os.path.abspath(directory or f"/tmp/collbench-testbed-{tb_id}")
+    os.makedirs(directory, exist_ok=True)
+    if os.path.exists(os.path.join(directory, "testbed.json")):
+        raise TestbedError(f"{directory} already holds a testbed (run `down {directory}` first)")
+    desc = {"id": tb_id, "dir": directory, "bridge": f"{prefix[:4]}br{tb_id}", "hosts": [],
+            "created": time.time(), "shaper": shaper}
+    _save(desc)
+    try:
+        _build(desc, n_hosts, prefix, rate_limit, dict(link_rates or {}), shaper, slots,
+               python or sys.executable)
+    except BaseException:
+        down(directory)
+        raise
+    return desc
+
+
+def _save(desc):
+    tmp = os.path.join(desc["dir"], "testbed.json.tmp")
+    _write(tmp, json.dumps(desc, indent=1) + "\n")
+    os.replace(tmp, os.path.join(desc["dir"], "testbed.json"))
+
+
+def _build(desc, n, prefix, rate_limit, link_rates, shaper, slots, python):
+    d = desc["dir"]
+    tb_id = desc["id"]
+    with open(LOCK_FILE, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        block = _allocate_block(n)
+        addrs = list(block.hosts())
+        desc["subnet"] = str(block)
+        desc["bridge_addr"] = str(addrs[0])
+        _run(["ip", "link", "add", desc["bridge"], "type", "bridge"])
+        _save(desc)
+        _run(["ip", "addr", "add", f"{addrs[0]}/{block.prefixlen}", "dev", desc["bridge"]])
+        _run(["ip", "link", "set", desc["bridge"], "up"])
+    # bridged frames must not go through the host's iptables FORWARD chain (br_netfilter)
+    for i in range(1, n + 1):
+        name = f"{prefix}-{tb_id}-h{i}"
+        host = {"alias": f"h{i}", "name": name, "netns": name, "addr": str(addrs[i]),
+                "veth": f"{prefix[:3]}v{tb_id}{i}", "dir": os.path.join(d, "hosts", f"h{i}")}
+        desc["hosts"].append(host)
+        _run(["ip", "netns", "add", host["netns"]])
+        _save(desc)
+        peer = f"{prefix[:3]}p{tb_id}{i}"
+        _run(["ip", "link", "add", host["veth"], "type", "veth", "peer", "name", peer])
+        _run(["ip", "link", "set", peer, "netns", host["netns"]])
+        _run(["ip", "link", "set", host["veth"], "master", desc["bridge"]])
+        _run(["ip", "link", "set", host["veth"], "up"])
+        nsx = ["ip", "-n", host["netns"]]
+        _run(nsx + ["link", "set", peer, "name", "eth0"])
+        _run(nsx + ["addr", "add", f"{host['addr']}/{block.prefixlen}", "dev", "eth0"])
+        _run(nsx + ["link", "set", "eth0", "up"])
+        _run(nsx + ["link", "set", "lo", "up"])
+        rate = link_rates.get(host["alias"]) or link_rates.get(host["addr"]) or rate_limit
+        if rate:
+            _rate_limit(host["netns"], "eth0", rate, shaper)   # host -> bridge
+            _rate_limit(None, host["veth"], rate, shaper)      # bridge -> host
+            host["rate"] = rate
+    unknown = set(link_rates) - {h["alias"] for h in desc["hosts"]} - {h["addr"] for h in desc["hosts"]}
+    if unknown:
+        raise TestbedError(f"--link-rate names unknown hosts: {', '.join(sorted(unknown))}")
+    _save(desc)
+    _keys_and_files(desc, slots, python)
+    for host in desc["hosts"]:
+        _start_sshd(desc, host)
+    _save(desc)
+    _wait_sshd(desc)
+
+
+def _keygen(path, comment):
+    _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", path])
+    with open(path + ".pub") as f:
+        return f.read().split()[:2]
+
+
+def _keys_and_files(desc, slots, python):
+    d = desc["dir"]
+    key = os.path.join(d, "id_ed25519")
+    ktype, kb64 = _keygen(key, f"collbench-testbed-{desc['id']}")
+    _write(os.path.join(d, "authorized_keys"), f"{ktype} {kb64} collbench-testbed\n", 0o600)
+    known, cfg, hostfile = [], [], []
+    for h in desc["hosts"]:
+        os.makedirs(h["dir"], exist_ok=True)
+        hk = os.path.join(h["dir"], "ssh_host_ed25519_key")
+        htype, hb64 = _keygen(hk, h["name"])
+        known.append(f"{h['addr']},{h['alias']},{h['name']} {htype} {hb64}")
+        _write(os.path.join(h["dir"], "sshd_config"), "\n".join([
+            f"ListenAddress {h['addr']}", "Port 22", f"HostKey {hk}",
+            f"PidFile {os.path.join(h['dir'], 'sshd.pid')}",
+            f"AuthorizedKeysFile {os.path.join(d, 'authorized_keys')}",
+            "PermitRootLogin prohibit-password", "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no", "PrintMotd no",
+            "Subsystem sftp internal-sftp", "MaxStartups 200", "MaxSessions 100",
+            "LogLevel ERROR", ""]))
+        cfg.append("\n".join([
+            f"Host {h['alias']} {h['name']} {h['addr']}", f"  HostName {h['addr']}", "  User root",
+            "  Port 22", f"  IdentityFile {key}", "  IdentitiesOnly yes",
+            f"  UserKnownHostsFile {os.path.join(d, 'known_hosts')}", "  GlobalKnownHostsFile /dev/null",
+            "  StrictHostKeyChecking yes", "  BatchMode yes", "  ConnectTimeout 10", "  LogLevel ERROR", ""]))
+        hostfile.append(f"{h['addr']} slots={slots}")
+    _write(os.path.join(d, "known_hosts"), "\n".join(known) + "\n")
+    ssh_config = os.path.join(d, "ssh_config")
+    _write(ssh_config, "\n".join(cfg))
+    _write(os.path.join(d, "hostfile"), "\n".join(hostfile) + "\n")
+    master = desc["hosts"][0]
+    subnet = desc["subnet"]
+    config = {
+        "hosts": "hostfile",
+        "transport": "ob1-tcp",
+        "launcher_args": ["--mca", "plm_rsh_args", f"-F {ssh_config}",
+                          "--mca", "oob_tcp_if_include", subnet, "--mca", "btl_tcp_if_include", subnet],
+        "state_dir": os.path.join(d, "state"),
+        "exporter": {"listen": f"{master['addr']}:9105"},
+        "master": {"host": master["alias"], "ssh_config": ssh_config, "hosts_ssh_config": ssh_config,
+                   "remote_dir": REPO_ROOT, "remote_config": os.path.join(d, "master", "collbench.yaml"),
+                   "python": python, "connect_timeout": 10},
+    }
+    import yaml
+    _write(os.path.join(d, "collbench.yaml"),
+           "# generated by collbench.testbed for testbed " + desc["id"] + "\n" + yaml.safe_dump(config, sort_keys=False))
+    desc.update(ssh_config=ssh_config, hostfile=os.path.join(d, "hostfile"), key=key,
+                known_hosts=os.path.join(d, "known_hosts"), config=os.path.join(d, "collbench.yaml"),
+                master=master["alias"], master_addr=master["addr"])
+
+
+def _start_sshd(desc, host):
+    os.makedirs("/run/sshd", mode=0o755, exist_ok=True)   # sshd's privilege separation directory
+    log = os.path.join(host["dir"], "sshd.log")
+    # own UTS namespace: each host answers `hostname` with its own name, as real nodes do
+    _run(["ip", "netns", "exec", host["netns"], "unshare", "--uts", "sh", "-c",
+          'hostname "$1" && exec "$2" -f "$3" -E "$4"', "sh", host["name"], SSHD,
+          os.path.join(host["dir"], "sshd_config"), log])
+
+
+def _wait_sshd(desc, timeout=20.0):
+    import socket
+    deadline = time.monotonic() + timeout
+    for h in desc["hosts"]:
+        while True:
+            pidfile = os.path.join(h["dir"], "sshd.pid")
+            if os.path.exists(pidfile):
+                try:
+                    with socket.create_connection((h["addr"], 22), timeout=2) as s:
+                        if s.recv(4).startswith(b"SSH-"):
+                            with open(pidfile) as f:
+                                h["sshd_pid"] = int(f.read().strip())
+                            break
+                except OSError:
+                    pass
+            if time.monotonic() > deadline:
+                log = os.path.join(h["dir"], "sshd.log")
+                tail = open(log).read()[-500:] if os.path.exists(log) else ""
+                raise TestbedError(f"sshd of {h['alias']} ({h['addr']}) did not come up: {tail}")
+            time.sleep(0.1)
+    _save(desc)
+
+
+def load(directory):
+    path = os.path.join(os.path.abspath(directory), "testbed.json")
+    with open(path) as f:
+        return json.load(f)
+
+
+def netns_pids(ns):
+    res = _run(["ip", "netns", "pids", ns], check=False)
+    return [int(p) for p in res.stdout.split() if p.isdigit()] if res.returncode == 0 else []
+
+
+def down(directory, grace=3.0):
+    """Tear the testbed down: processes, namespaces, bridge, directory. Safe to repeat."""
+    directory = os.path.abspath(directory)
+    try:
+        desc = load(directory)
+    except FileNotFoundError:
+        return False
+    except ValueError:
+        raise TestbedError(f"{directory}/testbed.json is unreadable; remove its namespaces by hand "
+                           "(ip netns list)") from None
+    namespaces = [h["netns"] for h in desc.get("hosts", [])]
+    existing = set(_run(["ip", "netns", "list"], check=False).stdout.split())
+    namespaces = [ns for ns in namespaces if ns in existing]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for ns in namespaces:
+            for pid in netns_pids(ns):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(netns_pids(ns) for ns in namespaces):
+            time.sleep(0.05)
+    for h in desc.get("hosts", []):
+        _run(["ip", "link", "del", h["veth"]], check=False)
+    for ns in namespaces:
+        _run(["ip", "netns", "del", ns], check=False)
+    _run(["ip", "link", "del", desc["bridge"]], check=False)
+    left = set(_run(["ip", "netns", "list"], check=False).stdout.split()) & set(namespaces)
+    if left:
+        raise TestbedError(f"namespaces still present after teardown: {', '.join(sorted(left))}")
+    shutil.rmtree(directory, ignore_errors=True)
+    return True
+
+
+def env_lines(desc):
+    return [f"COLLBENCH_TESTBED={shlex.quote(desc['dir'])}",
+            f"COLLBENCH_TESTBED_CONFIG={shlex.quote(desc['config'])}",
+            f"COLLBENCH_TESTBED_HOSTFILE={shlex.quote(desc['hostfile'])}",
+            f"COLLBENCH_TESTBED_SSH_CONFIG={shlex.quote(desc['ssh_config'])}",
+            f"COLLBENCH_TESTBED_KEY={shlex.quote(desc['key'])}",
+            f"COLLBENCH_TESTBED_MASTER={desc['master_addr']}"]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="testbed", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="verb", required=True)
+    u = sub.add_parser("up", help="build N hosts")
+    u.add_argument("n", type=int)
+    u.add_argument("--dir", help="testbed directory (default /tmp/collbench-testbed-<id>)")
+    u.add_argument("--prefix", default="cbtb", help="name prefix of namespaces (up to 6 characters)")
+    u.add_argument("--rate-limit", metavar="RATE", help="tc rate of every link, e.g. 1gbit")
+    u.add_argument("--link-rate", action="append", default=[], metavar="hI=RATE",
+                   help="rate of one host's link (repeatable), e.g. h2=100mbit")
+    u.add_argument("--shaper", choices=("htb", "tbf"), default="htb")
+    u.add_argument("--slots", type=int, default=1, help="slots per host in the hostfile")
+    for verb in ("down", "env"):
+        s = sub.add_parser(verb)
+        s.add_argument("dir")
+    sub.add_parser("list", help="testbeds on this machine (their directories)")
+    args = p.parse_args(argv)
+    try:
+        if args.verb == "up":
+            rates = {}
+            for item in args.link_rate:
+                k, sep, v = item.partition("=")
+                if not sep or not v:
+                    p.error(f"--link-rate {item!r}: expected hI=RATE")
+                rates[k] = v
+            desc = up(args.n, args.dir, args.prefix, args.rate_limit, rates, args.shaper, args.slots)
+            print("\n".join(env_lines(desc)))
+            print(f"# {args.n} hosts up in {desc['subnet']}; master h1 = {desc['master_addr']}", file=sys.stderr)
+            print(f"# try: collbench ctl start --config {desc['config']}", file=sys.stderr)
+            print(f"# tear down: python -m collbench.testbed down {desc['dir']}", file=sys.stderr)
+        elif args.verb == "down":
+            print("removed" if down(args.dir) else "nothing to remove", file=sys.stderr)
+        elif args.verb == "env":
+            print("\n".join(env_lines(load(args.dir))))
+        elif args.verb == "list":
+            for name in sorted(os.listdir("/tmp")):
+                path = os.path.join("/tmp", name, "testbed.json")
+                if os.path.isfile(path):
+                    print(os.path.dirname(path))
+    except (TestbedError, FileNotFoundError) as e:
+        print(f"testbed: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""The Grafana dashboards: generated = checked in, and their structure is sound.
+
+No Grafana server is installable here; tests/test_monitoring_e2e.py runs every panel query
+against a real Prometheus. This file checks what Grafana itself would reject or mis-render.
+"""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from collbench.config import load_config
+from collbench.dashboard import LEGACY_UID, SCHEMA_VERSION, UID, build_dashboard, render
+from collbench.ops import OPS
+from conftest import REPO
+
+FILES = {False: REPO / "grafana" / "collbench-dashboard.json",
+         True: REPO / "grafana" / "collbench-dashboard-legacy.json"}
+GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__interval_ms", "__range", "__range_s", "__range_ms",
+                    "__all", "__dashboard", "__org", "__user", "__from", "__to", "timeFilter"}
+VAR_REF = re.compile(r"\$(?:\{(\w+)(?::\w+)?\}|(\w+))")
+DS_REF = {"type": "prometheus", "uid": "${datasource}"}
+# Metric names the exporter exports (docs/DESIGN.md, "Exporter metrics"); RDMA counters are
+# named after the driver's sysfs files, so they are checked by prefix.
+KNOWN_METRICS = re.compile(
+    r"^(collbench_(latency_(avg|min|max)_seconds|algbw_bytes_per_second|busbw_bytes_per_second|"
+    r"result_timestamp_seconds|last_update_timestamp_seconds|results_age_seconds|stress_running|"
+    r"stress_iteration|last_run_success|benchmark_failures_total|results_parse_errors_total|"
+    r"results_records_total|collector_success|collector_duration_seconds|"
+    r"rdma_\w+_total|ethtool_pause_frames_total|ethtool_pause_duration_seconds_total|"
+    r"ethtool_pause_ctrl_frames_total|ethtool_rx_discards_phy_total|ethtool_pause_storm_warning_events_total|"
+    r"ethtool_pause_storm_error_events_total|netstat_ip_in_(ce|ect0|ect1|noect)_packets_total)|"
+    r"mpi_stress_test_running|mpi_stress_test_iteration|mpi_benchmark_last_update_timestamp|"
+    r"mpi_\$\{op\}_latency_us|mpi_(" + "|".join(op.legacy_name for op in OPS.values() if op.legacy_name)
+    + r")_latency_us|up|ALERTS)$")
+METRIC_TOKEN = re.compile(r"\b((?:collbench|mpi)_[\w${}]+|up|ALERTS)\s*(?=\{|\[|\)|$|\s)")
+
+
+def load(legacy):
+    return json.loads(FILES[legacy].read_text())
+
+
+def refs(text):
+    return {a or b for a, b in VAR_REF.findall(text)}
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_checked_in_dashboard_is_generated(legacy):
+    args = ["--legacy"] if legacy else []
+    out = subprocess.run([sys.executable, "-m", "collbench.dashboard", *args], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == FILES[legacy].read_text(), \
+        f"{FILES[legacy].name} is stale: run `python -m collbench.dashboard {' '.join(args)} -o {FILES[legacy]}`"
+    assert render(load_config(None), legacy) == out.stdout
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_dashboard_structure(legacy):
+    d = load(legacy)
+    assert d["uid"] == (LEGACY_UID if legacy else UID)
+    assert d["schemaVersion"] == SCHEMA_VERSION and 38 <= SCHEMA_VERSION <= 41
+    assert "id" not in d, "a provisioned dashboard must not carry a database id"
+    panels = d["panels"]
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids)) and all(isinstance(i, int) and i > 0 for i in ids)
+
+    # grid: inside 24 columns, no two panels overlap
+    cells = {}
+    for p in panels:
+        g = p["gridPos"]
+        assert g["x"] >= 0 and g["w"] > 0 and g["x"] + g["w"] <= 24 and g["h"] > 0, p["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{p['title']} overlaps {cells[(x, y)]}"
+                cells[(x, y)] = p["title"]
+
+    variables = d["templating"]["list"]
+    names = [v["name"] for v in variables]
+    assert len(names) == len(set(names)) and names[0] == "datasource"
+    assert variables[0]["type"] == "datasource" and variables[0]["query"] == "prometheus"
+    for i, v in enumerate(variables[1:], 1):
+        if v["type"] == "query":
+            assert v["datasource"] == DS_REF, v["name"]
+            assert v["definition"] == v["query"]["query"]
+            assert v["definition"].startswith("label_values(")
+            # a variable may only use the ones defined before it (Grafana resolves in order)
+            assert refs(v["definition"]) <= set(names[:i]), v["name"]
+
+    defined = set(names) | GRAFANA_BUILTINS
+    rows = [p for p in panels if p["type"] == "row"]
+    assert rows and all(p["panels"] == [] and not p["collapsed"] for p in rows)
+    queries = 0
+    for p in panels:
+        assert refs(p["title"]) <= defined, p["title"]
+        if p["type"] in ("row", "text"):
+            assert "targets" not in p
+            continue
+        assert p["datasource"] == DS_REF, p["title"]
+        assert p["targets"], p["title"]
+        ref_ids = [t["refId"] for t in p["targets"]]
+        assert len(ref_ids) == len(set(ref_ids)), p["title"]
+        for t in p["targets"]:
+            queries += 1
+            assert t["datasource"] == DS_REF
+            assert t["expr"].strip() and refs(t["expr"]) <= defined, (p["title"], t["expr"])
+            assert refs(t["legendFormat"]) <= defined
+            for metric in METRIC_TOKEN.findall(t["expr"]):
+                assert KNOWN_METRICS.match(metric), f"{p['title']}: {metric} is no exporter metric"
+        if "repeat" in p:
+            var = next(v for v in variables if v["name"] == p["repeat"])
+            assert var["multi"] and var["includeAll"], p["repeat"]
+            assert f"${p['repeat']}" in p["title"]
+        for step in p["fieldConfig"]["defaults"]["thresholds"]["steps"][1:]:
+            assert isinstance(step["value"], (int, float))
+        values = [s["value"] for s in p["fieldConfig"]["defaults"]["thresholds"]["steps"][1:]]
+        assert values == sorted(values), p["title"]
+    assert queries >= 20
+
+
+def _stat(d, title):
+    return next(p for p in d["panels"] if p["title"] == title)
+
+
+def test_panels_cover_the_issue():
+    d = load(False)
+    titles = {p["title"] for p in d["panels"]}
+    for title in ("$op latency by size", "$bwop bus bandwidth", "Stress daemon", "Iteration", "Results age",
+                  "Failures in range", "ECN-marked packets (RoCE)", "CNPs ignored",
+                  "PFC pause frames by priority", "Time paused by priority", "Retransmits and ack timeouts",
+                  "What the ops mean"):
+        assert title in titles
+    variables = {v["name"] for v in d["templating"]["list"]}
+    assert {"datasource", "job", "instance", "op", "size"} <= variables
+    text = _stat(d, "What the ops mean")["options"]["content"]
+    for op in OPS.values():
+        assert op.training_use in text
+    assert "| Allreduce 1MB | < 10ms | 10ms-20ms | > 20ms |" in text
+    assert "| ECN rate | < 100/s | 100-500/s | > 500/s |" in text
+
+
+def test_stat_panels_follow_the_configured_thresholds(tmp_path):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("thresholds:\n  latency:\n    allreduce:\n      1MB: {warning: 3ms, critical: 7ms}\n"
+                        "    reduce_scatter:\n      2MB: {warning: 12ms, critical: 30ms}\n"
+                        "alerts:\n  nodes: 16\n  link_gbps: 100\n  stale_after: 120\n")
+    cfg = load_config(str(cfg_file))
+    d = build_dashboard(cfg)
+    steps = _stat(d, "Allreduce 1MB")["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert [(s["color"], s["value"]) for s in steps] == [("green", None), ("#EAB839", 0.003), ("red", 0.007)]
+    rs = _stat(d, "Reduce_scatter 2MB")
+    assert rs["targets"][0]["expr"] == \
+        'collbench_latency_avg_seconds{job=~"$job",instance=~"$instance",op="reduce_scatter",size="2MB"}'
+    assert "(16 nodes at 100 Gb/s)" in rs["description"]
+    # seed defaults stay for the pairs the config does not override
+    steps = _stat(d, "Broadcast 1MB")["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert [s["value"] for s in steps] == [None, 0.010, 0.015]
+    age = _stat(d, "Results age")["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert [s["value"] for s in age] == [None, 60.0, 120.0]
+    bw = _stat(d, "$bwop bus bandwidth")["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert bw[1]["value"] == 100e9 / 8
+    # legacy: no mpi_* name for reduce_scatter, so no stat panel for it
+    legacy = build_dashboard(cfg, legacy=True)
+    assert not any(p["title"] == "Reduce_scatter 2MB" for p in legacy["panels"])
+    assert _stat(legacy, "Allreduce 1MB")["targets"][0]["expr"] == \
+        'mpi_allreduce_latency_us{job=~"$job",instance=~"$instance",size="1MB"}'
+    steps = _stat(legacy, "Allreduce 1MB")["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert [s["value"] for s in steps] == [None, 3000.0, 7000.0]
+
+
+def test_dashboard_cli_writes_file_and_rejects_bad_config(tmp_path):
+    out = tmp_path / "d.json"
+    res = subprocess.run([sys.executable, "-m", "collbench.dashboard", "-o", str(out)], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(out.read_text())["uid"] == UID
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("thresholds:\n  latency:\n    allreduce:\n      1MB: {warning: fast, critical: 7ms}\n")
+    res = subprocess.run([sys.executable, "-m", "collbench.dashboard", "--config", str(bad), "-o", str(out)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    assert "thresholds.latency.allreduce.1MB.warning" in res.stderr and str(bad) in res.stderr
+    assert json.loads(out.read_text())["uid"] == UID   # the previous file is intact

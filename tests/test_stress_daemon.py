@@ -1,0 +1,255 @@
+"""The stress daemon, started and stopped for real: real mpirun, 4 real engine ranks."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from collbench.stress.daemon import backoff_delay, mpi_reason
+from collbench.stress.processes import TOKEN_ENV, environ_token
+from collbench.stress.state import pid_alive
+from stress_helpers import (TINY_STEPS, Stress, job_processes, wait_gone, write_config)
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+RESULT_FIELDS = {"schema", "type", "time", "ts", "run_id", "hosts", "nodes", "ranks", "engine", "mpi",
+                 "transport", "op", "datatype", "size", "size_bytes", "latency_avg_us", "latency_min_us",
+                 "latency_max_us", "iterations", "warmup", "algbw_bytes_per_s", "busbw_bytes_per_s",
+                 "validation", "straggler_rank", "verdict", "status", "iteration", "seq", "t_start", "t_end"}
+
+
+@pytest.fixture
+def stress(tmp_path):
+    made = []
+
+    def make(stress_extra="", top_extra=""):
+        s = Stress(write_config(tmp_path, stress_extra, top_extra), tmp_path / "state")
+        made.append(s)
+        return s
+    yield make
+    for s in made:
+        s.cleanup()
+
+
+def n_results(k):
+    return lambda recs: len([r for r in recs if r["type"] == "result"]) >= k
+
+
+def test_start_status_log_servers_stop(stress):
+    s = stress()
+    r = s.run("status")
+    assert r.returncode == 3 and "stopped" in r.stdout, r.stdout + r.stderr
+
+    pid = s.start()
+    assert pid_alive(pid)
+    s.wait_for(n_results(3 * len(TINY_STEPS)), what="three plan passes")
+
+    # records parse and carry the contract's fields; seq runs 1, 2, 3 ... from the start event
+    recs = s.records()
+    assert recs[0]["type"] == "event" and recs[0]["event"] == "start" and recs[0]["pid"] == pid
+    assert [r["seq"] for r in recs] == list(range(1, len(recs) + 1))
+    results = [r for r in recs if r["type"] == "result"]
+    for r in results:
+        assert RESULT_FIELDS <= set(r), RESULT_FIELDS - set(r)
+        assert r["status"] == "ok" and r["engine"] == "builtin" and r["ranks"] == 4
+        assert r["latency_avg_us"] > 0 and r["t_end"] >= r["t_start"]
+    # one record per (iteration, op, size), in plan order, iterations counted from 1
+    first = [(r["iteration"], r["op"], r["size_bytes"]) for r in results[:len(TINY_STEPS) * 2]]
+    assert first == [(it, op, size) for it in (1, 2) for op, size in TINY_STEPS]
+
+    # a second start is refused, and changes nothing
+    r = s.run("start")
+    assert r.returncode == 1 and "already running" in r.stderr and str(pid) in r.stderr
+    assert s.pid() == pid
+
+    r = s.run("status")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"running (pid {pid}" in r.stdout
+    for op, _size in TINY_STEPS:
+        assert op in r.stdout
+    st = json.loads(s.run("status", "--json").stdout)
+    assert st["state"] == "running" and st["pid"] == pid and st["iteration"] >= 1
+    assert {(x["op"], x["size_bytes"]) for x in st["last_results"]} == set(TINY_STEPS)
+
+    r = s.run("log", "-n", "5")
+    lines = r.stdout.strip().splitlines()
+    assert r.returncode == 0 and len(lines) == 5
+    assert all("avg" in ln and "busbw" in ln for ln in lines), lines
+
+    # the job: mpirun and 4 engine ranks, all carrying the daemon's token
+    procs = job_processes(pid)
+    names = list(procs.values())
+    assert names.count("mpirun") == 1, procs
+    assert len([n for n in names if n.startswith("collbench-engine")]) == 4, procs
+    token = s.state()["token"]
+    assert all(environ_token(p) == token for p in procs)
+    srv = json.loads(s.run("servers", "--json").stdout)
+    listed = {p["pid"]: p for p in srv[0]["data"]["processes"]}
+    assert set(procs) <= set(listed)
+    assert all(listed[p]["ours"] and listed[p]["cpu_percent"] is not None for p in procs)
+
+    r = s.run("stop")
+    assert r.returncode == 0 and "stopped" in r.stdout, r.stdout + r.stderr
+    assert wait_gone([pid] + list(procs), timeout=5) == [], "processes left after stop"
+    assert not [p for p in map(int, filter(str.isdigit, os.listdir("/proc")))
+                if environ_token(p) == token], "a process with the daemon's token survived"
+    assert not (s.state_dir / "stress.pid").exists()
+    recs = s.records()
+    assert recs[-1]["type"] == "event" and recs[-1]["event"] == "stop"
+    assert [r["seq"] for r in recs] == list(range(1, len(recs) + 1))
+    r = s.run("status")
+    assert r.returncode == 3 and "stopped" in r.stdout
+
+
+def test_rank_sigkill_yields_failure_then_fresh_results(stress):
+    s = stress()
+    pid = s.start()
+    s.wait_for(n_results(2 * len(TINY_STEPS)), what="results")
+    ranks = [p for p, name in job_processes(pid).items() if name.startswith("collbench-engine")]
+    assert len(ranks) == 4
+    old_job = s.state()["job_pid"]
+    os.kill(ranks[2], signal.SIGKILL)
+
+    def fresh_after_failure(recs):
+        fails = [r for r in recs if r["type"] == "failure"]
+        if not fails:
+            return None
+        after = [r for r in recs if r["type"] == "result" and r["seq"] > fails[0]["seq"]]
+        return (fails[0], after) if len(after) >= len(TINY_STEPS) else None
+
+    failure, after = s.wait_for(fresh_after_failure, timeout=60, what="a failure, then fresh results")
+    assert failure["status"] == "failed" and failure["exit_code"] not in (0, None)
+    assert "signal 9" in failure["error"] or "Killed" in failure["error"], failure["error"]
+    assert failure["op"] in {op for op, _ in TINY_STEPS} and isinstance(failure["iteration"], int)
+    assert failure["stderr_tail"]
+    events = [r["event"] for r in s.records() if r["type"] == "event"]
+    assert events[:3] == ["start", "backoff", "relaunch"]
+    # the relaunched job is a new mpirun; iterations keep counting up across the relaunch
+    assert s.state()["job_pid"] != old_job
+    assert after[0]["iteration"] > failure["iteration"] - 1
+    assert all(r["iteration"] >= after[0]["iteration"] for r in after)
+    assert pid_alive(pid) and s.run("status").returncode == 0
+    assert wait_gone(ranks, timeout=10) == []
+
+
+def test_daemon_sigkill_is_crashed_then_restart_replaces_stale_pid(stress):
+    s = stress()
+    pid = s.start()
+    s.wait_for(n_results(len(TINY_STEPS)), what="results")
+    job = list(job_processes(pid))
+    os.kill(pid, signal.SIGKILL)
+    assert wait_gone([pid], timeout=10) == []
+
+    r = s.run("status")
+    assert r.returncode == 1, r.stdout
+    assert "crashed" in r.stdout and "stale pid file" in r.stdout and str(pid) in r.stdout
+    assert json.loads(s.run("status", "--json").stdout)["state"] == "crashed"
+    last_seq = s.records()[-1]["seq"]
+
+    new_pid = s.start()   # replaces the stale pid file; the orphaned job is gone for good
+    assert new_pid != pid and s.pid() == new_pid
+    assert wait_gone(job, timeout=10) == []
+    s.wait_for(lambda recs: any(r["type"] == "result" and r["seq"] > last_seq for r in recs),
+               what="results from the new daemon")
+    recs = s.records()
+    restart = next(r for r in recs if r["type"] == "event" and r["event"] == "start" and r["pid"] == new_pid)
+    assert restart["seq"] == last_seq + 1, "seq must continue after a restart"
+    assert s.run("status").returncode == 0
+    assert s.run("stop").returncode == 0
+    r = s.run("status")
+    assert r.returncode == 3 and "stopped" in r.stdout
+
+
+def test_stop_after_crash_cleans_up_and_reports_stopped(stress):
+    s = stress()
+    pid = s.start()
+    s.wait_for(n_results(1), what="results")
+    os.kill(pid, signal.SIGKILL)
+    wait_gone([pid])
+    r = s.run("stop")
+    assert r.returncode == 0 and "stale pid file" in r.stdout, r.stdout + r.stderr
+    assert not (s.state_dir / "stress.pid").exists()
+    r = s.run("status")
+    assert r.returncode == 3 and "stopped" in r.stdout
+
+
+def test_rotation_under_fast_plan_keeps_every_record_once(stress):
+    s = stress("  rotate_bytes: 24KB\n  rotate_keep: 10000\n")
+    s.start()
+    follower = subprocess.Popen(s.cmd("log", "-f", "--json", "-n", "0"), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        s.wait_for(lambda _recs: (s.state_dir / "results.jsonl.8").exists(), timeout=60,
+                   what="eight rotations")
+        assert s.run("stop").returncode == 0
+        time.sleep(1.5)   # the follower polls every 0.5 s
+    finally:
+        follower.terminate()
+        out, _ = follower.communicate(timeout=10)
+    recs = s.records()
+    seqs = [r["seq"] for r in recs]
+    assert seqs == list(range(1, len(recs) + 1)), "a record was lost or duplicated across a rotation"
+    rotated = sorted(p.name for p in s.state_dir.glob("results.jsonl.*"))
+    assert len(rotated) >= 8
+    for p in s.state_dir.glob("results.jsonl*"):
+        assert p.stat().st_size < 24 * 1024 + 4096, p   # rotated at the first record past the size
+        assert p.read_bytes().endswith(b"\n")
+    # every complete plan pass has each (op, size) exactly once
+    results = [r for r in recs if r["type"] == "result"]
+    by_it = {}
+    for r in results:
+        by_it.setdefault(r["iteration"], []).append((r["op"], r["size_bytes"]))
+    for it in sorted(by_it)[:-1]:
+        assert by_it[it] == TINY_STEPS, (it, by_it[it])
+    # a reader following the live file across rotations saw each record exactly once
+    followed = [json.loads(x)["seq"] for x in out.splitlines() if x.strip()]
+    assert followed and followed == list(range(followed[0], seqs[-1] + 1))
+    file_of = {}
+    for p in s.state_dir.glob("results.jsonl*"):
+        for line in p.read_text().splitlines():
+            file_of[json.loads(line)["seq"]] = p.name
+    assert len({file_of[q] for q in followed}) >= 3, "the follower must have crossed rotations"
+
+
+def test_pause_releases_the_nodes_between_passes(stress):
+    s = stress("  pause: 1.5\n")
+    pid = s.start()
+    s.wait_for(lambda recs: {r.get("iteration") for r in recs if r["type"] == "result"} >= {1, 2, 3},
+               timeout=60, what="three passes")
+    results = s.results_()
+    for it in (1, 2):
+        end = max(r["t_end"] for r in results if r["iteration"] == it)
+        nxt = min(r["t_start"] for r in results if r["iteration"] == it + 1)
+        assert nxt - end >= 1.5, f"pass {it + 1} began {nxt - end:.2f}s after pass {it}"
+    assert s.state()["mode"] == "pass"
+    assert pid_alive(pid) and not [r for r in s.records() if r["type"] == "failure"]
+
+
+def test_failing_job_backs_off_exponentially_and_never_dies(stress, tmp_path):
+    bad = tmp_path / "failing-engine"
+    bad.write_text("#!/bin/sh\necho 'collbench-engine: cannot start (test)' >&2\nexit 3\n")
+    bad.chmod(0o755)
+    s = stress("  backoff_max: 1\n", top_extra=f"engine_path: {bad}\n")
+    pid = s.start()
+    time.sleep(6)
+    recs = s.records()
+    fails = [r for r in recs if r["type"] == "failure"]
+    delays = [r["delay_s"] for r in recs if r["type"] == "event" and r["event"] == "backoff"]
+    # 0.5 s, then doubling, capped at backoff_max 1 s: a handful of relaunches, no busy loop
+    assert 2 <= len(fails) <= 8, len(fails)
+    assert delays[:3] == [0.5, 1.0, 1.0]
+    assert fails[0]["exit_code"] == 3 and "cannot start (test)" in fails[0]["stderr_tail"]
+    assert pid_alive(pid) and s.run("status").returncode == 0
+
+
+def test_backoff_and_reason_helpers():
+    assert [backoff_delay(n, 5, 300) for n in (1, 2, 3, 7, 100)] == [5, 10, 20, 300, 300]
+    tail = ("-----\nPrimary job  terminated normally, but 1 process returned\n-----\n"
+            "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed).\n-----")
+    assert mpi_reason(tail).startswith("mpirun noticed that process rank 1")
+    assert mpi_reason("----\nThere are not enough slots available in the system\n----") \
+        .startswith("There are not enough slots")
+    assert TOKEN_ENV == "COLLBENCH_STRESS_TOKEN"
