@@ -5,16 +5,18 @@ Runs collbench-engine with OSU 7.4's defaults (MPI_CHAR, 1 B .. 1 MB, 1000 itera
 warm-up up to 8 KB, 100 with 10 above) for all seven ops, and prints each op and size beside the
 captured OSU output in <fixtures>/osu-7.4/<op>_np2.txt, with the deviation and its median per op.
 
-    .venv/bin/python bench/engine_vs_osu.py [--runs N] [--fixtures DIR]
+    .venv/bin/python bench/engine_vs_osu.py [--runs N] [--fixtures DIR] [--osu-dir DIR]
 
-The fixtures were captured on a similar 2-core VM, not on this machine: deviations include the
-machine difference. For a same-machine check run OSU itself (collbench once --engine osu).
+The fixtures were captured on a similar 2-core VM, not on this machine: deviations from them
+include the machine difference. With --osu-dir (a directory holding OSU 7.4's osu_<op> binaries
+built with the same MPI) the real OSU also runs here, alternating with the engine, and the
+deviation is taken against it: the same-machine check.
 """
 
 import argparse
 import os
+import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,17 +33,20 @@ SIZES = [1 << k for k in range(21)]  # OSU's default range: 1 B .. 1 MB
 FIXTURE_DIRS = (REPO.parent / "shared" / "fixtures" / "osu-7.4", REPO / "tests" / "fixtures" / "osu-7.4")
 
 
-def read_fixture(path):
+def parse_osu_default(text):
     """{size_bytes: avg_us} from OSU's default output (barrier: {0: avg_us})."""
     figures = {}
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         parts = line.split()
         if not parts or line.startswith("#"):
             continue
-        if len(parts) == 1:
-            figures[0] = float(parts[0])
-        else:
-            figures[int(parts[0])] = float(parts[1])
+        try:
+            if len(parts) == 1:
+                figures[0] = float(parts[0])
+            else:
+                figures[int(parts[0])] = float(parts[1])
+        except ValueError:
+            continue  # not a result row (a warning, a banner)
     return figures
 
 
@@ -70,10 +75,25 @@ def run_engine(cfg, steps, workdir):
     return got
 
 
+def run_osu(cfg, osu_dir):
+    """Every osu_<op> with its defaults, one mpirun each: {(op, size): avg_us}."""
+    got = {}
+    for op in OPS.values():
+        argv, env = launcher.build_command(cfg, [str(Path(osu_dir) / op.osu_binary)])
+        lines = []
+        result = run_job(argv, env, idle_timeout=300, on_line=lines.append)
+        if result.returncode != 0:
+            sys.exit(f"{op.osu_binary} failed ({result.returncode}):\n{result.stderr_tail}")
+        for size, avg in parse_osu_default("\n".join(lines)).items():
+            got[(op.name, size)] = avg
+    return got
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=2, help="engine runs; the per-size figure is their median")
+    ap.add_argument("--runs", type=int, default=2, help="runs; the per-size figure is their median")
     ap.add_argument("--fixtures", type=Path, default=next((d for d in FIXTURE_DIRS if d.is_dir()), FIXTURE_DIRS[-1]))
+    ap.add_argument("--osu-dir", type=Path, help="OSU 7.4 binaries built with this MPI: compare on this machine")
     args = ap.parse_args()
 
     # as the fixtures were captured: plain `mpirun -np 2`, default binding, ob1 + vader
@@ -82,39 +102,49 @@ def main():
     steps = plan()
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"engine-vs-osu-{os.getpid()}"
     workdir.mkdir(parents=True, exist_ok=True)
-    print("collbench engine vs OSU 7.4 fixtures: 2 ranks, ob1 + vader, MPI_CHAR, OSU default iterations")
+    print("collbench engine vs OSU 7.4: 2 ranks, ob1 + vader, MPI_CHAR, OSU default iterations")
     print(f"fixtures: {args.fixtures} (captured on a similar 2-core VM, NOT this run's machine)")
+    if args.osu_dir:
+        print(f"OSU on this machine: {args.osu_dir} (deviation is taken against it)")
     print(f"mpi: {launcher.mpi_version(launcher.resolve_launcher(cfg))}; load before: {os.getloadavg()[0]:.2f}")
-    runs = []
-    for i in range(args.runs):
-        t0 = time.monotonic()
-        runs.append(run_engine(cfg, steps, str(workdir)))
-        print(f"run {i + 1}: {time.monotonic() - t0:.1f}s wall, load {os.getloadavg()[0]:.2f}")
+    engine_runs, osu_runs = [], []
+    try:
+        for i in range(args.runs):
+            t0 = time.monotonic()
+            engine_runs.append(run_engine(cfg, steps, str(workdir)))
+            if args.osu_dir:
+                osu_runs.append(run_osu(cfg, args.osu_dir))
+            print(f"run {i + 1}: {time.monotonic() - t0:.1f}s wall, load {os.getloadavg()[0]:.2f}")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
     summary = []
     for op in OPS.values():
-        osu = read_fixture(args.fixtures / f"{op.name}_np2.txt")
+        fixture = parse_osu_default((args.fixtures / f"{op.name}_np2.txt").read_text())
         print(f"\n{op.title}")
-        head = "".join(f"{f'run{i + 1}(us)':>11}" for i in range(args.runs))
-        print(f"{'size':>9} {'osu(us)':>9}{head} {'median':>9} {'dev':>8}")
+        head = "".join(f"{f'eng{i + 1}':>9}" for i in range(args.runs))
+        here = f"{'osu-here':>9}" if osu_runs else ""
+        print(f"{'size':>8} {'fixture':>8}{here}{head} {'engine':>8} {'dev':>8}   (us)")
         devs = []
         for size in (SIZES if op.has_size else [0]):
-            figs = [r[(op.name, size)] for r in runs]
+            figs = [r[(op.name, size)] for r in engine_runs]
             med = statistics.median(figs)
-            ref = osu.get(size)
+            ref_fixture = fixture.get(size)
+            ref_here = statistics.median(r[(op.name, size)] for r in osu_runs) if osu_runs else None
+            ref = ref_here if osu_runs else ref_fixture
             dev = (med - ref) / ref * 100 if ref else None
             if dev is not None:
                 devs.append(dev)
-            cols = "".join(f"{f:>11.2f}" for f in figs)
-            print(f"{size:>9} {ref if ref is not None else float('nan'):>9.2f}{cols} {med:>9.2f} "
-                  f"{'' if dev is None else f'{dev:+7.1f}%':>8}")
-        mdev = statistics.median(devs) if devs else float("nan")
-        mabs = statistics.median(abs(d) for d in devs) if devs else float("nan")
-        summary.append((op.name, mdev, mabs))
-    print("\nmedian deviation per op (engine vs fixture; signed, and of absolute values):")
+            here = f"{ref_here:>9.2f}" if osu_runs else ""
+            cols = "".join(f"{f:>9.2f}" for f in figs)
+            fx = f"{ref_fixture:>8.2f}" if ref_fixture is not None else f"{'-':>8}"
+            print(f"{size:>8} {fx}{here}{cols} {med:>8.2f} {'' if dev is None else f'{dev:+7.1f}%':>8}")
+        summary.append((op.name, statistics.median(devs) if devs else float("nan"),
+                        statistics.median(abs(d) for d in devs) if devs else float("nan")))
+    against = "OSU on this machine" if osu_runs else "the fixtures (another machine)"
+    print(f"\nmedian deviation per op, engine vs {against}: signed, and of absolute values")
     for name, mdev, mabs in summary:
         print(f"  {name:<15} {mdev:+7.1f}%   |dev| {mabs:6.1f}%")
-    subprocess.run(["rm", "-rf", str(workdir)], check=False)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from collbench import launcher, records
 from collbench.engine_build import ensure_engine
 from collbench.ops import get_op
 from collbench.sizes import format_size
-from collbench.step_runner import JobTimeout, MpiJob
+from collbench.step_runner import JobTimeout, MpiJob, stderr_reason
 
 RECORD_PREFIX = "CBREC "
 # key -> accepted types of a CBREC payload; anything else is not a record
@@ -115,7 +115,7 @@ def run_steps(cfg, steps, ctx, on_progress=None, output_log=None):
             argv, env = engine_command(cfg, batch, os.path.join(workdir, "plan.txt"))
             job = MpiJob(argv, env, output_log=output_log).start()
             in_batch = 0
-            error = None
+            error, timed_out = None, False
             try:
                 if on_progress:
                     on_progress(done, total, batch[0])
@@ -133,6 +133,7 @@ def run_steps(cfg, steps, ctx, on_progress=None, output_log=None):
                     job.stop(STOP_GRACE)
                     error = f"engine closed its output but did not exit within {cfg.step_timeout:g}s; job stopped"
             except JobTimeout:
+                timed_out = True
                 job.stop(STOP_GRACE)
                 error = f"no result within step_timeout {cfg.step_timeout:g}s; job stopped"
             finally:
@@ -146,6 +147,9 @@ def run_steps(cfg, steps, ctx, on_progress=None, output_log=None):
                 done += in_batch
                 continue
             tail = job.stderr_tail(STDERR_TAIL_LINES)
+            reason = stderr_reason(tail)
+            if reason and not timed_out:
+                error = f"{error}: {reason}"
             if in_batch < len(batch):
                 step = batch[in_batch]
                 yield records.failure_record(ctx, f"{_step_label(step)}: {error}", tail, step.op,

@@ -7,7 +7,7 @@ runs (exit code 2).
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import yaml
@@ -81,7 +81,7 @@ class Config:
     exporter: SimpleNamespace
     master: SimpleNamespace
     alerts: SimpleNamespace
-    extra: dict = field(default_factory=dict)
+    implicit_hosts: bool = False     # no hosts in the config: ranks on this machine only
 
     @property
     def host_names(self):
@@ -563,6 +563,7 @@ def build_config(data, source, base_dir):
         exporter=SimpleNamespace(**ld.section("exporter", data.get("exporter"), EXPORTER_SCHEMA)),
         master=SimpleNamespace(**ld.section("master", data.get("master"), MASTER_SCHEMA)),
         alerts=SimpleNamespace(**ld.section("alerts", data.get("alerts"), ALERTS_SCHEMA)),
+        implicit_hosts=local,
     )
     if cfg.ranks_per_node and not cfg.oversubscribe and cfg.ranks > cfg.ranks_per_node * len(hosts):
         ld.fail("ranks", f"{cfg.ranks} ranks do not fit {len(hosts)} hosts x ranks_per_node "
@@ -580,7 +581,7 @@ def apply_overrides(cfg, np=None, ops=None, sizes=None, iterations=None, datatyp
     ld = _Loader("command line", os.getcwd())
     if np is not None:
         cfg.ranks = ld.value("--np", POS_INT, np)
-        if cfg.hostfile is None and cfg.source == "<default>":
+        if cfg.implicit_hosts:
             cfg.hosts = [Host("localhost", max(cfg.ranks, 1))]
     if datatype is not None:
         cfg.datatype = ld.value("--datatype", _choice(*DATATYPES), datatype)

@@ -99,4 +99,5 @@ def build_command(cfg, program_argv, ranks=None):
 
 
 def _is_local(cfg):
-    return [h.name for h in cfg.hosts] == ["localhost"]
+    """No hosts configured: plain -np on this machine (a configured localhost:4 still gets --host)."""
+    return cfg.implicit_hosts

@@ -7,6 +7,7 @@ error, found before anything runs or is written; 130 interrupted (Ctrl-C) or 143
 """
 
 import importlib
+import os
 import signal
 import sys
 import time
@@ -122,6 +123,39 @@ def _raise_terminated(signum, frame):
     raise Terminated()
 
 
+def stop_leftover_jobs(grace=5.0):
+    """Stop any process still below us after an interrupt unwound the engine; their pids.
+
+    The engines stop their job when unwound, but a signal that lands while a launcher is being
+    started (inside subprocess.Popen, before the engine holds the job) leaves it running with
+    nobody to stop it. Whatever is still our descendant then is exactly such a job.
+    """
+    from collbench.step_runner import process_tree
+    left = process_tree(os.getpid())
+    deadline = time.monotonic() + grace
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in left:
+            try:
+                os.killpg(pid, sig)  # launchers lead their own process group
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        while time.monotonic() < deadline:
+            try:
+                while os.waitpid(-1, os.WNOHANG)[0] > 0:  # reap our own children
+                    pass
+            except ChildProcessError:
+                pass
+            if not process_tree(os.getpid()):
+                return left
+            time.sleep(0.05)
+        deadline = time.monotonic() + grace
+    return left
+
+
 def _count(n, noun):
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
@@ -158,6 +192,7 @@ def run(args):
             progress.finished(rec)
     except (KeyboardInterrupt, Terminated) as e:
         progress.close()
+        stop_leftover_jobs()
         print(f"collbench: {'terminated' if isinstance(e, Terminated) else 'interrupted'} after "
               f"{len(records)} of {len(steps)} steps; no result file written", file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130

@@ -20,6 +20,8 @@ _DATATYPE_RE = re.compile(r"^# Datatype: (?P<dt>\S+?)\.?\s*$")
 _VALIDATION_ERROR_RE = re.compile(r"^DATA VALIDATION ERROR: .*?(?:message size (?P<size>\d+))?\.?\s*$")
 _USAGE_RE = re.compile(r"^(Usage: \S+|Options:\s*$|\s+-[a-zA-Z], --[a-z-]+)")
 _TAIL_RE = re.compile(r"^P(?P<pct>\d+) Tail Lat\(us\)$")
+# mpirun --tag-output prefixes every line with "[jobid,rank]<stdout>:"
+_TAG_RE = re.compile(r"^\[\d+,\d+\]<stdout>:")
 
 # Column header text -> the field a row value fills. Anything else is kept by name only.
 _COLUMNS = {
@@ -150,7 +152,7 @@ def parse_output(text):
     usage_lines = []
 
     for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.rstrip()
+        line = _TAG_RE.sub("", raw).rstrip()
         if not line.strip():
             continue
         m = _TITLE_RE.match(line)

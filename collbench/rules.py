@@ -213,11 +213,9 @@ def build_rules(cfg, to_nodes=None, to_gbps=None):
     window = prom_duration(alerts.failure_window, "alerts.failure_window", cfg.source)
     scale = None
     if to_nodes is not None or to_gbps is not None:
-        tn = to_nodes or alerts.nodes
-        tg = to_gbps or alerts.link_gbps
-
-        def scale(op_name, size_bytes):
-            return scale_factor(op_name, size_bytes, alerts.nodes, alerts.link_gbps, tn, tg)
+        target = (to_nodes or alerts.nodes, to_gbps or alerts.link_gbps)
+        scale = lambda op_name, size_bytes: scale_factor(  # noqa: E731
+            op_name, size_bytes, alerts.nodes, alerts.link_gbps, *target)
     return {"groups": [
         {"name": "collbench-latency", "rules": latency_rules(cfg.thresholds, for_, scale)},
         {"name": "collbench-health", "rules": health_rules(alerts, for_, window)},
@@ -245,7 +243,7 @@ def _run(args):
         if value is not None and value <= 0:
             raise UserError(f"{flag}: got {value}, expected a positive number")
     text = render(cfg, args.nodes, args.link_gbps,
-                  source_name=None if args.config is None else "its config")
+                  source_name=args.config)
     if args.output in (None, "-"):
         sys.stdout.write(text)
         return 0

@@ -10,6 +10,7 @@ grace period; stop() reports their pids.
 import collections
 import os
 import queue
+import re
 import signal
 import subprocess
 import threading
@@ -230,6 +231,32 @@ class MpiJob:
         # orphans that kept the pipes open are gone after stop(); bound the join anyway
         for t in self._readers:
             t.join(timeout)
+
+
+# mpirun's own account of a dead rank, worth more than any other line of its stderr
+_RANK_DIED = re.compile(r"noticed that process rank \d+ .*(exited|signal)|exited on signal \d+")
+
+
+def stderr_reason(stderr_tail, program_prefix="collbench-engine:"):
+    """The one line of a job's stderr that best says what went wrong ("" if none).
+
+    mpirun's note of a rank that died wins; then the program's own last message; then the
+    last line outside mpirun's ----- boxes; then the first line inside one.
+    """
+    lines = [ln.strip() for ln in (stderr_tail or "").splitlines()]
+    for ln in lines:
+        if _RANK_DIED.search(ln):
+            return ln
+    own = [ln for ln in lines if ln.startswith(program_prefix)]
+    if own:
+        return own[-1]
+    outside, boxed, in_box = [], [], False
+    for ln in lines:
+        if ln and set(ln) <= set("-="):
+            in_box = not in_box
+        elif ln:
+            (boxed if in_box else outside).append(ln)
+    return outside[-1] if outside else (boxed[0] if boxed else "")
 
 
 def run_job(argv, env, idle_timeout, on_line, output_log=None, stop_grace=10.0):

@@ -36,6 +36,7 @@ import time
 
 SUBNET = ipaddress.ip_network("198.18.0.0/24")
 LOCK_FILE = "/run/collbench-testbed.lock"
+REGISTRY = "/run/collbench-testbed.d"      # <id> -> testbed directory, for `list`
 SSHD = "/usr/sbin/sshd"
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -117,6 +118,8 @@ def up(n_hosts, directory=None, prefix="cbtb", rate_limit=None, link_rates=None,
     desc = {"id": tb_id, "dir": directory, "bridge": f"{prefix[:4]}br{tb_id}", "hosts": [],
             "created": time.time(), "shaper": shaper}
     _save(desc)
+    os.makedirs(REGISTRY, exist_ok=True)
+    os.symlink(directory, os.path.join(REGISTRY, tb_id))
     try:
         _build(desc, n_hosts, prefix, rate_limit, dict(link_rates or {}), shaper, slots,
                python or sys.executable)
@@ -145,7 +148,6 @@ def _build(desc, n, prefix, rate_limit, link_rates, shaper, slots, python):
         _save(desc)
         _run(["ip", "addr", "add", f"{addrs[0]}/{block.prefixlen}", "dev", desc["bridge"]])
         _run(["ip", "link", "set", desc["bridge"], "up"])
-    # bridged frames must not go through the host's iptables FORWARD chain (br_netfilter)
     for i in range(1, n + 1):
         name = f"{prefix}-{tb_id}-h{i}"
         host = {"alias": f"h{i}", "name": name, "netns": name, "addr": str(addrs[i]),
@@ -310,7 +312,24 @@ def down(directory, grace=3.0):
     if left:
         raise TestbedError(f"namespaces still present after teardown: {', '.join(sorted(left))}")
     shutil.rmtree(directory, ignore_errors=True)
+    try:
+        os.unlink(os.path.join(REGISTRY, desc["id"]))
+    except FileNotFoundError:
+        pass
     return True
+
+
+def registered():
+    """[(id, directory, alive)] of the testbeds `up` made on this machine since boot."""
+    out = []
+    try:
+        names = sorted(os.listdir(REGISTRY))
+    except FileNotFoundError:
+        return out
+    for tb_id in names:
+        target = os.readlink(os.path.join(REGISTRY, tb_id))
+        out.append((tb_id, target, os.path.isfile(os.path.join(target, "testbed.json"))))
+    return out
 
 
 def env_lines(desc):
@@ -338,7 +357,7 @@ def main(argv=None):
     for verb in ("down", "env"):
         s = sub.add_parser(verb)
         s.add_argument("dir")
-    sub.add_parser("list", help="testbeds on this machine (their directories)")
+    sub.add_parser("list", help="testbeds on this machine: id, directory, hosts, subnet")
     args = p.parse_args(argv)
     try:
         if args.verb == "up":
@@ -358,10 +377,18 @@ def main(argv=None):
         elif args.verb == "env":
             print("\n".join(env_lines(load(args.dir))))
         elif args.verb == "list":
-            for name in sorted(os.listdir("/tmp")):
-                path = os.path.join("/tmp", name, "testbed.json")
-                if os.path.isfile(path):
-                    print(os.path.dirname(path))
+            for tb_id, directory, alive in registered():
+                if alive:
+                    desc = load(directory)
+                    print(f"{tb_id}  {directory}  {len(desc.get('hosts', []))} hosts  {desc.get('subnet', '?')}")
+                else:
+                    listed = _run(["ip", "netns", "list"], check=False).stdout.split()
+                    orphans = [ns for ns in listed if f"-{tb_id}-h" in ns]
+                    if orphans:
+                        print(f"{tb_id}  {directory}  DIRECTORY GONE; remove by hand: "
+                              + "; ".join(f"ip netns del {ns}" for ns in orphans))
+                    else:
+                        os.unlink(os.path.join(REGISTRY, tb_id))   # gone with its directory
     except (TestbedError, FileNotFoundError) as e:
         print(f"testbed: error: {e}", file=sys.stderr)
         return 1

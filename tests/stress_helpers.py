@@ -23,9 +23,9 @@ TINY_PLAN = """\
 TINY_STEPS = [("allreduce", 1024), ("allreduce", 16384), ("bcast", 4096), ("alltoall", 1024)]
 
 
-def write_config(tmp_path, stress_extra="", top_extra="", plan=TINY_PLAN):
-    """A 4-rank local config (shared memory) with a tiny stress plan; returns its path."""
-    text = (f"ranks: 4\ntransport: shm\nstep_timeout: 60s\n{top_extra}"
+def write_config(tmp_path, stress_extra="", top_extra="", plan=TINY_PLAN, ranks=4):
+    """A local config (shared memory, 4 ranks) with a tiny stress plan; returns its path."""
+    text = (f"ranks: {ranks}\ntransport: shm\nstep_timeout: 60s\n{top_extra}"
             f"stress:\n  backoff_initial: 0.5\n  backoff_max: 2\n  stop_grace: 5\n{stress_extra}{plan}")
     path = tmp_path / "collbench.yaml"
     path.write_text(text)

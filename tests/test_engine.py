@@ -235,7 +235,8 @@ def test_loop_with_max_loops(tmp_path, engine_bin):
 BAD_PLANS = {
     "unknown-op": ("allreduce 1024 10 1 float\nallscatter 64 10 1 char\n", "line 2: unknown op 'allscatter'"),
     "fields": ("allreduce 1024 10 1\n", "line 1: expected 5 fields"),
-    "multiple": ("# header\nallreduce 6 10 1 float\n", "line 2: size 6 B is not a multiple of the float size"),
+    "multiple": ("# header\n\nallreduce 6 10 1 float\n", "line 3: size 6 B is not a multiple of the float size"),
+    "extra-field": ("bcast 64 10 1 char fast\n", "line 1: expected 5 fields"),
     "barrier-size": ("barrier 8 10 1 char\n", "must be 0 for barrier"),
     "iterations": ("bcast 64 0 1 char\n", "iterations '0'"),
     "datatype": ("bcast 64 10 1 half\n", "unknown datatype 'half'"),
@@ -319,6 +320,7 @@ def test_killed_rank_gives_a_failure_then_later_steps_run(tmp_path, engine_bin):
     assert (fail["op"], fail["size_bytes"], fail["status"]) == ("allreduce", 1 << 20, "failed")
     assert fail["exit_code"] not in (0, None)
     assert "allreduce 1MB" in fail["error"] and "exited with code" in fail["error"]
+    assert "exited on signal 9" in fail["error"]  # mpirun's account of the dead rank, in one line
     assert fail["stderr_tail"].strip()  # mpirun said what happened
     assert [r["op"] for r in recs[2:]] == ["bcast", "barrier"]
     assert is_gone(victims[0]) and pids_of_exe(engine_bin) == []

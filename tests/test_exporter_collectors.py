@@ -200,3 +200,27 @@ def test_promtool_accepts_all_collectors():
                      NetstatCollector(PROCFS))
     r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "" and r.stderr.strip() == "", r.stdout + r.stderr
+
+
+def test_ethtool_scrapes_do_not_wait_on_a_refresh(tmp_path):
+    """After the first run, a due refresh runs in the background: the scrape gets the last run."""
+    runs = tmp_path / "runs"
+    script = tmp_path / "slow_ethtool"
+    # each run reports one more pause frame than the last, and takes 1 s
+    script.write_text(f"#!/bin/sh\necho run >> {runs}\nsleep 1\n"
+                      f"echo 'NIC statistics:'\necho \"     rx_prio3_pause: $(wc -l < {runs})\"\n")
+    script.chmod(0o755)
+    c = EthtoolCollector(str(script), netdevs=["eth9"], cache_seconds=0)
+
+    def frames():
+        (fam,) = c.collect()
+        return fam.samples[0].value
+
+    assert frames() == 1                                  # the first scrape runs ethtool itself
+    start = time.monotonic()
+    assert frames() == 1                                  # due: refresh started, last run served
+    assert time.monotonic() - start < 0.5
+    deadline = time.monotonic() + 20
+    while frames() == 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert frames() >= 2                                  # the background run landed

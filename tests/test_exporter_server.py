@@ -278,3 +278,99 @@ def test_auth_password_from_env_and_config_errors(tmp_path, free_port):
     r = run_cli("--tls-cert", str(tmp_path / "c.pem"), "--tls-key", str(tmp_path / "k.pem"), "--results-log",
                 str(log), "--listen", f"127.0.0.1:{free_port}")
     assert r.returncode == 2 and "c.pem" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_concurrent_scrapes_share_collections_collected_after_arrival():
+    import threading
+
+    from collbench.exporter.server import Coalescer
+    calls = []
+
+    def produce():
+        start = time.monotonic()
+        calls.append(start)
+        time.sleep(0.05)
+        return start
+
+    c = Coalescer(produce)
+    got = []
+
+    def scrape():
+        arrived = time.monotonic()
+        got.append((arrived, c.get()))
+
+    threads = [threading.Thread(target=scrape) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 20
+    assert all(collected >= arrived for arrived, collected in got)     # never data older than the request
+    assert len(calls) <= 4, len(calls)                                   # not one collection per scrape
+
+
+@pytest.mark.mpi
+def test_exporter_on_a_once_results_file(tmp_path, free_port):
+    """`collbench once --results FILE` (real mpirun) writes the same records; the exporter serves
+    them, and once's copy-and-rename append is not counted twice."""
+    import json
+    results = tmp_path / "once.jsonl"
+    once = [sys.executable, "-m", "collbench", "once", "--np", "2", "--ops", "allreduce", "--sizes", "1KB",
+            "--iterations", "5", "--results", str(results), "-q"]
+    with ExporterProcess(["--results-log", str(results), "--collectors", "results", "--poll-interval", "0.1"],
+                         free_port) as ex:
+        ex.wait_ready()
+        for run in (1, 2):
+            r = subprocess.run(once, capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+            assert r.returncode == 0, r.stderr
+            rec = json.loads(results.read_text().splitlines()[-1])
+            labels = dict(op="allreduce", size="1KB", size_bytes=1024, nodes=rec["nodes"], ranks=2)
+            m = wait_for(lambda: (lambda m: m if sample(m, "collbench_results_records_total", type="result") == run
+                                  else None)(ex.metrics()))
+            assert m, f"run {run} not read once: {ex.metrics()}"
+            assert sample(m, "collbench_latency_avg_seconds", **labels) == pytest.approx(rec["latency_avg_us"] / 1e6)
+            assert sample(m, "collbench_last_update_timestamp_seconds") == pytest.approx(rec["ts"])
+        assert sample(ex.metrics(), "collbench_results_records_total", type="result") == 2
+
+
+@pytest.mark.mpi
+def test_real_stress_daemon_running_rotating_then_stopped(tmp_path, free_port):
+    """The real stress daemon (mpirun ranks, rotation every ~4 KB): the exporter reads every
+    record exactly once across rotations and shows the daemon stopped at the next scrape."""
+    import glob
+    import json
+    state = tmp_path / "state"
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("ranks: 2\nplan:\n  - {op: allreduce, sizes: [1KB], iterations: 5}\n"
+                   "  - {op: bcast, sizes: [1KB], iterations: 5}\n"
+                   "stress:\n  pause: 0.1\n  rotate_bytes: 4KB\n  rotate_keep: 100\n")
+    stress = [sys.executable, "-m", "collbench", "stress"]
+    with ExporterProcess(["--config", str(cfg), "--state-dir", str(state), "--collectors", "results",
+                          "--poll-interval", "0.1"], free_port) as ex:
+        ex.wait_ready()
+        assert sample(ex.metrics(), "collbench_stress_running") == 0
+        r = subprocess.run(stress + ["start", "--config", str(cfg), "--state-dir", str(state)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        try:
+            ok = wait_for(lambda: len(glob.glob(f"{state}/results.jsonl.*")) >= 3, timeout=60, interval=0.2)
+            assert ok, "the daemon did not rotate its log"
+            m = ex.metrics()
+            assert sample(m, "collbench_stress_running") == 1
+            assert sample(m, "collbench_latency_avg_seconds", op="allreduce", size="1KB", size_bytes=1024,
+                          nodes=1, ranks=2) > 0
+        finally:
+            r = subprocess.run(stress + ["stop", "--state-dir", str(state)], capture_output=True, text=True,
+                               timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert sample(ex.metrics(), "collbench_stress_running") == 0          # the next scrape
+        written = {"result": 0, "failure": 0, "event": 0}
+        for path in glob.glob(f"{state}/results.jsonl*"):
+            for line in open(path):
+                written[json.loads(line)["type"]] += 1
+        assert written["result"] >= 6
+
+        def counted():
+            m = ex.metrics()
+            return {t: sample(m, "collbench_results_records_total", type=t) for t in written}
+        assert wait_for(lambda: counted() == written, timeout=10), (counted(), written)

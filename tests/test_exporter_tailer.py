@@ -226,7 +226,9 @@ def test_startup_backfill_recovers_latest_without_reading_whole_log(tmp_path):
     append(log, old + recent + result_line(20005, ts=now)[:25])   # a partial record at the end
     ex = Exporter(_settings(log, tmp_path))
     ex.backfill()
-    assert ex.backfilled == 4            # the recent window only: stopped at the first record past max_age
+    # used: the failure, allreduce@333, bcast; the older allreduce is skipped (its series is
+    # filled), and the scan stops at the first record past max_age
+    assert ex.backfilled == 3
     series = {(s.op, s.size): s for s in ex.state.fresh_series()}
     assert set(series) == {("allreduce", "4MB"), ("bcast", "4MB")}    # allgather is older than max_age
     assert abs(series[("allreduce", "4MB")].avg_s - 333e-6) < 1e-12    # the newest, not the first seen
@@ -248,3 +250,57 @@ def test_startup_after_rotation_backfills_from_previous_file(tmp_path):
     ex = Exporter(_settings(log, tmp_path))
     ex.backfill()
     assert [(s.op, s.size) for s in ex.state.fresh_series()] == [("reduce", "1MB")]
+
+
+def test_concurrent_writer_with_real_rotation_loses_nothing(tmp_path):
+    """The stress daemon's own ResultsLog writes and rotates (~40 rotations) while the tailer
+    polls in another thread: every seq is read exactly once, in order."""
+    import threading
+
+    from collbench.records import event_record
+    from collbench.stress.results_log import ResultsLog
+
+    path = str(tmp_path / "results.jsonl")
+    total = 1500
+    got = []
+    done = threading.Event()
+    t = LogTailer(path)
+
+    def tail():
+        while True:
+            finished = done.is_set()
+            got.extend(seqs(t.poll()))
+            if finished:
+                return
+            time.sleep(0.002)
+
+    reader = threading.Thread(target=tail)
+    reader.start()
+    with ResultsLog(path, rotate_bytes=8 << 10, rotate_keep=30) as writer:
+        for i in range(total):
+            writer.append(event_record("relaunch", pid=1, detail="x" * 100))
+            if i % 10 == 0:
+                time.sleep(0.001)
+        rotations = writer.rotations
+    done.set()
+    reader.join(timeout=30)
+    assert rotations >= 30
+    assert got == list(range(1, total + 1))
+
+
+def test_atomic_rewrite_keeping_old_content_is_not_read_twice(tmp_path):
+    """`once --results` appends by writing old + new records to a temp file and renaming it."""
+    log = tmp_path / "results.jsonl"
+    append(log, lines(1, 3))
+    t = LogTailer(str(log))
+    assert poll(t) == [1, 2, 3]
+    tmp = tmp_path / "results.jsonl.tmp"
+    tmp.write_bytes(log.read_bytes() + lines(4, 5).encode())
+    os.replace(tmp, log)
+    assert poll(t) == [4, 5]
+    assert t.rewrites == 1 and t.rotations == 0
+    # a rewrite that changed what we read is a new file: read from its start
+    tmp.write_bytes(lines(6, 7).encode())
+    os.replace(tmp, log)
+    assert poll(t) == [6, 7]
+    assert t.rotations == 1

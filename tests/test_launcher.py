@@ -87,3 +87,9 @@ def test_real_mpirun_runs_ranks_with_the_transport_env(tmp_path, transport):
 def test_mpi_version_names_open_mpi():
     assert "Open MPI" in mpi_version("mpirun")
     assert mpi_version("/nonexistent/mpirun") == "unknown"
+
+
+def test_configured_localhost_keeps_its_slots(tmp_path):
+    cfg = cfg_for(tmp_path, hosts=["localhost:4"], ranks=4)
+    argv, _ = build_command(cfg, ["prog"])
+    assert argv[argv.index("--host") + 1] == "localhost:4"

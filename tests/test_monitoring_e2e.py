@@ -9,7 +9,6 @@ fixture RDMA sysfs / ethtool / netstat trees) -> Prometheus (Debian package) -> 
   the example's inhibit rule holds back its warning twin).
 """
 
-import itertools
 import json
 import os
 import re
@@ -22,6 +21,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -145,7 +145,7 @@ def write_config(path, state_dir, exporter_port, low=False):
             "procfs_root": str(FIXTURES / "procfs"),
             "ethtool": str(FIXTURES / "ethtool" / "fake_ethtool"),
         },
-        "alerts": {"for": "0s", "job": "collbench", "stale_after": 600},
+        "alerts": {"for": "3s", "job": "collbench", "stale_after": 600},   # 3 evaluations: no one-scrape blips
     }
     # The normal bounds: seed 001's are for 8 RoCE nodes, and a shared 2-core machine running
     # 5 iterations per step sees millisecond spikes on 64KB, so every pair of the plan gets
@@ -197,42 +197,52 @@ def stack(tmp_path_factory):
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(prom_cfg))
 
     services = []
-    stress_started = False
     try:
         collbench("stress", "start", "--config", str(cfg))
-        stress_started = True
         services.append(Service("exporter", [sys.executable, "-m", "collbench", "exporter", "--config", str(cfg)],
                                 tmp / "exporter.log", cwd=REPO))
         services.append(Service("alertmanager", [
             alertmanager, f"--config.file={tmp / 'alertmanager.yml'}", f"--storage.path={tmp / 'am-data'}",
             f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address=", "--log.level=warn"],
             tmp / "alertmanager.log"))
+
+        # resend-delay 1s: alerts that fire before Prometheus has discovered Alertmanager (its
+        # discovery updates every 5 s) are dropped, and would otherwise wait a minute for a resend.
         services.append(Service("prometheus", [
             prometheus, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'prom-data'}",
-            f"--web.listen-address=127.0.0.1:{prom_port}", "--web.enable-lifecycle", "--log.level=warn"],
+            f"--web.listen-address=127.0.0.1:{prom_port}", "--rules.alert.resend-delay=1s", "--log.level=warn"],
             tmp / "prometheus.log"))
         env = {"prom": f"http://127.0.0.1:{prom_port}", "am": f"http://127.0.0.1:{am_port}",
-               "receiver": receiver, "rules": rules, "cfg": cfg, "cfg_low": cfg_low, "services": services}
+               "receiver": receiver, "rules": rules, "cfg": cfg, "cfg_low": cfg_low, "services": services,
+               "prometheus": services[-1]}
 
-        def ready():
-            for s in services:
-                s.check_alive()
-            try:
-                # every (op, size) of the plan scraped, and enough scrapes for rate() windows
-                n = query(env, "count(collbench_latency_avg_seconds)")
-                scrapes = query(env, f'count_over_time(up{{job="collbench"}}[1m])')
-                return n and n[0]["value"][1] == "9" and float(scrapes[0]["value"][1]) >= 6
-            except (OSError, AssertionError, IndexError):
-                return False
-        wait_until(ready, 90, "Prometheus to scrape the exporter's results")
+        wait_until(lambda: scraped(env), 90, "Prometheus to scrape the exporter's results")
         yield env
     finally:
         for s in reversed(services):
             s.stop()
-        if stress_started:
-            subprocess.run([sys.executable, "-m", "collbench", "stress", "stop", "--config", str(cfg)],
-                           capture_output=True, timeout=60, cwd=REPO)
+        stop = subprocess.run([sys.executable, "-m", "collbench", "stress", "stop", "--config", str(cfg)],
+                              capture_output=True, timeout=60, cwd=REPO)
+        pid_file = state / "stress.pid"
+        if stop.returncode != 0 and pid_file.exists():
+            # the daemon's pid is its process group: end the group it leads, and only that
+            try:
+                os.killpg(int(pid_file.read_text().strip()), signal.SIGKILL)
+            except (ValueError, ProcessLookupError):
+                pass
         receiver.close()
+
+
+def scraped(env):
+    """Every service alive, every (op, size) of the plan scraped, and enough scrapes for rate()."""
+    for s in env["services"]:
+        s.check_alive()
+    try:
+        n = query(env, "count(collbench_latency_avg_seconds)")
+        scrapes = query(env, 'count_over_time(up{job="collbench"}[1m])')
+        return n and n[0]["value"][1] == "9" and float(scrapes[0]["value"][1]) >= 6
+    except (OSError, AssertionError, IndexError):
+        return False
 
 
 def query(env, expr):
@@ -318,6 +328,18 @@ def test_every_panel_query_returns_data(stack, name):
 
 # ---------------------------------------------------------------- alerts end to end
 
+def self_metrics(base, prefix):
+    """Lines of a daemon's own /metrics starting with prefix (for failure messages)."""
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+        return "".join(line + "\n" for line in r.read().decode().splitlines() if line.startswith(prefix))
+
+
+def evaluated_at(rule):
+    """Unix time of a rule's last evaluation (Prometheus gives RFC 3339 with nanoseconds)."""
+    stamp = re.sub(r"(\.\d{6})\d*", r"\1", rule["lastEvaluation"]).replace("Z", "+00:00")
+    return datetime.fromisoformat(stamp).timestamp()
+
+
 def rules_health(env):
     groups = http_json(env["prom"] + "/api/v1/rules")["data"]["groups"]
     return [r for g in groups for r in g["rules"]]
@@ -327,9 +349,8 @@ def test_alerts_silent_at_normal_thresholds_then_delivered_when_lowered(stack):
     receiver = stack["receiver"]
     start = time.time()
     # Normal thresholds: every rule evaluates without error, on data, and nothing fires.
-    wait_until(lambda: all(r["health"] == "ok" and r["lastEvaluation"] > time.strftime(
-        "%Y-%m-%dT%H:%M:%S", time.gmtime(start)) for r in rules_health(stack)), 30,
-        "every rule to be evaluated")
+    wait_until(lambda: all(r["health"] == "ok" and evaluated_at(r) > start for r in rules_health(stack)), 30,
+               "every rule to be evaluated")
     op, size = LOW
     latency = query(stack, f'collbench_latency_avg_seconds{{op="{op}",size="{size}"}}')
     assert latency and 0 < float(latency[0]["value"][1]) < 1.0   # measured, below the normal bound
@@ -339,15 +360,24 @@ def test_alerts_silent_at_normal_thresholds_then_delivered_when_lowered(stack):
     assert http_json(stack["am"] + "/api/v2/alerts") == []
     assert receiver.alerts() == [], "Alertmanager delivered at the normal thresholds"
 
-    # A deliberately low bound for allreduce 1MB: regenerate the rules, reload Prometheus.
+    # A deliberately low bound for allreduce 1MB: regenerate the rules, reload Prometheus (SIGHUP).
     collbench("rules", "--config", str(stack["cfg_low"]), "-o", str(stack["rules"]))
-    http_json(stack["prom"] + "/-/reload", data=b"")
+    stack["prometheus"].proc.send_signal(signal.SIGHUP)
     expected = f'collbench_latency_avg_seconds{{op="{op}",size="{size}"}} > 2e-06'
     wait_until(lambda: any(r.get("query") == expected for r in rules_health(stack)), 30, "the reloaded rules")
 
     def delivered():
         return [a for a in receiver.alerts() if a["labels"]["alertname"] == "CollbenchLatencyCritical"]
-    alerts = wait_until(delivered, 60, "the critical latency alert at the webhook receiver")
+    try:
+        alerts = wait_until(delivered, 60, "the critical latency alert at the webhook receiver")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\nPrometheus ALERTS: {query(stack, 'ALERTS')}\n"
+                             f"Prometheus alertmanagers: {http_json(stack['prom'] + '/api/v1/alertmanagers')}\n"
+                             f"Alertmanager alerts: {http_json(stack['am'] + '/api/v2/alerts')}\n"
+                             f"{self_metrics(stack['prom'], 'prometheus_notifications_')}"
+                             f"{self_metrics(stack['am'], 'alertmanager_alerts')}"
+                             f"{self_metrics(stack['am'], 'alertmanager_notifications')}"
+                             + "".join(f"--- {s.name} log:\n{s.tail()}" for s in stack["services"])) from None
     a = alerts[0]
     assert a["status"] == "firing"
     assert a["labels"]["op"] == op and a["labels"]["size"] == size and a["labels"]["severity"] == "critical"
@@ -355,11 +385,14 @@ def test_alerts_silent_at_normal_thresholds_then_delivered_when_lowered(stack):
     assert a["labels"]["nodes"] == "1" and a["labels"]["ranks"] == "2"
     assert f"{op} {size} latency" in a["annotations"]["summary"] and "(critical at 2us)" in a["annotations"]["summary"]
     # Its warning twin fired in Prometheus too, and the example's inhibit rule held it back.
-    assert {x["labels"]["alertname"] for x in query(stack, 'ALERTS{alertstate="firing"}')} == \
+    assert {x["metric"]["alertname"] for x in query(stack, 'ALERTS{alertstate="firing"}')} == \
         {"CollbenchLatencyWarning", "CollbenchLatencyCritical"}
     am_alerts = {x["labels"]["alertname"]: x for x in http_json(stack["am"] + "/api/v2/alerts")}
     assert am_alerts["CollbenchLatencyWarning"]["status"]["state"] == "suppressed"
     assert am_alerts["CollbenchLatencyWarning"]["status"]["inhibitedBy"]
     # Only the lowered pair: the other eight (op, size) keep their normal bounds and stay silent.
-    assert {(x["labels"]["alertname"], x["labels"]["op"], x["labels"]["size"]) for x in receiver.alerts()} == \
-        {("CollbenchLatencyCritical", op, size)}
+    # (The warning may have gone out before its critical twin reached Alertmanager: with the
+    # test's 1 s group_wait that is a race; the example's 30 s makes it one notification.)
+    delivered_pairs = {(x["labels"]["alertname"], x["labels"]["op"], x["labels"]["size"]) for x in receiver.alerts()}
+    assert ("CollbenchLatencyCritical", op, size) in delivered_pairs
+    assert delivered_pairs <= {("CollbenchLatencyCritical", op, size), ("CollbenchLatencyWarning", op, size)}

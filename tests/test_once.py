@@ -138,7 +138,7 @@ def test_validation_failure_exit_1(tmp_path):
 def test_interrupted_run_writes_nothing_and_stops_mpi(tmp_path, sig, code):
     results = tmp_path / "r.jsonl"
     results.write_text('{"kept": true}\n')
-    env = dict(os.environ, OSU_STANDIN_HANG="bcast")
+    env = dict(os.environ, OSU_STANDIN_HANG="bcast", COLLBENCH_TEST_TOKEN=str(tmp_path))
     proc = subprocess.Popen([sys.executable, "-m", "collbench", "once", "--config", osu_config(tmp_path),
                              "--ops", "allreduce,bcast", "--sizes", "1KB", "--iterations", "5",
                              "--results", str(results), "--tsv", str(tmp_path / "r.tsv")],
@@ -155,7 +155,8 @@ def test_interrupted_run_writes_nothing_and_stops_mpi(tmp_path, sig, code):
     assert proc.returncode == code, err
     assert "no result file written" in err
     # the hanging rank was stopped with its job, not orphaned
-    assert [p for p in os.listdir("/proc") if p.isdigit() and str(tmp_path) in _cmdline(p)] == []
+    left = [p for p in os.listdir("/proc") if p.isdigit() and f"COLLBENCH_TEST_TOKEN={tmp_path}" in _environ(p)]
+    assert [(p, open(f"/proc/{p}/cmdline").read(), open(f"/proc/{p}/stat").read()) for p in left] == []
     assert results.read_text() == '{"kept": true}\n'
     assert not (tmp_path / "r.tsv").exists()
     assert [p for p in os.listdir(tmp_path) if p.startswith(".")] == []  # no temp files left
@@ -201,9 +202,82 @@ def test_live_progress_line_on_a_terminal(tmp_path):
     assert "Allreduce (float, 2 ranks on 1 node)" in p.stdout
 
 
-def _cmdline(pid):
+def _environ(pid):
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
+        with open(f"/proc/{pid}/environ", "rb") as f:
             return f.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+# ------------------------------------------------------------------ tables and files (units)
+
+def test_latency_units_and_table_rows():
+    from collbench.config import Step
+    from collbench.report_table import format_gbps, format_latency, render_tables
+    assert [format_latency(v) for v in (0.42, 999.994, 1000.0, 38900.0, 2.5e6, None)] == [
+        "0.42 us", "999.99 us", "1.00 ms", "38.90 ms", "2.50 s", "-"]
+    assert [format_gbps(v) for v in (3.2e9, 1.2e7, None)] == ["3.20", "0.0120", "-"]
+    recs = [
+        {"type": "result", "op": "allreduce", "size_bytes": 4194304, "datatype": "float",
+         "latency_avg_us": 38900.0, "latency_min_us": 38000.0, "latency_max_us": 40100.0,
+         "straggler_rank": 5, "algbw_bytes_per_s": 1.078e8, "busbw_bytes_per_s": 1.887e8,
+         "validation": "pass", "verdict": "Good"},
+        {"type": "failure", "op": "allreduce", "size_bytes": 1024, "error": "allreduce 1KB: MPI job exited with code 1"},
+    ]
+    steps = [Step("allreduce", 1024, 10, 1, "float"), Step("allreduce", 65536, 10, 1, "float"),
+             Step("allreduce", 4194304, 10, 1, "float")]
+    text = render_tables(recs, steps, ranks=8, nodes=8)
+    lines = text.splitlines()
+    assert lines[0] == "Allreduce (float, 8 ranks on 8 nodes)"
+    assert lines[3].split() == ["1KB", "FAILED:", "allreduce", "1KB:", "MPI", "job", "exited", "with", "code", "1"]
+    assert lines[4].split()[:2] == ["64KB", "NOT"] and "NOT RUN" in lines[4]
+    assert lines[5].split() == ["4MB", "38.90", "ms", "38.00", "ms", "40.10", "ms", "rank", "5", "0.11", "0.19",
+                                "pass", "Good"]
+
+
+def test_jsonl_append_is_atomic_and_keeps_the_old_file(tmp_path):
+    from collbench.results_files import write_jsonl
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"old": 1}')            # a torn last line without its newline
+    os.chmod(path, 0o600)
+    write_jsonl(path, [{"a": 1}, {"b": float("nan")}])
+    assert path.read_text() == '{"old": 1}\n{"a":1}\n{"b":null}\n'
+    assert path.stat().st_mode & 0o777 == 0o600
+    before = path.read_text()
+
+    def broken():
+        yield {"c": 1}
+        raise RuntimeError("disk gone")      # fails half-way through the new records
+    with pytest.raises(RuntimeError):
+        write_jsonl(path, broken())
+    assert path.read_text() == before
+    assert sorted(os.listdir(tmp_path)) == ["r.jsonl"]
+
+
+def test_tsv_fields_never_break_lines(tmp_path):
+    from collbench.results_files import write_tsv
+    path = tmp_path / "t.tsv"
+    write_tsv(path, [{"type": "failure", "op": "bcast", "size_bytes": 2048, "ranks": 4, "status": "failed",
+                      "error": "bcast 2KB:\tline one\nline two"}, {"type": "event", "event": "start"}])
+    header, row = path.read_text().splitlines()
+    cells = dict(zip(header.split("\t"), row.split("\t")))
+    assert len(row.split("\t")) == len(header.split("\t"))
+    assert (cells["op"], cells["size"], cells["status"], cells["error"]) == (
+        "bcast", "2KB", "failed", "bcast 2KB: line one line two")
+
+
+def test_configured_thresholds_set_the_verdict(tmp_path):
+    extra = ("thresholds:\n  seed_defaults: false\n  latency:\n"
+             "    allreduce:\n      1KB: {warning: 0.5us, critical: 1us}\n"
+             "      1MB: {warning: 150us, critical: 300us}\n")
+    results = tmp_path / "r.jsonl"
+    p = once("--config", osu_config(tmp_path, extra), "--ops", "allreduce,bcast", "--sizes", "1KB,1MB",
+             "--iterations", "5", "--results", str(results))
+    assert p.returncode == 0, p.stderr
+    verdicts = {(r["op"], r["size"]): r["verdict"] for r in read_jsonl(results)}
+    # captured OSU figures: allreduce 1KB 1.03 us (> 1 us), 1MB 195.53 us (150..300 us)
+    assert verdicts == {("allreduce", "1KB"): "Critical", ("allreduce", "1MB"): "Warning",
+                        ("bcast", "1KB"): None, ("bcast", "1MB"): None}   # seed defaults off
+    rows = {ln.split()[0]: ln.split()[-1] for ln in p.stdout.split("Allreduce (")[1].split("\n\n")[0].splitlines()[3:]}
+    assert rows == {"1KB": "Critical", "1MB": "Warning"}

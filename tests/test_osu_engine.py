@@ -65,15 +65,25 @@ def test_missing_binaries_list_every_place_looked(tmp_path):
     assert "OSU_PATH" in msg and "osu_path" in msg
 
 
-def test_osu_path_environment_and_standard_roots(tmp_path):
+def test_osu_path_environment_and_standard_roots(tmp_path, monkeypatch):
+    assert "/usr/local" in osu_engine.STANDARD_ROOTS
+    # stand-ins for the standard roots, so an OSU installed on this machine cannot change the outcome
+    roots = (str(tmp_path / "usr-local"), str(tmp_path / "opt-osu"))
+    monkeypatch.setattr(osu_engine, "STANDARD_ROOTS", roots)
     cfg = make_cfg(tmp_path)
     cfg.osu_path = None
     assert osu_engine.find_osu_dir(cfg, ["reduce"], environ={"OSU_PATH": str(STANDIN)}) == str(STANDIN)
     with pytest.raises(UserError) as e:
         osu_engine.find_osu_dir(cfg, ["reduce"], environ={"PATH": str(tmp_path)})
     msg = str(e.value)
-    for root in osu_engine.STANDARD_ROOTS:
+    for root in roots:
         assert f"{root}/libexec/osu-micro-benchmarks/mpi/collective/blocking  (standard install root)" in msg
+        assert f"{root}/libexec/osu-micro-benchmarks/mpi/collective  (standard install root)" in msg
+    blocking = tmp_path / "opt-osu" / "libexec" / "osu-micro-benchmarks" / "mpi" / "collective" / "blocking"
+    blocking.mkdir(parents=True)
+    (blocking / "osu_reduce").symlink_to(STANDIN / "osu_reduce")
+    assert osu_engine.find_osu_dir(cfg, ["reduce"], environ={"PATH": str(tmp_path)}) == str(blocking)
+    blocking.joinpath("osu_reduce").unlink()
     # on $PATH counts too
     assert osu_engine.find_osu_dir(cfg, ["reduce"], environ={"PATH": f"{tmp_path}:{STANDIN}"}) == str(STANDIN)
 

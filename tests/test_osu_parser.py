@@ -214,3 +214,9 @@ def test_title_table_names_every_op():
 def test_parse_columns_keeps_single_spaces():
     assert parse_columns("# Size       Avg Latency(us)  P50 Tail Lat(us)") == [
         "Size", "Avg Latency(us)", "P50 Tail Lat(us)"]
+
+
+def test_mpirun_tag_output_prefix():
+    text = (OSU_FIXTURES / "bcast_np2_full.txt").read_text()
+    tagged = "".join(f"[1,0]<stdout>:{line}\n" for line in text.splitlines())
+    assert parse_output(tagged).blocks[0].row_for(1048576).max_us == 55.85

@@ -54,6 +54,14 @@ def test_promtool_unit_tests_pass():
     assert out.stdout.count("SUCCESS") == len(UNIT_TESTS), out.stdout
 
 
+def test_latency_unit_tests_are_generated_from_the_default_thresholds():
+    out = subprocess.run([sys.executable, str(REPO / "prometheus" / "tests" / "make_latency_tests.py")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == (REPO / "prometheus" / "tests" / "latency.test.yml").read_text(), \
+        "latency.test.yml is stale: run prometheus/tests/make_latency_tests.py > prometheus/tests/latency.test.yml"
+
+
 def test_every_alert_is_unit_tested_firing_and_silent():
     alerts = {r["alert"] for r in rules_of(RULES.read_text())}
     firing, silent = {}, set()
@@ -146,6 +154,16 @@ alerts:
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+def test_rules_from_the_example_config_pass_promtool(tmp_path):
+    promtool = require_tool("promtool")
+    out_file = tmp_path / "rules.yml"
+    res = run_cli("--config", str(REPO / "config" / "collbench.example.yaml"), "-o", str(out_file))
+    assert res.returncode == 0, res.stderr
+    assert "collbench.example.yaml" in out_file.read_text().splitlines()[0]
+    check = subprocess.run([promtool, "check", "rules", str(out_file)], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
 def test_scaling_to_another_cluster_uses_the_busbw_model():
     """16 nodes at 100 Gb/s from seed 001's 8 nodes at 25 Gb/s, computed by hand:
     allreduce moves 2(n-1)/n x size over the link: (30/16 / 100) / (14/8 / 25) = 0.267857...;
@@ -189,3 +207,13 @@ def test_bad_flags_and_unwritable_output(tmp_path):
     assert res.returncode == 2 and "--link-gbps: got 0.0, expected a positive number" in res.stderr
     res = run_cli("-o", str(tmp_path / "missing" / "rules.yml"))
     assert res.returncode == 2 and "missing/rules.yml: cannot write" in res.stderr
+
+
+def test_every_alert_is_documented():
+    """docs/METRICS.md (the rules' runbook_url) explains every alert the rules can fire."""
+    docs = (REPO / "docs" / "METRICS.md").read_text()
+    section = docs[docs.index("<!-- section: dashboard"):docs.index("<!-- end section: dashboard")]
+    assert "### Alerts" in section
+    for rule in rules_of(RULES.read_text()):
+        assert f"| {rule['alert']} |" in section, rule["alert"]
+        assert rule["annotations"]["runbook_url"] == "docs/METRICS.md#alerts"

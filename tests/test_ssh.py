@@ -5,6 +5,7 @@ nothing a host name, path or config value holds may ever be run by a remote shel
 """
 
 import io
+import json
 import os
 import socket
 import subprocess
@@ -14,7 +15,6 @@ import time
 import uuid
 from types import SimpleNamespace
 
-import paramiko
 import pytest
 
 from collbench.config import load_config
@@ -441,3 +441,123 @@ def test_rdma_ports_from_sysfs_fixture(tmp_path):
     assert servers.rdma_ports(str(tmp_path)) == [
         {"device": "mlx5_0", "port": "1", "state": "ACTIVE", "phys_state": "LinkUp",
          "rate": "25 Gb/sec (1X EDR)", "link_layer": "Ethernet", "netdevs": ["ens1f0"]}]
+
+
+# ------------------------------------------------------------------ deploy
+
+def _venv_with_dependencies(venv):
+    """A venv whose site-packages holds collbench's dependencies (as a node's admin would have
+    installed them), linked from this test run's venv so no package index is needed."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    import sysconfig
+    src = sysconfig.get_paths()["purelib"]
+    dst = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    for name in os.listdir(src):
+        if name.startswith(("__editable__", "collbench", "_pytest", "pytest", "__pycache__")) or name.endswith(".pth"):
+            continue
+        os.symlink(os.path.join(src, name), os.path.join(dst, name))
+
+
+def test_deploy_installs_then_is_up_to_date(sshd, tmp_path):
+    from collbench.ctl import deploy
+    node = tmp_path / "opt" / "collbench"
+    _venv_with_dependencies(node / ".venv")
+    lines = []
+    with ssh.connect(sshd.target()) as conn:
+        assert deploy.install(conn, str(node), sys.executable, log=lines.append) == "installed"
+        assert deploy.tree_hash(str(node)) == deploy.tree_hash(str(REPO))
+        assert deploy.install(conn, str(node), sys.executable, log=lines.append) == "up to date"
+    assert not [p for p in os.listdir(node) if p.startswith(".deploy")]     # no leftovers of the swap
+    # the node's collbench is the uploaded tree, and its console script works
+    res = subprocess.run([str(node / ".venv" / "bin" / "collbench"), "--version"], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+    assert res.returncode == 0 and res.stdout.startswith("collbench "), res.stderr
+    where = subprocess.run([str(node / ".venv" / "bin" / "python"), "-c", "import collbench; print(collbench.__file__)"],
+                           capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path).stdout.strip()
+    assert where == str(node / "collbench" / "__init__.py")
+    assert any("installed" in x for x in lines) and any("up to date" in x for x in lines)
+
+
+# ------------------------------------------------------------------ the seed's scripts
+
+def test_seed_scripts_pass_options_on_and_keep_exit_codes(sshd, tmp_path):
+    from collbench.ctl.seed_scripts import split_args
+    assert split_args(["--config", "c.yaml", "--ops", "allreduce", "--accept-new-host-key", "-n", "5"], "once") == \
+        (["--config", "c.yaml", "--accept-new-host-key"], ["--ops", "allreduce", "-n", "5"])
+    assert split_args(["--json", "--timeout", "3"], "servers") == (["--json", "--timeout", "3"], [])
+    assert split_args(["--json"], "status") == ([], ["--json"])
+    cfg = _config(tmp_path, sshd, port=_free_port())
+    for script, verb in (("mpi_bandwidth_stress.py", "status"), ("mpi_test_controller.py", "once")):
+        res = subprocess.run([sys.executable, str(REPO / script), verb, "--config", str(cfg)],
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 10 and "connection refused" in res.stderr, res.stderr
+    res = subprocess.run([sys.executable, str(REPO / "mpi_test_controller.py"), "servers"], capture_output=True, text=True)
+    assert res.returncode == 2 and "once|start|stop|status" in res.stderr
+
+
+def test_key_from_the_ssh_agent(sshd, tmp_path):
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        env = dict(os.environ, SSH_AUTH_SOCK=str(sock))
+        subprocess.run(["ssh-add", "-q", str(sshd.client_key)], env=env, check=True, capture_output=True)
+        old = os.environ.get("SSH_AUTH_SOCK")
+        os.environ["SSH_AUTH_SOCK"] = str(sock)
+        try:
+            t = ssh.resolve_target("127.0.0.1", user="root", port=sshd.port, known_hosts=str(sshd.known_hosts),
+                                   ssh_config=str(sshd.dir / "none"), connect_timeout=TIMEOUT)
+            assert t.identity_files == []
+            with ssh.connect(t) as conn:          # no key file named anywhere: the agent's key
+                assert conn.run(["echo", "agent"]).stdout == "agent\n"
+        finally:
+            if old is None:
+                os.environ.pop("SSH_AUTH_SOCK")
+            else:
+                os.environ["SSH_AUTH_SOCK"] = old
+    finally:
+        agent.terminate()
+        agent.wait(10)
+
+
+def test_deploy_exporter_script_writes_units_idempotently(tmp_path):
+    root = tmp_path / "root"
+    script = str(REPO / "scripts" / "deploy_exporter.sh")
+    cfg = tmp_path / "c.yaml"
+    (tmp_path / "hosts.txt").write_text("node1 slots=1\n")
+    cfg.write_text("hosts: hosts.txt\n")
+    run = lambda *extra: subprocess.run(["bash", script, "--config", str(cfg), "--root", str(root), *extra],  # noqa: E731
+                                        capture_output=True, text=True, timeout=60)
+    res = run("--with-stress", "--prefix", "/srv/cb", "--user", "bench")
+    assert res.returncode == 0, res.stderr
+    unit = (root / "etc/systemd/system/collbench-exporter.service").read_text()
+    assert "ExecStart=/srv/cb/.venv/bin/python -m collbench exporter --config /etc/collbench/collbench.yaml" in unit
+    assert "User=bench" in unit
+    assert "stress run" in (root / "etc/systemd/system/collbench-stress.service").read_text()
+    assert (root / "etc/collbench/collbench.yaml").read_text() == cfg.read_text()
+    assert (root / "etc/collbench/hosts.txt").read_text() == "node1 slots=1\n"
+    again = run("--with-stress", "--prefix", "/srv/cb", "--user", "bench")
+    assert again.returncode == 0 and "wrote" not in again.stdout          # nothing changed, nothing written
+    for bad in (["--prefix", "/x y"], ["--prefix", "/x;touch z"], ["--user", "a b"], ["--prefix", "rel"]):
+        res = run(*bad)
+        assert res.returncode == 2 and "deploy_exporter.sh:" in res.stderr, bad
+    assert not (tmp_path / "z").exists()
+
+
+def test_without_master_the_verbs_act_locally(tmp_path):
+    cfg = tmp_path / "local.yaml"
+    cfg.write_text(f"state_dir: {tmp_path / 'state'}\n")
+    res = _ctl(["status", "--config", str(cfg), "--", "--json"])
+    assert res.returncode == 3, res.stderr                      # stress status: stopped
+    assert json.loads(res.stdout)["state_dir"] == str(tmp_path / "state")
+    res = _ctl(["servers", "--json", "--config", str(cfg)])
+    assert res.returncode == 0, res.stderr
+    (row,) = json.loads(res.stdout)["hosts"]
+    assert row["host"] == "localhost" and row["reachable"] and row["hostname"] == socket.gethostname()
+    # --local wins over master.host: nothing tries to connect to the (unreachable) master
+    cfg.write_text(f"state_dir: {tmp_path / 'state'}\nmaster: {{host: 198.18.0.254, connect_timeout: 1}}\n")
+    res = _ctl(["status", "--local", "--config", str(cfg)])
+    assert res.returncode == 3 and "stopped" in res.stdout, res.stderr

@@ -10,7 +10,7 @@ import pytest
 
 from collbench import launcher
 from collbench.config import build_config
-from collbench.step_runner import JobTimeout, MpiJob, process_tree, run_job
+from collbench.step_runner import JobTimeout, MpiJob, process_tree, run_job, stderr_reason
 from engine_helpers import is_gone
 
 PY = sys.executable
@@ -89,9 +89,10 @@ def _ppid(pid):
 
 @pytest.mark.mpi
 def test_stop_leaves_nothing_of_an_mpi_job_whose_ranks_ignore_sigterm(tmp_path):
-    # real mpirun; each rank ignores SIGTERM and leaves an orphan (also ignoring it) behind
+    # real mpirun; each rank ignores SIGTERM and starts a child in a session of its own (out of
+    # reach of mpirun's clean-up and of the job's process group), ignoring SIGTERM as well
     cfg = build_config({"ranks": 2, "transport": "shm"}, "<test>", str(tmp_path))
-    rank = "trap '' TERM; sleep 300 & echo rank-up; exec sleep 300"
+    rank = "trap '' TERM; setsid sleep 300 & echo rank-up; exec sleep 300"
     argv, env = launcher.build_command(cfg, [shutil.which("sh"), "-c", rank])
     job = MpiJob(argv, env).start()
     try:
@@ -101,12 +102,20 @@ def test_stop_leaves_nothing_of_an_mpi_job_whose_ranks_ignore_sigterm(tmp_path):
         while len(job.descendants()) < 4 and time.monotonic() < deadline:
             time.sleep(0.05)
         before = job.descendants()
-        assert len(before) >= 4  # two ranks (sleep) and their two background sleeps
+        assert len(before) == 4  # two ranks (sleep) and their two escaped sleeps
+        escaped = [pid for pid in before if _sid(pid) == pid]
+        assert len(escaped) == 2
     finally:
-        killed = job.stop(grace=3)
-    assert killed, "ranks ignoring SIGTERM must have needed SIGKILL"
+        killed = job.stop(grace=4)
+    assert set(escaped) <= set(killed)  # only SIGKILL, from us, could end them
     assert all(is_gone(pid) for pid in before + [job.pid])
     assert job.returncode is not None
+
+
+def _sid(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    return int(stat[stat.rindex(")") + 2:].split()[3])
 
 
 @pytest.mark.mpi
@@ -119,3 +128,15 @@ def test_run_job_reports_an_mpi_failure_with_its_stderr(tmp_path):
     assert res.returncode not in (0, None) and not res.timed_out
     assert "rank 1 is unhappy" in res.stderr_tail
     assert time.monotonic() - t0 < 60
+
+
+def test_stderr_reason_picks_the_telling_line():
+    box = "-" * 74
+    died = (f"[vm:1] Read -1, expected 524288, errno = 3\n{box}\nPrimary job  terminated normally, but 1 "
+            f"process returned\na non-zero exit code.\n{box}\n{box}\nmpirun noticed that process rank 1 "
+            f"with PID 0 on node vm exited on signal 9 (Killed).\n{box}")
+    assert stderr_reason(died) == "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed)."
+    own = f"collbench-engine: plan p line 2: unknown op 'x'\n{box}\nPrimary job  terminated normally\n{box}"
+    assert stderr_reason(own) == "collbench-engine: plan p line 2: unknown op 'x'"
+    assert stderr_reason(f"{box}\nmpirun was unable to launch\nmore\n{box}") == "mpirun was unable to launch"
+    assert stderr_reason("") == ""

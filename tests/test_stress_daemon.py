@@ -25,8 +25,8 @@ RESULT_FIELDS = {"schema", "type", "time", "ts", "run_id", "hosts", "nodes", "ra
 def stress(tmp_path):
     made = []
 
-    def make(stress_extra="", top_extra=""):
-        s = Stress(write_config(tmp_path, stress_extra, top_extra), tmp_path / "state")
+    def make(stress_extra="", top_extra="", **kw):
+        s = Stress(write_config(tmp_path, stress_extra, top_extra, **kw), tmp_path / "state")
         made.append(s)
         return s
     yield make
@@ -179,8 +179,9 @@ def test_stop_after_crash_cleans_up_and_reports_stopped(stress):
 def test_rotation_under_fast_plan_keeps_every_record_once(stress):
     s = stress("  rotate_bytes: 24KB\n  rotate_keep: 10000\n")
     s.start()
-    follower = subprocess.Popen(s.cmd("log", "-f", "--json", "-n", "0"), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+    out_path = s.state_dir.parent / "followed.jsonl"
+    with open(out_path, "w") as out_file:   # a file, not a pipe: nothing blocks the follower
+        follower = subprocess.Popen(s.cmd("log", "-f", "--json", "-n", "0"), stdout=out_file)
     try:
         s.wait_for(lambda _recs: (s.state_dir / "results.jsonl.8").exists(), timeout=60,
                    what="eight rotations")
@@ -188,7 +189,8 @@ def test_rotation_under_fast_plan_keeps_every_record_once(stress):
         time.sleep(1.5)   # the follower polls every 0.5 s
     finally:
         follower.terminate()
-        out, _ = follower.communicate(timeout=10)
+        follower.wait(timeout=10)
+    out = out_path.read_text()
     recs = s.records()
     seqs = [r["seq"] for r in recs]
     assert seqs == list(range(1, len(recs) + 1)), "a record was lost or duplicated across a rotation"
@@ -234,13 +236,19 @@ def test_failing_job_backs_off_exponentially_and_never_dies(stress, tmp_path):
     bad.chmod(0o755)
     s = stress("  backoff_max: 1\n", top_extra=f"engine_path: {bad}\n")
     pid = s.start()
-    time.sleep(6)
-    recs = s.records()
+    recs = s.wait_for(lambda r: len([x for x in r if x.get("event") == "relaunch"]) >= 4 and r,
+                      timeout=90, what="four relaunches")
     fails = [r for r in recs if r["type"] == "failure"]
-    delays = [r["delay_s"] for r in recs if r["type"] == "event" and r["event"] == "backoff"]
-    # 0.5 s, then doubling, capped at backoff_max 1 s: a handful of relaunches, no busy loop
-    assert 2 <= len(fails) <= 8, len(fails)
-    assert delays[:3] == [0.5, 1.0, 1.0]
+    backoffs = [r for r in recs if r.get("event") == "backoff"]
+    relaunches = [r for r in recs if r.get("event") == "relaunch"]
+    # 0.5 s, then doubling, capped at backoff_max 1 s, each wait really waited: no busy loop
+    assert [b["delay_s"] for b in backoffs[:4]] == [0.5, 1.0, 1.0, 1.0]
+    assert [b["failures"] for b in backoffs[:4]] == [1, 2, 3, 4]
+    for b, r in zip(backoffs, relaunches):
+        assert r["seq"] == b["seq"] + 1 and r["ts"] - b["ts"] >= b["delay_s"] - 0.01
+    # every failure is followed by its back-off; the failing engine's words are kept
+    for f in fails[:4]:
+        assert next(x for x in recs if x["seq"] == f["seq"] + 1)["event"] == "backoff"
     assert fails[0]["exit_code"] == 3 and "cannot start (test)" in fails[0]["stderr_tail"]
     assert pid_alive(pid) and s.run("status").returncode == 0
 
@@ -253,3 +261,84 @@ def test_backoff_and_reason_helpers():
     assert mpi_reason("----\nThere are not enough slots available in the system\n----") \
         .startswith("There are not enough slots")
     assert TOKEN_ENV == "COLLBENCH_STRESS_TOKEN"
+
+
+OSU_PLAN = """\
+  plan:
+    - {op: allreduce, sizes: [1KB], iterations: 5, warmup: 1}
+    - {op: bcast, sizes: [1KB], iterations: 5, warmup: 1}
+"""
+
+
+def test_osu_engine_runs_one_mpirun_per_step_and_records_failures(tmp_path, repo):
+    mark = tmp_path / "osu-runs.txt"
+    top = (f"engine: osu\nosu_path: {repo / 'tests' / 'osu_standin'}\n"
+           f"env: {{OSU_STANDIN_MARK: {mark}, OSU_STANDIN_FAIL: bcast}}\n")
+    s = Stress(write_config(tmp_path, top_extra=top, plan=OSU_PLAN, ranks=2), tmp_path / "state")
+    try:
+        s.start()
+        recs = s.wait_for(lambda r: len([x for x in r if x["type"] == "failure"]) >= 2 and r,
+                          timeout=90, what="two failed passes")
+        assert s.state()["mode"] == "step"
+        results = [r for r in recs if r["type"] == "result"]
+        fails = [r for r in recs if r["type"] == "failure"]
+        assert results and all(r["engine"] == "osu" and r["op"] == "allreduce" for r in results)
+        # bcast fails in every pass: a failure record naming it, then back-off, then the next pass
+        assert all(f["op"] == "bcast" and f["exit_code"] not in (0, None) for f in fails)
+        assert [r["iteration"] for r in results[:2]] == [1, 2]
+        assert fails[0]["iteration"] == 1 and "simulated rank failure" in fails[0]["stderr_tail"]
+        events = [r["event"] for r in recs if r["type"] == "event"]
+        assert events[:3] == ["start", "backoff", "relaunch"]
+        # one mpirun per step: each rank of each step appended one line
+        runs = mark.read_text().splitlines()
+        assert len([x for x in runs if x.startswith("allreduce 0 ")]) >= 2
+        assert len([x for x in runs if x.startswith("bcast 0 ")]) >= 2
+    finally:
+        s.cleanup()
+
+
+def test_run_in_foreground_notifies_systemd_and_stops_on_sigterm(tmp_path):
+    import socket
+    s = Stress(write_config(tmp_path), tmp_path / "state")
+    sock_path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(sock_path)
+    sock.settimeout(60)
+    env = dict(os.environ, NOTIFY_SOCKET=sock_path)
+    proc = subprocess.Popen(s.cmd("run"), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        msg = sock.recv(4096).decode()
+        assert "READY=1" in msg and f"MAINPID={proc.pid}" in msg
+        assert s.pid() == proc.pid
+        s.wait_for(n_results(len(TINY_STEPS)), what="results")
+        procs = list(job_processes(proc.pid))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        _out, err = proc.communicate(timeout=10)
+        assert "stopped (signal SIGTERM)" in err
+        assert wait_gone(procs, timeout=5) == []
+        last = s.records()[-1]
+        assert last["event"] == "stop" and last["detail"] == "signal SIGTERM"
+        assert s.run("status").returncode == 3
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        sock.close()
+        s.cleanup()
+
+
+def test_duty_cycle_limit_rests_in_proportion(stress):
+    # one step long enough (~0.5 s) that the rest it earns dwarfs the relaunch time
+    s = stress("  duty_cycle: 0.34\n", plan="  plan:\n    - {op: allreduce, sizes: [64KB], iterations: 4000}\n")
+    s.start()
+    s.wait_for(lambda recs: {r.get("iteration") for r in recs if r["type"] == "result"} >= {1, 2, 3},
+               timeout=90, what="three passes")
+    results = s.results_()
+    for it in (1, 2):
+        mine = [r for r in results if r["iteration"] == it]
+        busy = max(r["t_end"] for r in mine) - min(r["t_start"] for r in mine)
+        rest = min(r["t_start"] for r in results if r["iteration"] == it + 1) - max(r["t_end"] for r in mine)
+        # rest >= job time x (1/0.34 - 1), and the job time includes at least the steps' span
+        assert busy > 0.2 and rest >= busy * (1 / 0.34 - 1), (it, busy, rest)
+    assert s.state()["mode"] == "pass"

@@ -85,6 +85,7 @@ def bed(tmp_path):
         namespaces = [h["netns"] for h in desc["hosts"]]
         testbed.down(desc["dir"])
         assert testbed.down(desc["dir"]) is False          # idempotent
+        assert desc["id"] not in [i for i, _, _ in testbed.registered()]
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         assert not [ns for ns in namespaces if ns in listed]
         assert desc["bridge"] not in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
@@ -127,6 +128,12 @@ def test_controller_on_a_4_host_testbed(bed):
         res = _ctl(cfg, "status")
         assert res.returncode == 0 and "running" in res.stdout, res.stdout + res.stderr
         assert "allreduce" in res.stdout
+        # the seed's script, same verb, machine-readable
+        res = subprocess.run([sys.executable, str(REPO / "mpi_bandwidth_stress.py"), "status", "--json",
+                              "--config", cfg], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        st = json.loads(res.stdout)
+        assert st["state"] == "running" and st["state_dir"] == state_dir
 
         # servers: every host answers, with its own host name; the job's processes on each
         def all_hosts_busy():
@@ -189,3 +196,53 @@ def test_controller_on_a_4_host_testbed(bed):
             exporter.kill()
             exporter.wait(10)
         _ctl(cfg, "stop", timeout=60)
+
+
+def _netns_names():
+    return set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
+
+
+def test_testbeds_side_by_side_with_rate_limits(tmp_path):
+    a = testbed.up(2, str(tmp_path / "a"), rate_limit="200mbit", shaper="tbf", python=sys.executable)
+    try:
+        b = testbed.up(3, str(tmp_path / "b"), link_rates={"h2": "50mbit"}, python=sys.executable)
+        try:
+            import ipaddress
+            na, nb = ipaddress.ip_network(a["subnet"]), ipaddress.ip_network(b["subnet"])
+            assert not na.overlaps(nb) and na.subnet_of(testbed.SUBNET) and nb.subnet_of(testbed.SUBNET)
+            assert a["id"] != b["id"] and not {h["netns"] for h in a["hosts"]} & {h["netns"] for h in b["hosts"]}
+
+            def qdisc(ns, dev="eth0", what="qdisc"):
+                return subprocess.run(["ip", "netns", "exec", ns, "tc", what, "show", "dev", dev],
+                                      capture_output=True, text=True).stdout
+            assert "tbf" in qdisc(a["hosts"][0]["netns"]) and "200Mbit" in qdisc(a["hosts"][0]["netns"])
+            root_side = subprocess.run(["tc", "qdisc", "show", "dev", a["hosts"][1]["veth"]],
+                                       capture_output=True, text=True).stdout
+            assert "tbf" in root_side and "200Mbit" in root_side          # both directions shaped
+            assert "rate 50Mbit" in qdisc(b["hosts"][1]["netns"], what="class")
+            assert "htb" not in qdisc(b["hosts"][0]["netns"])             # only h2's link is limited
+            # each host is reachable over SSH with the generated config, under its own name
+            out = subprocess.run(["ssh", "-F", b["ssh_config"], "h3", "hostname"], capture_output=True,
+                                 text=True, timeout=30)
+            assert out.stdout.strip() == b["hosts"][2]["name"], out.stderr
+        finally:
+            testbed.down(b["dir"])
+    finally:
+        testbed.down(a["dir"])
+    assert not {h["netns"] for h in a["hosts"] + b["hosts"]} & _netns_names()
+    assert not os.path.exists(a["dir"]) and not os.path.exists(b["dir"])
+
+
+def _links():
+    out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    return {line.split(":")[1].strip().split("@")[0] for line in out.splitlines()}
+
+
+def test_failed_up_leaves_nothing_behind(tmp_path):
+    netns, links = _netns_names(), _links()
+    with pytest.raises(testbed.TestbedError, match="unknown hosts: h9"):
+        testbed.up(2, str(tmp_path / "bad"), link_rates={"h9": "1mbit"}, python=sys.executable)
+    assert not os.path.exists(tmp_path / "bad" / "testbed.json")
+    # other helpers' testbeds may come and go meanwhile: none of ours (cbtb*) may be new
+    assert not {n for n in _netns_names() - netns if n.startswith("cbtb")}
+    assert not {n for n in _links() - links if n.startswith(("cbtb", "cbtv", "cbtp"))}

@@ -3,7 +3,10 @@
 With `master.host` in the config every verb runs on the master over SSH (collbench.ctl.remote);
 without it (or with --local) the same verb runs here, by calling the local command. Arguments
 after `--` are passed on to the command the verb runs (`collbench ctl once -- --ops allreduce`).
-Exit codes: the command's own, or the SSH failure codes of collbench.ctl.ssh (10-16).
+Exit codes: the remote command's own, 2 for a bad config or flag, 130 after Ctrl-C, and for
+SSH failures: 10 host unreachable, 11 timeout, 12 authentication failed, 13 unknown host key
+(shown with its fingerprint; --accept-new-host-key), 14 host key changed (always refused),
+15 collbench missing on the master (`ctl deploy`), 16 other SSH errors.
 """
 
 import argparse
@@ -60,7 +63,7 @@ def _common(p):
                    help="trust the master's host key if known_hosts does not know it yet (it is "
                         "shown and added); a changed key is always refused")
     p.add_argument("--ask-password", action="store_true",
-                   help="prompt for an SSH password if key authentication fails "
+                   help="prompt for an SSH password, tried after the keys "
                         "(or set COLLBENCH_SSH_PASSWORD)")
     p.add_argument("--upload-config", dest="upload_config", action="store_true", default=None,
                    help="upload the local config even though master.remote_config is set")

@@ -25,6 +25,20 @@ from collbench.errors import UserError
 TREE_PARTS = ("pyproject.toml", "README.md", "collbench", "scripts")
 SKIP_DIRS = ("__pycache__", ".venv", ".git", "collbench.egg-info", ".pytest_cache")
 PIP_TIMEOUT = 900.0
+# (distribution, module): what collbench imports at run time (pyproject.toml's dependencies)
+DEPENDENCIES = (("PyYAML", "yaml"), ("prometheus_client", "prometheus_client"), ("paramiko", "paramiko"))
+
+
+def dependency_requirements():
+    """Requirement strings of collbench's dependencies, from the installed metadata when there is one."""
+    try:
+        from importlib.metadata import requires
+        reqs = [r.split(";")[0].strip() for r in requires("collbench") or () if "extra ==" not in r]
+        if reqs:
+            return reqs
+    except Exception:   # not installed as a distribution (run from a bare checkout)
+        pass
+    return [d for d, _ in DEPENDENCIES]
 
 
 def tree_files(root):
@@ -105,9 +119,31 @@ def _remote_script(func, call):
                       inspect.getsource(tree_hash), inspect.getsource(func), call])
 
 
+# prints the venv's site-packages and whether a pip-installed collbench (not our tree) is in it
+LINK_PROBE = """import sysconfig
+print(sysconfig.get_paths()["purelib"])
+try:
+    from importlib.metadata import distribution
+    d = distribution("collbench")
+    print("pip" if d.files and any(str(f).startswith("collbench/") for f in d.files) else "none")
+except Exception:
+    print("none")
+"""
+
+
+def _put_text(conn, path, text, mode):
+    tmp = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"collbench-deploy-{os.getpid()}-{time.time_ns()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+    try:
+        conn.put_file(tmp, path, mode=mode)
+    finally:
+        os.remove(tmp)
+
+
 def _check(res, what):
     if res.returncode != 0:
-        tail = "\n".join((res.stderr or res.stdout).strip().splitlines()[-5:])
+        tail = "\n".join((res.stderr + res.stdout).strip().splitlines()[-15:])
         raise UserError(f"{what} failed (exit {res.returncode}): {tail}")
     return res
 
@@ -147,20 +183,36 @@ def install(conn, remote_dir, python, log=print, force=False):
         log(f"{host}: creating {remote_dir}/.venv with {python}")
         _check(conn.run([python, "-m", "venv", posixpath.join(remote_dir, ".venv")], timeout=300),
                f"creating the venv on {host} (install python3-venv there)")
-    log(f"{host}: pip install {remote_dir} (dependencies from the node's package index)")
-    _check(conn.run([venv_py, "-m", "pip", "install", "--disable-pip-version-check", "-q",
-                     "--upgrade", "--force-reinstall", "--no-deps", remote_dir], timeout=PIP_TIMEOUT),
-           f"pip install of collbench on {host}")
-    _check(conn.run([venv_py, "-m", "pip", "install", "--disable-pip-version-check", "-q", remote_dir],
-                    timeout=PIP_TIMEOUT), f"pip install of collbench's dependencies on {host}")
+    modules = [m for _, m in DEPENDENCIES]
+    if conn.run([venv_py, "-c", f"import {', '.join(modules)}"], timeout=60).returncode != 0:
+        reqs = dependency_requirements()
+        log(f"{host}: pip install {' '.join(reqs)} (from the node's package index)")
+        _check(conn.run([venv_py, "-m", "pip", "install", "--disable-pip-version-check", "-q", *reqs],
+                        timeout=PIP_TIMEOUT),
+               f"installing collbench's dependencies on {host} (the node needs a package index: "
+               "pip.conf / PIP_INDEX_URL, or these packages installed in its venv)")
+    # collbench itself is pure Python: the venv imports it from the tree through a .pth file
+    # (no build step, nothing from the network; an update is the tree swap above)
+    res = _check(conn.run([venv_py, "-c", LINK_PROBE], timeout=60), f"inspecting the venv on {host}")
+    site, installed = res.stdout.split("\n")[:2]
+    if installed.strip() == "pip":
+        log(f"{host}: removing the pip-installed collbench from the venv (the tree replaces it)")
+        _check(conn.run([venv_py, "-m", "pip", "uninstall", "-y", "-q", "collbench"], timeout=300),
+               f"pip uninstall collbench on {host}")
+    _put_text(conn, posixpath.join(site.strip(), "collbench-deploy.pth"), remote_dir + "\n", 0o644)
+    _put_text(conn, posixpath.join(remote_dir, ".venv", "bin", "collbench"),
+              f"#!{venv_py}\nimport sys\nfrom collbench.cli import main\nsys.exit(main())\n", 0o755)
+    res = _check(conn.run([venv_py, "-c", "import collbench; print(collbench.__file__)"], timeout=60),
+                 f"importing collbench on {host} after the install")
+    log(f"{host}: installed ({res.stdout.strip()})")
     return "installed"
 
 
 def build_engine(conn, remote_dir, config_path, log=print):
     venv_py = posixpath.join(remote_dir, ".venv", "bin", "python")
     log(f"{conn.target.hostname}: building the engine")
-    res = conn.run([venv_py, "-m", "collbench", "engine", "build", "--config", config_path],
-                   timeout=PIP_TIMEOUT)
+    res = conn.run([venv_py, "-m", "collbench", "engine", "build",
+                    *(["--config", config_path] if config_path else [])], timeout=PIP_TIMEOUT)
     _check(res, f"`collbench engine build` on {conn.target.hostname}")
     out = res.stdout.strip().splitlines()
     if out:
@@ -175,7 +227,6 @@ def add_arguments(p):
 
 def run_cli(args):
     from collbench.ctl import cli as ctl_cli
-    from collbench.ctl import remote
     cfg = ctl_cli.load(args)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)   # noqa: E731
     if not ctl_cli.is_remote(cfg, args):
@@ -197,21 +248,29 @@ def run_cli(args):
 
 
 def deploy_hosts(cfg, args, log):
-    """On the master: bring every other host of the hostfile to this tree (skips shared ones)."""
-    failed = 0
+    """On the master: bring every other host of the hostfile to this tree, in parallel.
+
+    Hosts that already have this exact tree (a shared filesystem) are not copied to; the
+    engine is built on every host anyway (a cache hit when its home directory is shared too).
+    """
+    import concurrent.futures
     root = local_source_root()
-    for host in cfg.host_names:
-        if is_this_machine(host):
-            continue
+    hosts = [h for h in cfg.host_names if not is_this_machine(h)]
+
+    def one(host):
         try:
             target = ssh.resolve_target(host, ssh_config=cfg.master.hosts_ssh_config,
-                                        connect_timeout=cfg.master.connect_timeout)
+                                        connect_timeout=cfg.master.connect_timeout, what=f"host {host}")
             with ssh.connect(target, args.accept_new_host_key) as conn:
-                state = install(conn, root, cfg.master.python, log, args.force)
-                if state == "installed" and not args.no_build and cfg.source != "<default>":
-                    conn.put_file(cfg.source, cfg.source, mode=0o600)
-                    build_engine(conn, root, cfg.source, log)
+                install(conn, root, cfg.master.python, log, args.force)
+                if not args.no_build and not cfg.engine_path:
+                    build_engine(conn, root, None, log)
+            return True
         except UserError as e:
             log(f"{host}: deploy failed: {e}")
-            failed += 1
-    return 1 if failed else 0
+            return False
+    if not hosts:
+        return 0
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
+        ok = list(pool.map(one, hosts))
+    return 0 if all(ok) else 1

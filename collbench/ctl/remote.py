@@ -15,6 +15,7 @@ import time
 import paramiko
 import yaml
 
+from collbench import __version__
 from collbench.ctl import ssh
 from collbench.errors import UserError
 
@@ -77,10 +78,14 @@ class Master:
                 f"({self.python}: {why}). Run `collbench ctl deploy`, or set master.remote_dir "
                 "to where it is installed")
         try:
-            return json.loads(res.stdout.strip().splitlines()[-1])
+            info = json.loads(res.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
             raise ssh.RemoteCollbenchMissingError(
                 f"{self.python} on {self.target.hostname} did not answer as collbench: {res.stdout[:200]!r}") from None
+        if info.get("version") != __version__:
+            print(f"collbench: warning: {self.target.hostname} runs collbench {info.get('version')}, this is "
+                  f"{__version__}; `collbench ctl deploy` updates it", file=sys.stderr)
+        return info
 
     def collbench_argv(self, *args):
         return [self.python, "-m", "collbench", *args]
@@ -139,11 +144,15 @@ class Master:
                     print(f"\ncollbench: cancelling on {self.target.hostname} ...", file=sys.stderr, flush=True)
                     _cancel(chan, stdout, stderr, grace)
                     break
-            rc = chan.recv_exit_status() if chan.exit_status_ready() else 130
+            rc = chan.recv_exit_status() if chan.exit_status_ready() else None
         finally:
             chan.close()
         if interrupted is not None:
             raise interrupted
+        if rc is None or rc == -1:
+            raise ssh.HostUnreachableError(
+                f"lost the connection to {self.target.describe()} while running "
+                f"{ssh.remote_command(argv)[:200]}; the command was stopped there")
         if rc == 127:
             # the agent could not start (interpreter or module missing)
             self.probe()

@@ -128,7 +128,7 @@ def check_host(host, master, timeout, accept_new_host_key=False):
             data = probe_local()
         else:
             target = ssh.resolve_target(host, ssh_config=master.hosts_ssh_config,
-                                        connect_timeout=timeout)
+                                        connect_timeout=timeout, what=f"host {host}")
             with ssh.connect(target, accept_new_host_key) as conn:
                 left = max(1.0, timeout - (time.monotonic() - started))
                 res = conn.run([master.python, "-"], timeout=left, input=_probe_script())

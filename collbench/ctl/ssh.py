@@ -184,9 +184,12 @@ def _load_ssh_config(path):
 
 
 def resolve_target(host, user=None, port=None, identity_file=None, ssh_config=None,
-                   known_hosts=None, connect_timeout=10.0):
-    """A Target for `host` (an address or an ssh_config alias); explicit arguments win."""
-    host = _check_host(str(host).strip(), "master.host")
+                   known_hosts=None, connect_timeout=10.0, what="master.host"):
+    """A Target for `host` (an address or an ssh_config alias); explicit arguments win.
+
+    `what` names where the host came from, for the error when it is not a host name.
+    """
+    host = _check_host(str(host).strip(), what)
     ssh_config = os.path.expanduser(ssh_config) if ssh_config else _default_ssh_config()
     sc = _load_ssh_config(ssh_config).lookup(host)
     hostname = _check_host(sc.get("hostname", host), f"HostName of {host} in {ssh_config}")
@@ -345,9 +348,14 @@ def connect(target, accept_new_host_key=False, ask_password=False, _depth=0):
             if _depth >= MAX_JUMPS:
                 raise SSHError(f"ProxyJump chain to {target.alias} is longer than {MAX_JUMPS} hops")
             specs = [s.strip() for s in target.proxy_jump.split(",") if s.strip()]
-            juser, jhost, jport = _parse_jump(specs[-1])
+            try:
+                juser, jhost, jport = _parse_jump(specs[-1])
+            except ValueError:
+                raise ConfigError(target.ssh_config, f"Host {target.alias}",
+                                  f"ProxyJump {specs[-1]!r}: expected [user@]host[:port]") from None
             jt = resolve_target(jhost, user=juser, port=jport, ssh_config=target.ssh_config,
-                                known_hosts=None, connect_timeout=target.connect_timeout)
+                                known_hosts=None, connect_timeout=target.connect_timeout,
+                                what=f"ProxyJump of {target.alias}")
             if len(specs) > 1:
                 jt.proxy_jump = ",".join(specs[:-1])
             jump = connect(jt, accept_new_host_key, ask_password, _depth + 1)

@@ -43,6 +43,7 @@
 #define EXIT_NO_MEMORY 3
 #define MAX_PLAN_BYTES (1 << 20)
 #define MAX_TOKEN 64
+#define MAX_ITERATIONS 1000000000000LL /* warm-up + iterations never overflow */
 
 /* ------------------------------------------------------------------ datatypes */
 
@@ -131,8 +132,8 @@ static long long data_value(int src, int dst, size_t i, int dt)
 typedef struct {
     int op;         /* index in OPS */
     size_t size;    /* bytes per rank (OSU's message size) */
-    long iterations;
-    long warmup;
+    long long iterations;
+    long long warmup;
     int dt;
     int line;
 } Step;
@@ -401,19 +402,21 @@ static int parse_plan(char *text, const char *path, Plan *plan, char *msg, size_
         snprintf(msg, msglen, "out of memory reading plan %s", path);
         return -1;
     }
-    char *save = NULL;
-    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    for (char *line = text, *next; line; line = next) {
+        /* split by hand: strtok would skip blank lines and so miscount line numbers */
+        next = strchr(line, '\n');
+        if (next)
+            *next++ = '\0';
         lineno++;
         char *hash = strchr(line, '#');
         if (hash)
             *hash = '\0';
-        char tok[6][MAX_TOKEN];
+        char tok[5][MAX_TOKEN];
         int ntok = 0;
         char *tsave = NULL;
         for (char *t = strtok_r(line, " \t\r", &tsave); t; t = strtok_r(NULL, " \t\r", &tsave)) {
-            if (ntok == 6)
-                break;
-            snprintf(tok[ntok], MAX_TOKEN, "%s", t);
+            if (ntok < 5)
+                snprintf(tok[ntok], MAX_TOKEN, "%s", t);
             ntok++;
         }
         if (ntok == 0)
@@ -451,18 +454,18 @@ static int parse_plan(char *text, const char *path, Plan *plan, char *msg, size_
                      path, lineno, s.size, DATATYPES[s.dt].name, DATATYPES[s.dt].size);
             return -1;
         }
-        if (parse_long(tok[2], 1, LONG_MAX, &v) < 0) {
-            snprintf(msg, msglen, "plan %s line %d: iterations '%s' is not a whole number >= 1",
+        if (parse_long(tok[2], 1, MAX_ITERATIONS, &v) < 0) {
+            snprintf(msg, msglen, "plan %s line %d: iterations '%s' is not a whole number from 1 to 10^12",
                      path, lineno, tok[2]);
             return -1;
         }
-        s.iterations = (long)v;
-        if (parse_long(tok[3], 0, LONG_MAX, &v) < 0) {
-            snprintf(msg, msglen, "plan %s line %d: warmup '%s' is not a whole number >= 0",
+        s.iterations = v;
+        if (parse_long(tok[3], 0, MAX_ITERATIONS, &v) < 0) {
+            snprintf(msg, msglen, "plan %s line %d: warmup '%s' is not a whole number from 0 to 10^12",
                      path, lineno, tok[3]);
             return -1;
         }
-        s.warmup = (long)v;
+        s.warmup = v;
         if (plan->nsteps == cap) {
             cap *= 2;
             Step *grown = realloc(plan->steps, sizeof(Step) * (size_t)cap);
@@ -587,12 +590,12 @@ static void touch_buffers(Coll *c, size_t sbytes, size_t rbytes)
 static void run_timed(Coll *c, StepResult *r)
 {
     const OpDef *op = &OPS[c->step->op];
-    long total = c->step->warmup + c->step->iterations;
+    long long total = c->step->warmup + c->step->iterations;
     double timer = 0.0;
 
     MPI_Barrier(c->comm);
     r->t_start = wall_clock();
-    for (long i = 0; i < total; i++) {
+    for (long long i = 0; i < total; i++) {
         int root = op->rotate_root ? (int)(i % c->nranks) : 0;
         if (op->sync_before)
             MPI_Barrier(c->comm);
@@ -654,8 +657,8 @@ static void print_record(const Step *s, const StepResult *r, int loop, int index
 {
     char line[1024];
     int n = snprintf(line, sizeof(line),
-                     "CBREC {\"op\":\"%s\",\"size_bytes\":%zu,\"datatype\":\"%s\",\"iterations\":%ld,"
-                     "\"warmup\":%ld,\"avg_us\":%.4f,\"min_us\":%.4f,\"max_us\":%.4f,\"max_rank\":%d,"
+                     "CBREC {\"op\":\"%s\",\"size_bytes\":%zu,\"datatype\":\"%s\",\"iterations\":%lld,"
+                     "\"warmup\":%lld,\"avg_us\":%.4f,\"min_us\":%.4f,\"max_us\":%.4f,\"max_rank\":%d,"
                      "\"validation\":\"%s\",\"loop\":%d,\"step\":%d,\"t_start\":%.6f,\"t_end\":%.6f,"
                      "\"ranks\":%d}\n",
                      OPS[s->op].name, s->size, DATATYPES[s->dt].name, s->iterations, s->warmup,

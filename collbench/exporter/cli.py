@@ -123,6 +123,9 @@ def _password(ex):
             raise UserError(f"exporter.basic_auth_password_file: cannot read {path}: {e.strerror}") from None
         if not password:
             raise UserError(f"exporter.basic_auth_password_file: {path} is empty")
+        if os.stat(path).st_mode & 0o077:
+            logging.getLogger("collbench.exporter").warning(
+                "%s is readable by other users: chmod 600 it", path)
     elif os.environ.get(PASSWORD_ENV):
         password = os.environ[PASSWORD_ENV]
     if user and password is None:

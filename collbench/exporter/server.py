@@ -65,6 +65,7 @@ class BasicAuth:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"     # keep-alive: Prometheus reuses its connection
     server_version = f"collbench-exporter/{__version__}"
+    sys_version = ""                  # no Python version in the Server header
     timeout = 30                      # an idle or stalled client frees its thread
 
     def log_message(self, fmt, *args):

@@ -7,6 +7,8 @@ Handles what a log the exporter does not own can do between two polls:
   read (more than one rotation between polls), then the new file from its start;
 - copytruncate (same inode cut to 0, maybe already regrown past our offset): detected by the
   size going below our offset or by the first bytes changing; the file is re-read from 0;
+- an atomic rewrite that keeps the old content (copy + rename, as `once --results` appends):
+  recognised by the new file starting with the bytes already read, and continued from there;
 - a partial last line (the writer is mid-record): kept until its newline arrives;
 - an over-long line: dropped (reported as a bad line), never held in memory past `max_line`.
 
@@ -40,6 +42,7 @@ class LogTailer:
         self._skipping = False    # inside an over-long line: drop until its newline
         self.rotations = 0
         self.truncations = 0
+        self.rewrites = 0
 
     # -------------------------------------------------------------- positioning
 
@@ -81,8 +84,13 @@ class LogTailer:
         except FileNotFoundError:
             current = None   # moved away and not recreated yet: finish what we hold
         if current is not None and current != self._ino:
-            # Rename rotation: drain the old file, then unread rotations, then the new file.
             yield from self._read_to_end()
+            if self._adopt_if_extension():
+                # An atomic rewrite that kept what we read (`once --results` appends by
+                # copy + rename): carry on from the same offset in the new file.
+                yield from self._read_to_end()
+                return
+            # Rename rotation: the old file is drained; then unread rotations, then the new file.
             yield from self._flush_partial("rotation")
             old = self._ino
             self._close()
@@ -103,6 +111,26 @@ class LogTailer:
             self._offset = 0
             self._head = b""
         yield from self._read_to_end()
+
+    def _adopt_if_extension(self):
+        """If the file now at `path` begins with exactly the bytes we read from the old one
+        (same head, same bytes just before our offset), switch to it keeping our position."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return False
+        st = os.fstat(fd)
+        n = min(HEAD_BYTES, self._offset)
+        same = (self._offset > 0 and st.st_size >= self._offset
+                and os.pread(fd, len(self._head), 0) == self._head
+                and os.pread(fd, n, self._offset - n) == os.pread(self._fd, n, self._offset - n))
+        if not same:
+            os.close(fd)
+            return False
+        os.close(self._fd)
+        self._fd, self._ino = fd, (st.st_dev, st.st_ino)
+        self.rewrites += 1
+        return True
 
     def _truncated(self):
         size = os.fstat(self._fd).st_size

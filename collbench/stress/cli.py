@@ -21,7 +21,7 @@ from collbench.cli import add_config_arg
 from collbench.config import load_config
 from collbench.errors import UserError
 from collbench.stress import processes
-from collbench.stress.results_log import parse_record, tail_records
+from collbench.stress.results_log import LogFollower, tail_records
 from collbench.stress.state import (CRASHED, RUNNING, STOPPED, AlreadyRunning, StatePaths, daemon_status,
                                     pid_alive, read_state, remove_pid_file, write_json_atomic)
 
@@ -163,6 +163,10 @@ def _daemon_main(cfg, paths, ready_w):
     from collbench.stress.daemon import Daemon
     os.chdir("/")
     os.umask(0o022)
+    # Hold nothing of the session that started us (an SSH channel, a terminal) open.
+    maxfd = os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") > 0 else 1024
+    os.closerange(3, ready_w)
+    os.closerange(ready_w + 1, min(maxfd, 65536))
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     out = os.open(paths.daemon_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -213,10 +217,24 @@ def cmd_run(args):
     daemon = Daemon(cfg, paths)
     _preflight(cfg, daemon)
     try:
-        return daemon.run()
+        return daemon.run(on_ready=lambda pid: _sd_notify(f"READY=1\nMAINPID={pid}"))
     except AlreadyRunning as e:
         print(f"collbench stress: {e}", file=sys.stderr)
         return EXIT_START_FAILED
+
+
+def _sd_notify(message):
+    """Tell systemd (Type=notify) we are up; a no-op outside systemd."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]   # abstract socket
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.sendto(message.encode(), addr)
+    except OSError as e:
+        logging.getLogger("collbench.stress").warning("sd_notify failed: %s", e)
 
 
 # ---------------------------------------------------------------- stop
@@ -231,6 +249,9 @@ def cmd_stop(args):
             os.kill(st.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
+        except PermissionError:
+            raise UserError(f"not permitted to signal the daemon (pid {st.pid}): run `stress stop` as "
+                            f"its user or root (under systemd: systemctl stop collbench-stress)") from None
         grace = cfg.stress.stop_grace + 5.0   # the daemon itself gives its job stop_grace
         while time.monotonic() - t0 < grace and _daemon_alive(st):
             time.sleep(0.1)
@@ -408,47 +429,19 @@ def cmd_log(args):
 
 
 def follow(path, show, poll=0.5, stop=None):
-    """Print records appended to `path`, across rename rotations, until interrupted."""
-    f, ino = None, None
-    if os.path.exists(path):
-        f = open(path, "rb")
-        f.seek(0, os.SEEK_END)
-        ino = os.fstat(f.fileno()).st_ino
-    buf = b""
-
-    def drain():
-        nonlocal buf
-        chunk = f.read()
-        if not chunk:
-            return False
-        buf += chunk
-        *lines, buf = buf.split(b"\n")
-        for line in lines:
-            rec = parse_record(line)
-            if rec is not None:
-                show(rec)
-        sys.stdout.flush()
-        return True
-
-    while stop is None or not stop():
-        if f is not None and drain():
-            continue
-        try:
-            cur = os.stat(path).st_ino
-        except FileNotFoundError:
-            cur = None
-        if cur is not None and cur != ino:
-            # Rotated. The writer may have appended to the old file between our last read and
-            # the rename: drain it once more (it is never written again), then read the new
-            # file from its start. Each record is thus shown once.
-            if f is not None:
-                drain()
-                f.close()
-            f, ino, buf = open(path, "rb"), cur, b""
-            continue
-        if f is not None and os.fstat(f.fileno()).st_size < f.tell():
-            f.seek(0)   # truncated in place (not our rotation, but be safe)
-        time.sleep(poll)
+    """Show records appended to `path`, across rename rotations, until interrupted."""
+    follower = LogFollower(path)
+    try:
+        while stop is None or not stop():
+            recs = follower.poll()
+            for r in recs:
+                show(r)
+            if recs:
+                sys.stdout.flush()
+            else:
+                time.sleep(poll)
+    finally:
+        follower.close()
 
 
 def format_record(r):

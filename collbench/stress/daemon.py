@@ -28,7 +28,6 @@ import time
 import uuid
 
 from collbench import launcher, records
-from collbench.ops import get_op
 from collbench.sizes import format_size
 from collbench.stress import processes
 from collbench.stress.results_log import ResultsLog

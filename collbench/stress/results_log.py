@@ -82,16 +82,17 @@ class ResultsLog:
         os.close(self._fd)
         self._fd = None
         keep = self.rotate_keep
+        existing = 0                       # .1 ... .existing exist (a contiguous run)
+        while os.path.exists(f"{self.path}.{existing + 1}"):
+            existing += 1
+        for i in range(existing, keep - 1, -1):   # past the kept count (also after keep shrank)
+            if i >= 1:
+                os.unlink(f"{self.path}.{i}")
         if keep == 0:
             os.unlink(self.path)
         else:
-            oldest = f"{self.path}.{keep}"
-            if os.path.exists(oldest):
-                os.unlink(oldest)
-            for i in range(keep - 1, 0, -1):
-                src = f"{self.path}.{i}"
-                if os.path.exists(src):
-                    os.rename(src, f"{self.path}.{i + 1}")
+            for i in range(min(existing, keep - 1), 0, -1):   # oldest first: no name is overwritten
+                os.rename(f"{self.path}.{i}", f"{self.path}.{i + 1}")
             os.rename(self.path, f"{self.path}.1")
         self.rotations += 1
         self._open()
@@ -196,3 +197,118 @@ def _tail_file(path, count, block=64 * 1024):
         lines = lines[1:]   # the first line may be cut in the middle
     recs = [r for r in (parse_record(x) for x in lines) if r is not None]
     return recs[-count:]
+
+
+class LogFollower:
+    """Read records as they are appended, across rename rotations, each exactly once.
+
+    A reader slower than the rotation rate can find the live file rotated several times since
+    it last looked. So on rotation the follower does not jump to the live file: it finishes
+    the file it had open (the writer never touches it again), then opens the file that came
+    next in the chain (the one now at `.k-1` if ours is at `.k`, found by inode), and so on up
+    to the live file. Records whose seq it has already passed are skipped, so a chain it cannot
+    reconstruct (files deleted past rotate_keep) still yields no duplicates.
+    """
+
+    def __init__(self, path, from_start=False):
+        self.path = path
+        self.last_seq = None
+        self._f = None
+        self._ino = None
+        self._buf = b""
+        if os.path.exists(path):
+            self._open(path, seek_end=not from_start)
+
+    def _open(self, path, seek_end=False, expect_ino=None):
+        try:
+            f = open(path, "rb")
+        except FileNotFoundError:
+            return False
+        ino = os.fstat(f.fileno()).st_ino
+        if expect_ino is not None and ino != expect_ino:
+            f.close()           # renamed under us: the caller rescans
+            return False
+        if self._f is not None:
+            self._f.close()
+        self._f, self._ino, self._buf = f, ino, b""
+        if seek_end:
+            f.seek(0, os.SEEK_END)
+        return True
+
+    def close(self):
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+    def _drain(self, out):
+        chunk = self._f.read()
+        if not chunk:
+            return False
+        self._buf += chunk
+        *lines, self._buf = self._buf.split(b"\n")
+        for line in lines:
+            rec = parse_record(line)
+            if rec is None:
+                continue
+            seq = rec.get("seq")
+            if isinstance(seq, int):
+                if self.last_seq is not None and seq <= self.last_seq:
+                    continue
+                self.last_seq = seq
+            out.append(rec)
+        return True
+
+    def _chain(self):
+        """[(path, inode)] newest first: the live file, .1, .2 ... as they exist right now.
+
+        A rotation in progress renames .k -> .k+1 from the oldest down, so one index can be
+        briefly missing: the scan steps over a single gap and stops at two.
+        """
+        chain, missing = [], 0
+        for i in range(0, 1 << 20):
+            p = self.path if i == 0 else f"{self.path}.{i}"
+            try:
+                chain.append((p, os.stat(p).st_ino))
+                missing = 0
+            except FileNotFoundError:
+                missing += 1
+                if missing >= 2:
+                    break
+        return chain
+
+    def _first_seq(self, path):
+        try:
+            with open(path, "rb") as f:
+                rec = parse_record(f.readline())
+        except OSError:
+            return None
+        return rec.get("seq") if rec and isinstance(rec.get("seq"), int) else None
+
+    def poll(self):
+        """Every record appended since the last call (possibly none)."""
+        out = []
+        for _ in range(1 << 16):    # one file of the chain per round; bounded
+            if self._f is None:
+                if not self._open(self.path):
+                    return out
+            self._drain(out)
+            chain = self._chain()
+            if not chain or chain[0][0] != self.path:
+                return out          # between a rename and the new live file: next poll
+            if chain[0][1] == self._ino:
+                return out          # we hold the live file and have read all of it
+            self._drain(out)        # anything written before the rename
+            inodes = [ino for _p, ino in chain]
+            deleted = os.fstat(self._f.fileno()).st_nlink == 0
+            if self._ino in inodes and inodes.index(self._ino) > 0:
+                nxt_path, nxt_ino = chain[inodes.index(self._ino) - 1]
+            elif deleted:           # ours went past rotate_keep: the oldest file left
+                nxt_path, nxt_ino = chain[-1]
+            else:
+                return out          # caught mid-rotation: look again next poll
+            first = self._first_seq(nxt_path)
+            if (not deleted and first is not None and self.last_seq is not None
+                    and first > self.last_seq + 1):
+                return out          # the scan raced a rotation and overshot: next poll
+            self._open(nxt_path, expect_ino=nxt_ino)
+        return out

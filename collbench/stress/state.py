@@ -10,7 +10,6 @@ state directory even when two `start`s race.
 import fcntl
 import json
 import os
-import time
 from dataclasses import dataclass, field
 
 from collbench.errors import UserError
@@ -112,7 +111,7 @@ def is_daemon(pid, start_ticks, proc_root="/proc"):
                 cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
         except OSError:
             return False
-        return "stress" in cmd
+        return "stress" in cmd and ("collbench" in cmd or "mpi_bandwidth_stress" in cmd)
     return proc_start_ticks(pid, proc_root) == start_ticks
 
 
@@ -244,7 +243,9 @@ def daemon_status(paths):
     """Running, stopped or crashed, from the pid file, the state file and /proc."""
     info = read_state(paths) or {}
     pid_file = read_pid_file(paths)
-    pid = pid_file or info.get("pid")
+    if pid_file is None and info.get("status") in (None, STOPPED):
+        return DaemonStatus(STOPPED, None, "", info)    # a clean stop removes the pid file
+    pid = pid_file if pid_file is not None else info.get("pid")
     start_ticks = info.get("proc_start") if info.get("pid") == pid else None
     if pid and is_daemon(pid, start_ticks):
         return DaemonStatus(RUNNING, pid, "", info)
@@ -253,11 +254,7 @@ def daemon_status(paths):
                f"pid {pid} is not running" if not pid_alive(pid) else
                f"pid {pid} is now another process")
         return DaemonStatus(CRASHED, pid, f"stale pid file ({why})", info)
-    if info.get("status") not in (None, STOPPED):
-        return DaemonStatus(CRASHED, pid, f"the state file says {info.get('status')!r} "
-                                          "but no daemon is running", info)
-    return DaemonStatus(STOPPED, None, "", info)
+    return DaemonStatus(CRASHED, pid, f"the state file says {info.get('status')!r} "
+                                      "but no daemon is running", info)
 
 
-def now():
-    return time.time()

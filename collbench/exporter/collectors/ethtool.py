@@ -9,9 +9,10 @@
   tx_pause_storm_error_events    -> collbench_ethtool_pause_storm_error_events_total{netdev}
 
 Netdevs: `exporter.netdevs`, else the RDMA devices' netdevs from sysfs. One ethtool run per
-netdev with a timeout; concurrent scrapes share one run (results reused for `cache_seconds`)
-so twenty scrapers do not fork twenty ethtools. A netdev without these counters (lo, veth)
-gives no series; a missing ethtool or a failing netdev is logged once.
+netdev with a timeout. Forking ethtool costs milliseconds, so scrapes share runs: a run is
+reused for `cache_seconds` (1 s) and refreshed in the background, so twenty scrapers neither
+fork twenty ethtools nor wait on one. A netdev without these counters (lo, veth) gives no
+series; a missing ethtool or a failing netdev is logged once.
 """
 
 import logging
@@ -101,7 +102,9 @@ class EthtoolCollector(Collector):
         self.timeout = timeout
         self.cache_seconds = cache_seconds
         self._lock = threading.Lock()
-        self._cache = None        # (monotonic time, stats_by_netdev)
+        self._first_run = threading.Lock()
+        self._refreshing = False
+        self._cache = None        # (monotonic time of the run, families, exception)
         self._log_once = LogOnce()
 
     def target_netdevs(self):
@@ -144,15 +147,38 @@ class EthtoolCollector(Collector):
             raise NoData(f"ethtool -S gave no statistics for {', '.join(netdevs)}")
         return stats
 
+    def _refresh(self):
+        try:
+            # Families are built once per run and shared by the scrapes it serves (read-only).
+            result = (time.monotonic(), families_for(self.read_all()), None)
+        except Exception as e:   # noqa: BLE001 -- shared with the scrapes in this window
+            result = (time.monotonic(), None, e)
+        with self._lock:
+            self._cache = result
+            self._refreshing = False
+
     def collect(self):
-        with self._lock:    # single flight: concurrent scrapes wait for one run and share it
-            now = time.monotonic()
-            if self._cache is None or now - self._cache[0] >= self.cache_seconds:
-                try:
-                    self._cache = (now, self.read_all(), None)
-                except Exception as e:   # noqa: BLE001 -- shared with the scrapes in this window
-                    self._cache = (now, None, e)
-            _, stats, error = self._cache
+        # The first scrape runs ethtool itself. After that a scrape never waits on a fork: it
+        # gets the last run (at most cache_seconds + one run old) and, if that is due, starts
+        # the next run in the background. Concurrent scrapes share one run either way.
+        with self._lock:
+            if self._cache is None:
+                self._refreshing = True
+                first = True
+            else:
+                first = False
+                if not self._refreshing and time.monotonic() - self._cache[0] >= self.cache_seconds:
+                    self._refreshing = True
+                    threading.Thread(target=self._refresh, name="ethtool-refresh", daemon=True).start()
+        if first:
+            self._first_run.acquire()      # scrapes arriving during the first run wait for it
+            try:
+                if self._cache is None:
+                    self._refresh()
+            finally:
+                self._first_run.release()
+        with self._lock:
+            _, families, error = self._cache
         if error is not None:
             raise error
-        return families_for(stats)
+        return families

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# A multi-host testbed on this machine (root): N network namespaces on a bridge, an sshd in
+# each, addresses in 198.18.0.0/24, a hostfile, an ssh config and a ready collbench config.
+#
+#   scripts/testbed.sh up 4 [--dir DIR] [--rate-limit 1gbit] [--link-rate h2=100mbit] [--shaper htb|tbf]
+#   scripts/testbed.sh env DIR      # shell variables: eval "$(scripts/testbed.sh env DIR)"
+#   scripts/testbed.sh down DIR     # kill everything in it, delete namespaces and bridge (idempotent)
+#   scripts/testbed.sh list
+#
+# See docs/SETUP.md (controller section) for a walk-through.
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+py="$repo/.venv/bin/python"
+[ -x "$py" ] || py=python3
+cd "$repo"
+exec "$py" -m collbench.testbed "$@"
