@@ -134,6 +134,12 @@ def test_controller_on_a_4_host_testbed(bed):
         assert res.returncode == 0, res.stderr
         st = json.loads(res.stdout)
         assert st["state"] == "running" and st["state_dir"] == state_dir
+        addrs = sorted(h["addr"] for h in bed["hosts"])
+        assert st["last_results"] and all(sorted(r["hosts"]) == addrs for r in st["last_results"])
+        res = _ctl(cfg, "log", "--", "-n", "5", "--json")
+        assert res.returncode == 0, res.stderr
+        logged = [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
+        assert any(r["type"] == "result" and sorted(r["hosts"]) == addrs for r in logged)
 
         # servers: every host answers, with its own host name; the job's processes on each
         def all_hosts_busy():

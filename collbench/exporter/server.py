@@ -67,6 +67,9 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = f"collbench-exporter/{__version__}"
     sys_version = ""                  # no Python version in the Server header
     timeout = 30                      # an idle or stalled client frees its thread
+    # Headers and body are two writes: with Nagle, the body waits for the client's delayed
+    # ACK of the headers (~40 ms on Linux) on every keep-alive scrape.
+    disable_nagle_algorithm = True
 
     def log_message(self, fmt, *args):
         log.debug("%s %s", self.address_string(), fmt % args)

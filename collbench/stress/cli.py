@@ -20,6 +20,7 @@ import time
 from collbench.cli import add_config_arg
 from collbench.config import load_config
 from collbench.errors import UserError
+from collbench.report_table import format_latency
 from collbench.stress import processes
 from collbench.stress.results_log import LogFollower, tail_records
 from collbench.stress.state import (CRASHED, RUNNING, STOPPED, AlreadyRunning, StatePaths, daemon_status,
@@ -399,8 +400,8 @@ def render_status(st, paths, results, last, leftovers):
     lines.append("")
     lines.append(f"  {'OP':<15}{'SIZE':>7}{'AVG':>12}{'MAX':>12}{'BUSBW':>12}  {'VERDICT':<9}{'ITER':>6}{'AGE':>9}")
     for r in res:
-        lines.append(f"  {r.get('op', '?'):<15}{r.get('size', '?'):>7}{_lat(r.get('latency_avg_us')):>12}"
-                     f"{_lat(r.get('latency_max_us')):>12}{_bw(r.get('busbw_bytes_per_s')):>12}  "
+        lines.append(f"  {r.get('op', '?'):<15}{r.get('size', '?'):>7}{format_latency(r.get('latency_avg_us')):>12}"
+                     f"{format_latency(r.get('latency_max_us')):>12}{_bw(r.get('busbw_bytes_per_s')):>12}  "
                      f"{str(r.get('verdict') or '-'):<9}{str(r.get('iteration', '-')):>6}"
                      f"{_age(now - r.get('ts', now)):>9}")
     return lines
@@ -452,7 +453,7 @@ def format_record(r):
     if t == "result":
         bw = _bw(r.get("busbw_bytes_per_s"))
         return (f"{head} it={r.get('iteration', '-')} {r.get('op', '?'):<14} {r.get('size', '?'):>6} "
-                f"avg {_lat(r.get('latency_avg_us')):>10}  max {_lat(r.get('latency_max_us')):>10}  "
+                f"avg {format_latency(r.get('latency_avg_us')):>10}  max {format_latency(r.get('latency_max_us')):>10}  "
                 f"busbw {bw:>11}  {r.get('verdict') or '-'}"
                 + (f"  validation {r['validation']}" if r.get("validation") not in (None, "off") else ""))
     if t == "failure":
@@ -513,16 +514,6 @@ def _age(seconds):
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
-def _lat(us):
-    if us is None:
-        return "-"
-    if us >= 1e6:
-        return f"{us / 1e6:.2f} s"
-    if us >= 1e3:
-        return f"{us / 1e3:.2f} ms"
-    return f"{us:.1f} us"
 
 
 def _bw(bps):
