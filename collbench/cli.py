@@ -7,31 +7,36 @@ import sys
 from collbench import __version__
 from collbench.errors import UserError
 
-# module -> it defines register(subparsers), adding its parser(s) with set_defaults(func=...)
-COMMAND_MODULES = (
-    "collbench.once",
-    "collbench.engine_build",
-    "collbench.stress.cli",
-    "collbench.exporter.cli",
-    "collbench.ctl.cli",
-    "collbench.rules",
-)
+# subcommand -> the module whose register(subparsers) adds it (with set_defaults(func=...))
+COMMAND_MODULES = {
+    "once": "collbench.once",
+    "engine": "collbench.engine_build",
+    "stress": "collbench.stress.cli",
+    "exporter": "collbench.exporter.cli",
+    "ctl": "collbench.ctl.cli",
+    "rules": "collbench.rules",
+    "dashboard": "collbench.dashboard",
+}
 
 
-def build_parser():
+def build_parser(argv=None):
+    """The parser; with a known subcommand first in argv only its module is imported (start-up
+    time matters for the exporter and for remote verbs; paramiko alone costs ~0.1 s)."""
     parser = argparse.ArgumentParser(
         prog="collbench",
         description="MPI collective benchmarks, stress daemon and Prometheus exporter for RDMA clusters.")
     parser.add_argument("--version", action="version", version=f"collbench {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    first = (sys.argv[1:] if argv is None else argv)[:1]
+    names = first if first and first[0] in COMMAND_MODULES else list(COMMAND_MODULES)
+    for name in names:
+        importlib.import_module(COMMAND_MODULES[name]).register(sub)
     return parser
 
 
 def main(argv=None):
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         return args.func(args) or 0
