@@ -143,6 +143,8 @@ def run_steps(cfg, steps, ctx, on_progress=None, output_log=None):
             validation_only = rc == 1 and in_batch == len(batch)  # the records already say "fail"
             if error is None and rc != 0 and not validation_only:
                 error = f"MPI job {describe_exit(rc)}"
+            elif error is None and in_batch < len(batch):  # e.g. a stop signal from elsewhere
+                error = f"MPI job exited with code 0 after {in_batch} of its {len(batch)} steps"
             if error is None:
                 done += in_batch
                 continue

@@ -326,6 +326,27 @@ def test_killed_rank_gives_a_failure_then_later_steps_run(tmp_path, engine_bin):
     assert is_gone(victims[0]) and pids_of_exe(engine_bin) == []
 
 
+def test_engine_stopped_from_outside_is_recorded_and_the_plan_goes_on(tmp_path, engine_bin):
+    # SIGTERM straight to the ranks (as a node's shutdown would): the engine ends cleanly at a
+    # step boundary with exit 0; the steps it did not run must not vanish or loop forever
+    cfg = engine_cfg(tmp_path, engine_bin)
+    steps = [Step("allreduce", 1024, 10, 1, "float"), Step("allreduce", 65536, 2000, 1, "float"),
+             Step("bcast", 1024, 10, 1, "char"), Step("barrier", 0, 10, 1, "char")]
+
+    def on_progress(index, total, step):
+        if index == 1:
+            for pid in pids_of_exe(engine_bin):
+                os.kill(pid, signal.SIGTERM)
+
+    recs = list(builtin_engine.run_steps(cfg, steps, ctx_for(cfg), on_progress=on_progress))
+    assert [r["op"] for r in recs] == [s.op for s in steps]  # every step once, in order
+    fails = [r for r in recs if r["type"] == "failure"]
+    assert len(fails) == 1 and fails[0]["exit_code"] == 0
+    assert "exited with code 0 after" in fails[0]["error"]
+    assert recs[0]["type"] == recs[-1]["type"] == "result"
+    assert pids_of_exe(engine_bin) == []
+
+
 def test_hung_step_is_timed_out_and_killed(tmp_path, engine_bin):
     cfg = engine_cfg(tmp_path, engine_bin, step_timeout=2)
     steps = [Step("allreduce", 1 << 20, 10 ** 7, 1, "float"),  # hours: far past step_timeout
