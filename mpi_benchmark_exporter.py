@@ -8,13 +8,10 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-VENV_PYTHON = os.path.join(HERE, ".venv", "bin", "python")
 
 if __name__ == "__main__":
-    if (os.path.exists(VENV_PYTHON) and os.path.realpath(sys.prefix) != os.path.realpath(os.path.join(HERE, ".venv"))
-            and not os.environ.get("COLLBENCH_NO_REEXEC")):
-        os.environ["COLLBENCH_NO_REEXEC"] = "1"
-        os.execv(VENV_PYTHON, [VENV_PYTHON, os.path.abspath(__file__), *sys.argv[1:]])
     sys.path.insert(0, HERE)
+    from collbench.entry import reexec_in_venv  # stdlib only: safe before the venv is in use
+    reexec_in_venv(__file__)
     from collbench.cli import main
     sys.exit(main(["exporter", *sys.argv[1:]]))

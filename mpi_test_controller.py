@@ -11,16 +11,12 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-VENV_PY = os.path.join(HERE, ".venv", "bin", "python")
 
 VERBS = ("once", "start", "stop", "status")
 
 if __name__ == "__main__":
-    # Run inside the project's venv (where collbench's dependencies are) when there is one.
-    if (os.path.exists(VENV_PY) and os.path.realpath(sys.prefix) != os.path.realpath(os.path.join(HERE, ".venv"))
-            and not os.environ.get("COLLBENCH_NO_REEXEC")):
-        os.environ["COLLBENCH_NO_REEXEC"] = "1"
-        os.execv(VENV_PY, [VENV_PY, os.path.abspath(__file__)] + sys.argv[1:])
     sys.path.insert(0, HERE)
-    from collbench.ctl.seed_scripts import run  # noqa: E402
+    from collbench.entry import reexec_in_venv  # stdlib only: safe before the venv is in use
+    reexec_in_venv(__file__)
+    from collbench.ctl.seed_scripts import run
     sys.exit(run(sys.argv, VERBS, HERE))

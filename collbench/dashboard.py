@@ -10,11 +10,10 @@ output for the embedded default config (tests/test_dashboard.py keeps them equal
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from dataclasses import dataclass, field
 
+from collbench.atomic_file import write_output
 from collbench.cli import add_config_arg
 from collbench.config import load_config
 from collbench.errors import UserError
@@ -32,7 +31,7 @@ SEL = 'job=~"$job",instance=~"$instance"'
 RATE = "$__rate_interval"
 FAILURES = "collbench_benchmark_failures_total{" + SEL + "}"
 
-GREEN, YELLOW, RED, BLUE = "green", "#EAB839", "red", "blue"
+GREEN, YELLOW, RED = "green", "#EAB839", "red"
 
 
 @dataclass
@@ -448,23 +447,7 @@ def render(cfg, legacy=False):
 
 
 def _run(args):
-    text = render(load_config(args.config), args.legacy)
-    if args.output in (None, "-"):
-        sys.stdout.write(text)
-        return 0
-    directory = os.path.dirname(os.path.abspath(args.output))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".collbench-dashboard.", dir=directory)
-    except OSError as e:
-        raise UserError(f"-o {args.output}: cannot write: {e.strerror}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, args.output)
-    except OSError as e:
-        os.unlink(tmp)
-        raise UserError(f"-o {args.output}: cannot write: {e.strerror}") from None
+    write_output(args.output, render(load_config(args.config), args.legacy))
     return 0
 
 

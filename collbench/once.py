@@ -12,6 +12,7 @@ import signal
 import sys
 import time
 
+from collbench import proctree
 from collbench.cli import add_config_arg
 from collbench.config import apply_overrides, load_config
 from collbench.errors import UserError
@@ -130,8 +131,7 @@ def stop_leftover_jobs(grace=5.0):
     started (inside subprocess.Popen, before the engine holds the job) leaves it running with
     nobody to stop it. Whatever is still our descendant then is exactly such a job.
     """
-    from collbench.step_runner import process_tree
-    left = process_tree(os.getpid())
+    left = proctree.descendants(os.getpid())
     deadline = time.monotonic() + grace
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in left:
@@ -149,7 +149,7 @@ def stop_leftover_jobs(grace=5.0):
                     pass
             except ChildProcessError:
                 pass
-            if not process_tree(os.getpid()):
+            if not proctree.descendants(os.getpid()):
                 return left
             time.sleep(0.05)
         deadline = time.monotonic() + grace

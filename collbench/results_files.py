@@ -11,8 +11,8 @@ never a half-written one.
 """
 
 import os
-import tempfile
 
+from collbench.atomic_file import write_atomic
 from collbench.errors import UserError
 from collbench.records import dumps
 
@@ -42,46 +42,9 @@ def check_writable(path, flag):
     return path
 
 
-def _atomic_write(path, chunks, keep_existing):
-    path = os.path.abspath(path)
-    parent = os.path.dirname(path)
-    mode = None
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            if keep_existing and os.path.exists(path):
-                mode = os.stat(path).st_mode & 0o7777
-                with open(path, "rb") as old:
-                    data = old.read()
-                out.write(data)
-                if data and not data.endswith(b"\n"):
-                    out.write(b"\n")  # a previous writer's torn last line stays on its own line
-            for chunk in chunks:
-                out.write(chunk.encode("utf-8"))
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, mode if mode is not None else 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:  # make the rename itself durable
-        dfd = os.open(parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
-    return path
-
-
 def write_jsonl(path, records):
     """Add records to path (kept if it exists), one JSON object per line."""
-    return _atomic_write(path, (dumps(r) + "\n" for r in records), keep_existing=True)
+    return write_atomic(path, (dumps(r) + "\n" for r in records), keep_existing=True)
 
 
 def _tsv_value(rec, key, header):
@@ -117,4 +80,4 @@ def tsv_lines(records):
 
 def write_tsv(path, records):
     """Replace path with this run's table: a header line, then one line per (op, size)."""
-    return _atomic_write(path, tsv_lines(list(records)), keep_existing=False)
+    return write_atomic(path, tsv_lines(list(records)), keep_existing=False)

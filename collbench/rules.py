@@ -7,13 +7,11 @@ rescale them to another cluster with the bandwidth-bound model in `scale_factor`
 """
 
 import argparse
-import os
 import re
-import sys
-import tempfile
 
 import yaml
 
+from collbench.atomic_file import write_output
 from collbench.cli import add_config_arg
 from collbench.config import load_config
 from collbench.errors import ConfigError, UserError
@@ -242,25 +240,8 @@ def _run(args):
     for flag, value in (("--nodes", args.nodes), ("--link-gbps", args.link_gbps)):
         if value is not None and value <= 0:
             raise UserError(f"{flag}: got {value}, expected a positive number")
-    text = render(cfg, args.nodes, args.link_gbps,
-                  source_name=args.config)
-    if args.output in (None, "-"):
-        sys.stdout.write(text)
-        return 0
-    # Write beside the target and rename: Prometheus reloading mid-write never sees half a file.
-    directory = os.path.dirname(os.path.abspath(args.output))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".collbench-rules.", dir=directory)
-    except OSError as e:
-        raise UserError(f"-o {args.output}: cannot write: {e.strerror}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, args.output)
-    except OSError as e:
-        os.unlink(tmp)
-        raise UserError(f"-o {args.output}: cannot write: {e.strerror}") from None
+    # atomically: Prometheus reloading mid-write never sees half a file
+    write_output(args.output, render(cfg, args.nodes, args.link_gbps, source_name=args.config))
     return 0
 
 

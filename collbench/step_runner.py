@@ -17,6 +17,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from collbench import proctree
+
 _EOF = object()
 STDERR_KEEP = 200   # lines of stderr kept in memory for stderr_tail()
 POLL = 0.05         # seconds between checks while a job is stopping
@@ -36,51 +38,6 @@ class JobResult:
     timed_out: bool
     stderr_tail: str
     killed_pids: list = field(default_factory=list)
-
-
-# ---------------------------------------------------------------- /proc helpers
-
-def _proc_stat(pid):
-    """(state, ppid, pgid, sid, starttime) of pid from /proc, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    # comm (field 2) may hold spaces and parentheses: split after the last ')'
-    rest = data[data.rindex(")") + 2:].split()
-    return rest[0], int(rest[1]), int(rest[2]), int(rest[3]), int(rest[19])
-
-
-def _all_stats():
-    stats = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            st = _proc_stat(int(name))
-            if st is not None:
-                stats[int(name)] = st
-    return stats
-
-
-def process_tree(root_pid, stats=None):
-    """Pids of every live descendant of root_pid (not root_pid itself), by /proc ppid links."""
-    stats = stats if stats is not None else _all_stats()
-    children = collections.defaultdict(list)
-    for pid, st in stats.items():
-        children[st[1]].append(pid)
-    found, todo = [], [root_pid]
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            if stats[child][0] != "Z":
-                found.append(child)
-                todo.append(child)
-    return found
-
-
-def _alive(pid, starttime):
-    """True while pid is the same process (start time matches) and not a zombie."""
-    st = _proc_stat(pid)
-    return st is not None and st[4] == starttime and st[0] != "Z"
 
 
 # ---------------------------------------------------------------- the job
@@ -111,8 +68,7 @@ class MpiJob:
             stderr=subprocess.PIPE, text=True, bufsize=1, errors="replace",
             start_new_session=True)
         self.pid = self.proc.pid
-        st = _proc_stat(self.pid)
-        self._start_time = st[4] if st else None
+        self._start_time = proctree.start_ticks(self.pid)
         for stream, sink, tag in ((self.proc.stdout, self._stdout.put, "out"),
                                   (self.proc.stderr, self._stderr.append, "err")):
             t = threading.Thread(target=self._read, args=(stream, sink, tag),
@@ -161,33 +117,32 @@ class MpiJob:
 
     def descendants(self):
         """Pids of the job's live process tree below the launcher."""
-        return process_tree(self.pid) if self.pid else []
+        return proctree.descendants(self.pid) if self.pid else []
 
     def _owns_ids(self, launcher_stat):
         """False once the launcher's pid names another process: that session and group are not ours."""
-        return launcher_stat is None or launcher_stat[4] == self._start_time
+        return launcher_stat is None or launcher_stat.start_ticks == self._start_time
 
     def _remember_tree(self):
         """Record the job's processes: descendants of the launcher and its session's members."""
-        stats = _all_stats()
-        if not self._owns_ids(stats.get(self.pid)):
-            return [p for p, start in self._known.items() if _alive(p, start)]
-        pids = set(process_tree(self.pid, stats)) | {
-            pid for pid, st in stats.items() if st[3] == self.pid and st[0] != "Z"}
-        if self.pid in stats and stats[self.pid][0] != "Z":
-            pids.add(self.pid)
-        for pid in pids:
-            self._known.setdefault(pid, stats[pid][4])
-        return [p for p, start in self._known.items() if _alive(p, start)]
+        stats = proctree.all_stats()
+        if self._owns_ids(stats.get(self.pid)):
+            pids = set(proctree.descendants(self.pid, stats)) | {
+                pid for pid, st in stats.items() if st.sid == self.pid and proctree.is_running(st)}
+            if proctree.is_running(stats.get(self.pid)):
+                pids.add(self.pid)
+            for pid in pids:
+                self._known.setdefault(pid, stats[pid].start_ticks)
+        return [p for p, start in self._known.items() if proctree.same_process(p, start)]
 
     def _signal_all(self, sig, pids):
-        if self._owns_ids(_proc_stat(self.pid)):
+        if self._owns_ids(proctree.read_stat(self.pid)):
             try:
                 os.killpg(self.pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
         for pid in pids:
-            if _alive(pid, self._known[pid]):
+            if proctree.same_process(pid, self._known[pid]):
                 try:
                     os.kill(pid, sig)
                 except (ProcessLookupError, PermissionError):

@@ -2,8 +2,11 @@
 
 import os
 import shutil
+import signal
 import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -44,3 +47,25 @@ def require_tool(name):
 
 def is_root():
     return os.geteuid() == 0
+
+
+def wait_for(predicate, timeout=10.0, interval=0.05):
+    """Poll predicate() until it is truthy or timeout s have passed; its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return predicate()
+
+
+def stop_process(proc, timeout=10.0):
+    """SIGTERM a Popen, SIGKILL it if it has not exited within timeout s; reaped either way."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

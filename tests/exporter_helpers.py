@@ -2,18 +2,14 @@
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 from collbench import records
 from collbench.config import load_config
-
-REPO = Path(__file__).resolve().parent.parent
-FIXTURES = REPO / "tests" / "fixtures"
+from conftest import REPO, stop_process
 _CTX = records.RunContext(load_config(None), "builtin", "Open MPI 4.1.4")
 
 
@@ -104,13 +100,7 @@ class ExporterProcess:
         return parse_exposition(self.get(context=context)[2])
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, timeout=10)
         self.proc.stdout.close()
         self.proc.stderr.close()
 
@@ -120,12 +110,3 @@ class ExporterProcess:
     def __exit__(self, *exc):
         self.stop()
 
-
-def wait_for(predicate, timeout=10.0, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return predicate()

@@ -8,11 +8,10 @@ import sys
 import time
 from pathlib import Path
 
+from collbench.proctree import descendants, pid_alive
 from collbench.stress.results_log import read_records
-from collbench.stress.state import pid_alive, proc_stat
-from collbench.step_runner import process_tree
+from conftest import REPO, wait_for
 
-REPO = Path(__file__).resolve().parent.parent
 # Small sizes, few iterations: a plan pass takes milliseconds, so records stream fast.
 TINY_PLAN = """\
   plan:
@@ -67,12 +66,9 @@ class Stress:
 
     def wait_for(self, predicate, timeout=60, what="condition"):
         """Poll the results log until predicate(records) is truthy; returns its value."""
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            value = predicate(self.records())
-            if value:
-                return value
-            time.sleep(0.2)
+        value = wait_for(lambda: predicate(self.records()), timeout, interval=0.2)
+        if value:
+            return value
         raise AssertionError(f"timed out after {timeout}s waiting for {what}; "
                              f"daemon.log:\n{self.daemon_log()}")
 
@@ -91,7 +87,7 @@ class Stress:
                 return
             for pid in [st.get("pid"), st.get("job_pid")]:
                 if pid and pid_alive(pid):
-                    for p in process_tree(pid) + [pid]:
+                    for p in descendants(pid) + [pid]:
                         try:
                             os.kill(p, signal.SIGKILL)
                         except ProcessLookupError:
@@ -109,7 +105,7 @@ def program(pid):
 
 def job_processes(daemon_pid):
     """{pid: program} of the daemon's live process tree (mpirun, ranks, orted ...)."""
-    return {p: program(p) for p in process_tree(daemon_pid) if pid_alive(p)}
+    return {p: program(p) for p in descendants(daemon_pid) if pid_alive(p)}
 
 
 def wait_gone(pids, timeout=30):
@@ -120,8 +116,3 @@ def wait_gone(pids, timeout=30):
             return []
         time.sleep(0.1)
     return [p for p in pids if pid_alive(p)]
-
-
-def parent_of(pid):
-    st = proc_stat(pid)
-    return st[1] if st else None

@@ -7,8 +7,8 @@ import time
 import uuid
 
 import pytest
-from conftest import require_tool
-from exporter_helpers import FIXTURES, names, parse_exposition, sample
+from conftest import FIXTURES, require_tool
+from exporter_helpers import names, parse_exposition, sample
 from prometheus_client import CollectorRegistry, generate_latest
 
 from collbench.exporter.collectors import CollectorSet, DeviceFilter

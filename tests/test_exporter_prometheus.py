@@ -8,8 +8,8 @@ import time
 import urllib.parse
 import urllib.request
 
-from conftest import require_tool
-from exporter_helpers import ExporterProcess, append, result_line, wait_for
+from conftest import require_tool, stop_process, wait_for
+from exporter_helpers import ExporterProcess, append, result_line
 
 
 def _free_port():
@@ -67,10 +67,5 @@ def test_prometheus_scrapes_exporter(tmp_path, free_port):
             zeros = _query(prom_port, "min_over_time(collbench_latency_avg_seconds[1m])")
             assert zeros and float(zeros[0]["value"][1]) > 0
         finally:
-            prom.terminate()
-            try:
-                prom.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                prom.kill()
-                prom.wait()
+            stop_process(prom, timeout=15)
             prom_log.close()

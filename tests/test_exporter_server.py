@@ -12,11 +12,11 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import require_tool
-from exporter_helpers import (FIXTURES, REPO, ExporterProcess, append, failure_line, names, parse_exposition,
-                              result_line, sample, wait_for)
+from conftest import FIXTURES, REPO, require_tool, wait_for
+from exporter_helpers import ExporterProcess, append, failure_line, names, parse_exposition, result_line, sample
 
-from collbench.stress.state import StatePaths, proc_start_ticks, write_json_atomic, write_pid_file
+from collbench.proctree import start_ticks
+from collbench.stress.state import StatePaths, write_json_atomic, write_pid_file
 
 SYSFS = str(FIXTURES / "sysfs-mlx5")
 FAKE_ETHTOOL = str(FIXTURES / "ethtool" / "fake_ethtool")
@@ -121,7 +121,7 @@ def test_stress_running_follows_the_process_never_stale(tmp_path, free_port):
     log.touch()
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        _fake_daemon_state(tmp_path, proc.pid, proc_start_ticks(proc.pid))
+        _fake_daemon_state(tmp_path, proc.pid, start_ticks(proc.pid))
         with ExporterProcess(["--results-log", str(log), "--state-dir", str(tmp_path),
                               "--collectors", "results", "--legacy-metrics"], free_port) as ex:
             ex.wait_ready()
@@ -137,9 +137,9 @@ def test_stress_running_follows_the_process_never_stale(tmp_path, free_port):
             # a live process that is not the daemon (recycled pid: other start time) is not running
             other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
             try:
-                _fake_daemon_state(tmp_path, other.pid, proc_start_ticks(other.pid) - 100)
+                _fake_daemon_state(tmp_path, other.pid, start_ticks(other.pid) - 100)
                 assert sample(ex.metrics(), "collbench_stress_running") == 0
-                _fake_daemon_state(tmp_path, other.pid, proc_start_ticks(other.pid))
+                _fake_daemon_state(tmp_path, other.pid, start_ticks(other.pid))
                 assert sample(ex.metrics(), "collbench_stress_running") == 1
             finally:
                 other.kill()

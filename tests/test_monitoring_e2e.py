@@ -27,7 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 
-from conftest import FIXTURES, REPO, require_tool
+from conftest import FIXTURES, REPO, require_tool, stop_process, wait_for
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -55,14 +55,10 @@ def http_json(url, data=None, timeout=10):
 
 
 def wait_until(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.25)
+    value = wait_for(predicate, timeout, interval=0.25)
+    if not value:
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return value
 
 
 class Service:
@@ -85,13 +81,7 @@ class Service:
             return "".join(f.readlines()[-30:])
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, timeout=15)
         self.log.close()
 
 

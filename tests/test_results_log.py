@@ -6,9 +6,10 @@ import os
 import threading
 import time
 
+from collbench.proctree import start_ticks
 from collbench.stress.results_log import LogFollower, ResultsLog, read_records, tail_records
-from collbench.stress.state import (CRASHED, RUNNING, STOPPED, StatePaths, daemon_status, proc_start_ticks,
-                                    write_json_atomic, write_pid_file)
+from collbench.stress.state import (CRASHED, RUNNING, STOPPED, StatePaths, daemon_status, write_json_atomic,
+                                    write_pid_file)
 
 
 def rec(i, pad=100):
@@ -143,10 +144,10 @@ def test_status_running_stopped_crashed_from_files(tmp_path):
     # this test process plays the daemon: its real start time makes it "ours"
     me = os.getpid()
     write_pid_file(paths, me)
-    write_json_atomic(paths.state, {"pid": me, "proc_start": proc_start_ticks(me), "status": "running"})
+    write_json_atomic(paths.state, {"pid": me, "proc_start": start_ticks(me), "status": "running"})
     assert daemon_status(paths).state == RUNNING
     # same pid, other start time: the pid was reused by another process -> stale
-    write_json_atomic(paths.state, {"pid": me, "proc_start": proc_start_ticks(me) - 1, "status": "running"})
+    write_json_atomic(paths.state, {"pid": me, "proc_start": start_ticks(me) - 1, "status": "running"})
     st = daemon_status(paths)
     assert st.state == CRASHED and "another process" in st.reason and st.exit_code == 1
     os.unlink(paths.pid)

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from collbench import launcher
+from collbench import launcher, proctree
 from collbench.config import build_config
-from collbench.step_runner import JobTimeout, MpiJob, process_tree, run_job, stderr_reason
+from collbench.step_runner import JobTimeout, MpiJob, run_job, stderr_reason
 from engine_helpers import is_gone
 
 PY = sys.executable
@@ -75,16 +75,21 @@ def test_process_tree_follows_parent_links():
         parents = {pid: _ppid(pid) for pid in tree}
         assert sorted(parents.values()).count(job.pid) == 2
         assert any(ppid in tree for ppid in parents.values())
-        assert set(process_tree(job.pid)) == set(tree)
+        assert set(proctree.descendants(job.pid)) == set(tree)
     finally:
         job.stop(grace=5)
     assert all(is_gone(pid) for pid in tree)
 
 
-def _ppid(pid):
+def _stat_field(pid, n):
+    """Field n of /proc/<pid>/stat (1-based, as proc(5)), read here independently of proctree."""
     with open(f"/proc/{pid}/stat") as f:
         stat = f.read()
-    return int(stat[stat.rindex(")") + 2:].split()[1])
+    return int(stat[stat.rindex(")") + 2:].split()[n - 3])
+
+
+def _ppid(pid):
+    return _stat_field(pid, 4)
 
 
 @pytest.mark.mpi
@@ -113,9 +118,7 @@ def test_stop_leaves_nothing_of_an_mpi_job_whose_ranks_ignore_sigterm(tmp_path):
 
 
 def _sid(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        stat = f.read()
-    return int(stat[stat.rindex(")") + 2:].split()[3])
+    return _stat_field(pid, 6)
 
 
 @pytest.mark.mpi

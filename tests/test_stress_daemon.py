@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from collbench.proctree import pid_alive
 from collbench.stress.daemon import backoff_delay, mpi_reason
 from collbench.stress.processes import TOKEN_ENV, environ_token
-from collbench.stress.state import pid_alive
 from stress_helpers import (TINY_STEPS, Stress, job_processes, wait_gone, write_config)
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]

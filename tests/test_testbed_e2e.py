@@ -15,13 +15,12 @@ import urllib.request
 import pytest
 
 from collbench import testbed
-from conftest import REPO, is_root
+from conftest import REPO, is_root, wait_for
 
 pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
 
 # what may live in a testbed namespace when nothing runs: its sshd listener
 IDLE_PROGRAMS = ("sshd",)
-JOB_PROGRAMS = ("mpirun", "orted", "collbench-engine", "ssh")
 
 
 def _ctl(cfg, *args, timeout=120):
@@ -50,16 +49,6 @@ def _ns_processes(desc):
 def _job_processes(desc):
     return {a: [r for r in rows if not r[1].startswith(IDLE_PROGRAMS) or "notty" in r[2]]
             for a, rows in _ns_processes(desc).items()}
-
-
-def _wait(cond, timeout, step=0.3):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(step)
-    return cond()
 
 
 def _records(path):
@@ -120,7 +109,7 @@ def test_controller_on_a_4_host_testbed(bed):
         # the daemon runs in the master's namespace, not here
         assert any("stress" in cmd for _, _, cmd in _ns_processes(bed)["h1"])
         # results from a job with one rank on each of the 4 hosts
-        recs = _wait(lambda: [r for r in _records(results) if r.get("type") == "result"], 60)
+        recs = wait_for(lambda: [r for r in _records(results) if r.get("type") == "result"], 60, interval=0.3)
         assert recs, open(os.path.join(state_dir, "daemon.log")).read()[-2000:]
         assert sorted(recs[0]["hosts"]) == sorted(h["addr"] for h in bed["hosts"])
         assert recs[0]["ranks"] == 4 and recs[0]["nodes"] == 4
@@ -149,7 +138,7 @@ def test_controller_on_a_4_host_testbed(bed):
             busy = all(any(p["name"].startswith(("collbench-engine", "orted", "mpirun"))
                            for p in row.get("processes") or ()) for row in rows.values())
             return (r, rows) if busy else None
-        got = _wait(all_hosts_busy, 40, step=0.5)
+        got = wait_for(all_hosts_busy, 40, interval=0.5)
         assert got, _ctl(cfg, "servers").stdout
         r, rows = got
         assert r.returncode == 0
@@ -168,7 +157,7 @@ def test_controller_on_a_4_host_testbed(bed):
             stamps = [float(line.split()[-1]) for line in body.splitlines()
                       if line.startswith("collbench_result_timestamp_seconds{") and 'nodes="4"' in line]
             return body if stamps and time.time() - max(stamps) < 60 else None
-        body = _wait(fresh_metrics, 30, step=1)
+        body = wait_for(fresh_metrics, 30, interval=1)
         assert body, "exporter served no fresh results"
         assert 'collbench_latency_avg_seconds{' in body and 'op="allreduce"' in body
 
@@ -177,7 +166,7 @@ def test_controller_on_a_4_host_testbed(bed):
         exporter.terminate()
         exporter.wait(10)
         # nothing of the job is left on any host; only the sshd listeners remain
-        left = _wait(lambda: not any(_job_processes(bed).values()), 15)
+        left = wait_for(lambda: not any(_job_processes(bed).values()), 15, interval=0.3)
         assert left, _job_processes(bed)
         res = _ctl(cfg, "status")
         assert res.returncode == 3 and "stopped" in res.stdout
@@ -189,13 +178,13 @@ def test_controller_on_a_4_host_testbed(bed):
         proc = subprocess.Popen([sys.executable, "-m", "collbench", "ctl", "once", "--config", cfg, "--",
                                  "--ops", "allreduce", "--sizes", "1KB,2KB,4KB,8KB", "--iterations", "100000"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
-        assert _wait(lambda: any(c == "collbench-engin" or c.startswith("collbench-engin")
-                                 for rows in _ns_processes(bed).values() for _, c, _ in rows), 40)
+        assert wait_for(lambda: any(c == "collbench-engin" or c.startswith("collbench-engin")
+                                    for rows in _ns_processes(bed).values() for _, c, _ in rows), 40, interval=0.3)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 130, err
         assert b"cancelled" in err
-        left = _wait(lambda: not any(_job_processes(bed).values()), 20)
+        left = wait_for(lambda: not any(_job_processes(bed).values()), 20, interval=0.3)
         assert left, _job_processes(bed)
     finally:
         if exporter is not None and exporter.poll() is None:

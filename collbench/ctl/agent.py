@@ -20,51 +20,26 @@ import sys
 import threading
 import time
 
+from collbench import proctree
+
 DRAIN_SECONDS = 1.0
 
 
-def _ppid_map():
-    """{pid: (ppid, starttime)} of every process, from /proc."""
-    out = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat", "rb") as f:
-                text = f.read().decode("utf-8", "replace")
-        except OSError:
-            continue
-        rest = text[text.rfind(")") + 2:].split()
-        try:
-            out[int(d)] = (int(rest[1]), int(rest[19]))
-        except (IndexError, ValueError):
-            continue
-    return out
+def tree(root):
+    """{pid: start ticks} of root and every running process below it."""
+    stats = proctree.all_stats()
+    pids = proctree.descendants(root, stats) + ([root] if root in stats else [])
+    return {pid: stats[pid].start_ticks for pid in pids}
 
 
-def descendants(root):
-    """{pid: starttime} of root and every process below it."""
-    procs = _ppid_map()
-    children = {}
-    for pid, (ppid, _) in procs.items():
-        children.setdefault(ppid, []).append(pid)
-    found, todo = {}, [root]
-    while todo:
-        pid = todo.pop()
-        if pid in procs and pid not in found:
-            found[pid] = procs[pid][1]
-            todo.extend(children.get(pid, ()))
-    return found
-
-
-def _signal_tree(tree, pgid, sig):
+def _signal_tree(procs, pgid, sig):
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-    now = _ppid_map()
-    for pid, start in tree.items():
-        if pid in now and now[pid][1] == start:   # same process, not a reused pid
+    stats = proctree.all_stats()
+    for pid, start in procs.items():
+        if proctree.same_process(pid, start, stats):   # same process, not a reused pid
             try:
                 os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
@@ -73,18 +48,18 @@ def _signal_tree(tree, pgid, sig):
 
 def stop(child, grace):
     """SIGTERM the command's group and tree, SIGKILL what is left after `grace` seconds."""
-    tree = descendants(child.pid)
-    _signal_tree(tree, child.pid, signal.SIGTERM)
+    procs = tree(child.pid)
+    _signal_tree(procs, child.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        tree.update(descendants(child.pid))
+        procs.update(tree(child.pid))
         child.poll()
-        alive = _ppid_map()
+        stats = proctree.all_stats()
         if child.returncode is not None and not any(
-                p in alive and alive[p][1] == s for p, s in tree.items()):
+                proctree.same_process(p, s, stats) for p, s in procs.items()):
             return
         time.sleep(0.1)
-    _signal_tree(tree, child.pid, signal.SIGKILL)
+    _signal_tree(procs, child.pid, signal.SIGKILL)
     child.wait()
 
 

@@ -16,8 +16,10 @@ import socket
 import sys
 import time
 
+from collbench import proctree
 from collbench.ctl import ssh
 from collbench.stress import processes
+from collbench.stress.state import StatePaths
 
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
 RESULTS_TAIL_BYTES = 1 << 20
@@ -59,13 +61,6 @@ def rdma_ports(sysfs_root="/sys"):
     return out
 
 
-def net_namespace(pid, proc_root="/proc"):
-    try:
-        return os.readlink(f"{proc_root}/{pid}/ns/net")
-    except OSError:
-        return None
-
-
 def probe_local(sysfs_root="/sys", proc_root="/proc", interval=0.5):
     """What `servers` reports about the machine it runs on.
 
@@ -74,8 +69,8 @@ def probe_local(sysfs_root="/sys", proc_root="/proc", interval=0.5):
     processes of other namespaces are counted in other_netns_processes.
     """
     data = processes.collect(proc_root, interval)
-    own = net_namespace("self", proc_root)
-    mine = [p for p in data["processes"] if net_namespace(p["pid"], proc_root) in (own, None)]
+    own = proctree.net_namespace("self", proc_root)
+    mine = [p for p in data["processes"] if proctree.net_namespace(p["pid"], proc_root) in (own, None)]
     data["other_netns_processes"] = len(data["processes"]) - len(mine)
     data["processes"] = mine
     data["hostname"] = socket.gethostname()
@@ -84,13 +79,22 @@ def probe_local(sysfs_root="/sys", proc_root="/proc", interval=0.5):
 
 
 def _probe_script():
-    """A self-contained Python program printing probe_local()'s JSON (no collbench needed)."""
+    """A self-contained Python program printing probe_local()'s JSON (no collbench needed).
+
+    It carries the source of the two stdlib-only modules the probe uses, proctree and
+    stress.processes, registered under their own names so that `from collbench import proctree`
+    inside processes resolves to the copy sent along, not to an installed collbench.
+    """
     return "\n".join([
         "import json, os, socket, sys, time, types",
-        "processes = types.ModuleType('processes')",
-        f"exec(compile({inspect.getsource(processes)!r}, 'processes.py', 'exec'), processes.__dict__)",
+        "def _module(name, source):",
+        "    mod = sys.modules[name] = types.ModuleType(name)",
+        "    exec(compile(source, name, 'exec'), mod.__dict__)",
+        "    return mod",
+        "collbench = _module('collbench', '')",
+        f"proctree = collbench.proctree = _module('collbench.proctree', {inspect.getsource(proctree)!r})",
+        f"processes = _module('collbench.stress.processes', {inspect.getsource(processes)!r})",
         inspect.getsource(rdma_ports),
-        inspect.getsource(net_namespace),
         inspect.getsource(probe_local),
         "json.dump(probe_local(), sys.stdout)",
         "print()",
@@ -174,7 +178,7 @@ def last_results(results_log, hosts):
 
 
 def results_log_path(cfg):
-    return cfg.stress.results_log or os.path.join(cfg.state_dir, "results.jsonl")
+    return StatePaths(cfg.state_dir, cfg.stress.results_log or None).results_log
 
 
 def check_all(cfg, timeout=10.0, accept_new_host_key=False):

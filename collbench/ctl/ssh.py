@@ -57,7 +57,6 @@ EXIT_SSH = 16
 
 PASSWORD_ENV = "COLLBENCH_SSH_PASSWORD"
 PASSPHRASE_ENV = "COLLBENCH_SSH_KEY_PASSPHRASE"
-DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
 MAX_JUMPS = 8
 
 # What a host name, user or port may hold before it goes anywhere near ssh_config token expansion

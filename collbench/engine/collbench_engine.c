@@ -10,9 +10,13 @@
  * Timing follows OSU Micro-Benchmarks 7.4 so the numbers agree with osu_<op>:
  * a barrier before each step, warm-up iterations run but untimed, MPI_Wtime around the
  * collective call only, a barrier between iterations (before the call for reduce, after it
- * for the others, none for barrier, as osu_<op>.c place them), the root rotating with the
- * iteration for bcast and reduce, each rank's average over the timed iterations, then
- * min / max / sum of the per-rank averages reduced to rank 0 (avg = sum / ranks).
+ * for the others, none for barrier, as osu_<op>.c place them), root 0 for bcast and reduce
+ * (OSU 7.4's default; it rotates only with -k rotate, which measures something else: with
+ * 2 ranks a rotating root ran small reduces ~45 % and small bcasts ~30 % faster than OSU
+ * and large bcasts twice as slow),
+ * char data as MPI_CHAR also in reductions (OSU 7.4's default), each rank's average over
+ * the timed iterations, then min / max / sum of the per-rank averages reduced to rank 0
+ * (avg = sum / ranks).
  * Buffers are page-aligned, allocated once for the largest step of the plan and touched
  * (send filled with 1s, receive with 0s) before any timing, as OSU does.
  *
@@ -56,12 +60,16 @@ static const struct {
     {"char", 1}, {"int", sizeof(int)}, {"float", sizeof(float)}, {"double", sizeof(double)},
 };
 
-/* MPI handles are not compile-time constants in every MPI, hence a function. Reductions on
- * char use MPI_SIGNED_CHAR (MPI_SUM is not defined on MPI_CHAR), as OSU does. */
+/* Reductions on char: MPI_CHAR as OSU 7.4 times them, where the MPI accepts MPI_SUM on it
+ * (Open MPI does); MPI_SIGNED_CHAR where it does not (the standard defines MPI_SUM only on
+ * the latter). Decided once at start-up by probe_char_sum(). */
+static int char_sum_ok = 0;
+
+/* MPI handles are not compile-time constants in every MPI, hence a function. */
 static MPI_Datatype mpi_datatype(int dt, int reduction)
 {
     switch (dt) {
-        case DT_CHAR: return reduction ? MPI_SIGNED_CHAR : MPI_CHAR;
+        case DT_CHAR: return reduction && !char_sum_ok ? MPI_SIGNED_CHAR : MPI_CHAR;
         case DT_INT: return MPI_INT;
         case DT_FLOAT: return MPI_FLOAT;
         default: return MPI_DOUBLE;
@@ -163,7 +171,7 @@ typedef struct {
     int uses_recv;          /* bcast works in one buffer */
     int sync_before;        /* OSU 7.4's barrier placement around each iteration */
     int sync_after;
-    int rotate_root;        /* root = iteration % ranks (OSU 7.4: bcast, reduce) */
+    int rooted;             /* has a root: 0 when timed (OSU 7.4's default), validation adds the last rank */
     call_fn call;
     fill_fn fill;           /* validation input; NULL: nothing to validate */
     check_fn check;
@@ -337,7 +345,7 @@ static int call_barrier(Coll *c, int root)
 }
 
 static const OpDef OPS[] = {
-    /* name          red size sendN recvN recv before after rotate call                 fill            check */
+    /* name          red size sendN recvN recv before after rooted call                 fill            check */
     {"allreduce",      1,  1,   0,    0,    1,   0,     1,    0,     call_allreduce,      fill_reduction, check_allreduce},
     {"bcast",          0,  1,   0,    0,    0,   0,     1,    1,     call_bcast,          fill_bcast,     check_bcast},
     {"reduce",         1,  1,   0,    0,    1,   1,     0,    1,     call_reduce,         fill_reduction, check_reduce},
@@ -485,6 +493,32 @@ static int parse_plan(char *text, const char *path, Plan *plan, char *msg, size_
     return 0;
 }
 
+/* Read at most limit bytes of f into a buffer grown only as far as the text needs. Never one
+ * limit-sized malloc up front: a plan is a few KB, and freeing a 1 MB block (glibc serves it
+ * with mmap) raises glibc's dynamic mmap threshold, after which MPI's own temporary buffers
+ * of 128 KB .. 1 MB come from the heap instead of fresh mmaps - rank 0 then ran 128 KB
+ * reduce_scatter ~15 % faster than osu_reduce_scatter, which never frees such a block. */
+static char *read_bounded(FILE *f, size_t limit, size_t *len)
+{
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap || cap >= limit || ferror(f))
+            break;
+        size_t grown_cap = cap * 2 < limit ? cap * 2 : limit;
+        char *grown = realloc(buf, grown_cap + 1);
+        if (!grown) {
+            free(buf);
+            return NULL;
+        }
+        buf = grown;
+        cap = grown_cap;
+    }
+    *len = n;
+    return buf;
+}
+
 /* Rank 0 reads the file; every rank gets its text. NULL (and msg) when unreadable. */
 static char *read_plan_everywhere(const char *path, int rank, char *msg, size_t msglen)
 {
@@ -495,8 +529,8 @@ static char *read_plan_everywhere(const char *path, int rank, char *msg, size_t 
         if (!f) {
             snprintf(msg, msglen, "cannot read plan %s: %s", path, strerror(errno));
         } else {
-            text = malloc(MAX_PLAN_BYTES + 1);
-            size_t n = text ? fread(text, 1, MAX_PLAN_BYTES + 1, f) : 0;
+            size_t n = 0;
+            text = read_bounded(f, MAX_PLAN_BYTES + 1, &n);
             if (!text)
                 snprintf(msg, msglen, "out of memory reading plan %s", path);
             else if (ferror(f))
@@ -596,11 +630,10 @@ static void run_timed(Coll *c, StepResult *r)
     MPI_Barrier(c->comm);
     r->t_start = wall_clock();
     for (long long i = 0; i < total; i++) {
-        int root = op->rotate_root ? (int)(i % c->nranks) : 0;
         if (op->sync_before)
             MPI_Barrier(c->comm);
         double t0 = MPI_Wtime();
-        op->call(c, root);
+        op->call(c, 0);
         double t1 = MPI_Wtime();
         if (op->sync_after)
             MPI_Barrier(c->comm);
@@ -611,10 +644,13 @@ static void run_timed(Coll *c, StepResult *r)
 
     double latency = timer * 1e6 / (double)c->step->iterations, sum = 0.0;
     struct { double value; int rank; } mine = {latency, c->rank}, worst = {0.0, 0};
+    /* OSU's three reductions, in its order and types, so the MPI does between steps what it
+     * does in osu_<op> (an MPI_DOUBLE_INT MAXLOC in place of the MAX left the second size of
+     * allreduce a few percent off OSU's); the straggler's rank comes after, on its own */
     MPI_Reduce(&latency, &r->min_us, 1, MPI_DOUBLE, MPI_MIN, 0, c->comm);
-    MPI_Reduce(&mine, &worst, 1, MPI_DOUBLE_INT, MPI_MAXLOC, 0, c->comm);
+    MPI_Reduce(&latency, &r->max_us, 1, MPI_DOUBLE, MPI_MAX, 0, c->comm);
     MPI_Reduce(&latency, &sum, 1, MPI_DOUBLE, MPI_SUM, 0, c->comm);
-    r->max_us = worst.value;
+    MPI_Reduce(&mine, &worst, 1, MPI_DOUBLE_INT, MPI_MAXLOC, 0, c->comm);
     r->max_rank = worst.rank;
     r->avg_us = sum / c->nranks;
 }
@@ -630,7 +666,7 @@ static const char *run_validation(Coll *c)
     if (!op->fill)
         return "off";
     /* rooted ops: a root other than 0 catches root mix-ups */
-    int roots[2] = {0, c->nranks - 1}, nroots = op->rotate_root && c->nranks > 1 ? 2 : 1;
+    int roots[2] = {0, c->nranks - 1}, nroots = op->rooted && c->nranks > 1 ? 2 : 1;
     long errors = 0;
     char first[512] = "";
     c->first_error = first;
@@ -679,6 +715,21 @@ static void usage(FILE *f)
                "  datatypes: char int float double\n");
 }
 
+/* Does this MPI take MPI_SUM on MPI_CHAR? Asked on a private communicator that returns
+ * errors instead of aborting; every rank must agree. */
+static int probe_char_sum(void)
+{
+    MPI_Comm probe;
+    signed char in = 1, out = 0;
+    int ok, all_ok = 0;
+    MPI_Comm_dup(MPI_COMM_WORLD, &probe);
+    MPI_Comm_set_errhandler(probe, MPI_ERRORS_RETURN);
+    ok = MPI_Allreduce(&in, &out, 1, MPI_CHAR, MPI_SUM, probe) == MPI_SUCCESS;
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Comm_free(&probe);
+    return all_ok;
+}
+
 static int finish(int code)
 {
     MPI_Finalize();
@@ -699,6 +750,7 @@ int main(int argc, char **argv)
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+    char_sum_ok = probe_char_sum();
 
     for (int i = 1; i < argc && !msg[0]; i++) {
         if (strcmp(argv[i], "--plan") == 0 && i + 1 < argc)
@@ -766,7 +818,8 @@ int main(int argc, char **argv)
     }
     touch_buffers(&c, max_send, max_recv);
 
-    /* every rank talks to every other once before timing (OSU does this too) */
+    /* every rank talks to every other once before timing, so connection set-up never lands in a
+     * step (OSU pays it in its first size's warm-up, which the averages never see either) */
     int *hello = malloc(sizeof(int) * (size_t)nranks);
     if (hello) {
         for (int i = 0; i < nranks; i++)

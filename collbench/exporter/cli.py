@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 from collbench.config import EXPORTER_SCHEMA, POS_FLOAT, _Loader, load_config
 from collbench.errors import ConfigError, UserError
+from collbench.stress.state import StatePaths
 
 PASSWORD_ENV = "COLLBENCH_EXPORTER_PASSWORD"
 
@@ -88,7 +89,7 @@ def exporter_settings(args):
     state_dir = os.path.abspath(args.state_dir) if args.state_dir else cfg.state_dir
     ex["state_dir"] = state_dir
     if not ex.get("results_log"):
-        ex["results_log"] = cfg.stress.results_log or os.path.join(state_dir, "results.jsonl")
+        ex["results_log"] = StatePaths(state_dir, cfg.stress.results_log or None).results_log
         if not os.path.isabs(ex["results_log"]):
             ex["results_log"] = os.path.normpath(os.path.join(base, ex["results_log"]))
 

@@ -17,6 +17,7 @@ import socket
 import sys
 import time
 
+from collbench import proctree
 from collbench.cli import add_config_arg
 from collbench.config import load_config
 from collbench.errors import UserError
@@ -24,7 +25,7 @@ from collbench.report_table import format_latency
 from collbench.stress import processes
 from collbench.stress.results_log import LogFollower, tail_records
 from collbench.stress.state import (CRASHED, RUNNING, STOPPED, AlreadyRunning, StatePaths, daemon_status,
-                                    pid_alive, read_state, remove_pid_file, write_json_atomic)
+                                    is_daemon, read_state, remove_pid_file, write_json_atomic)
 
 EXIT_START_FAILED = 1
 
@@ -287,7 +288,6 @@ def cmd_stop(args):
 
 
 def _daemon_alive(st):
-    from collbench.stress.state import is_daemon
     return is_daemon(st.pid, st.info.get("proc_start"))
 
 
@@ -302,7 +302,7 @@ def _kill_token(token):
     """SIGKILL every process carrying the daemon's token (its job's processes); their pids."""
     if not token:
         return []
-    pids = [p for p in processes.pids() if processes.environ_token(p) == token and pid_alive(p)]
+    pids = [p for p in processes.token_pids(token) if proctree.pid_alive(p)]
     for p in pids:
         _kill_pid(p, signal.SIGKILL)
     return pids
@@ -311,7 +311,7 @@ def _kill_token(token):
 def _wait_gone(pids, timeout):
     end = time.monotonic() + timeout
     while True:
-        left = [p for p in pids if pid_alive(p)]
+        left = [p for p in pids if proctree.pid_alive(p)]
         if not left or time.monotonic() > end:
             return left
         time.sleep(0.1)
@@ -337,7 +337,7 @@ def cmd_status(args):
     last = last_results(results)
     leftovers = []
     if st.state != RUNNING and info.get("token"):
-        leftovers = [p for p in processes.pids() if processes.environ_token(p) == info["token"]]
+        leftovers = processes.token_pids(info["token"])
     if args.json:
         out = {"state": st.state, "pid": st.pid, "reason": st.reason, "state_dir": paths.state_dir,
                "results_log": results, "uptime_s": (time.time() - info["started"])

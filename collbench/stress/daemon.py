@@ -27,13 +27,12 @@ import signal
 import time
 import uuid
 
-from collbench import launcher, records
+from collbench import launcher, proctree, records
 from collbench.sizes import format_size
 from collbench.stress import processes
 from collbench.stress.results_log import ResultsLog
-from collbench.stress.state import (STOPPED, proc_start_ticks, read_pid_file, read_state,
-                                    remove_pid_file, write_json_atomic, write_pid_file, pid_alive,
-                                    DaemonLock)
+from collbench.stress.state import (STOPPED, DaemonLock, read_pid_file, read_state, remove_pid_file,
+                                    write_json_atomic, write_pid_file)
 
 log = logging.getLogger("collbench.stress")
 
@@ -167,7 +166,7 @@ class Daemon:
             log.warning("replacing stale pid file (pid %s, previous daemon not running)", old_pid)
         token = old.get("token")
         if token:
-            left = [p for p in processes.pids() if processes.environ_token(p) == token]
+            left = processes.token_pids(token)
             for p in left:
                 _kill(p, signal.SIGKILL)
             if left:
@@ -452,7 +451,7 @@ class Daemon:
             return
         self._state_written = now
         state = {
-            "pid": self.pid, "proc_start": proc_start_ticks(self.pid), "token": self.token,
+            "pid": self.pid, "proc_start": proctree.start_ticks(self.pid), "token": self.token,
             "started": self.started, "updated": now, "status": status, "mode": self.mode,
             "engine": self.engine, "iteration": self.iteration, "config": self.cfg.source,
             "results_log": os.path.abspath(self.paths.results_log),
@@ -471,13 +470,13 @@ class Daemon:
     # ------------------------------------------------------------------ cleanup
 
     def _token_pids(self):
-        return [p for p in processes.pids() if p != self.pid and processes.environ_token(p) == self.token]
+        return [p for p in processes.token_pids(self.token) if p != self.pid]
 
     def _kill_leftovers(self):
         """SIGKILL anything still carrying our token, then reap our (adopted) children."""
         killed = []
         for _ in range(3):
-            left = [p for p in self._token_pids() if pid_alive(p)]
+            left = [p for p in self._token_pids() if proctree.pid_alive(p)]
             if not left:
                 break
             for p in left:

@@ -1,9 +1,11 @@
 """Benchmark processes on one host and their CPU, read from /proc (for `stress servers`).
 
-`collect()` is a pure function of a /proc tree: the SSH controller runs the same code on each
-remote host (`python3 -m collbench.stress.processes --json`) and renders it with
-`format_host()`. Matching by program name here only *selects what to show*; nothing is ever
-signalled by name (the daemon stops its job by process group and pid tree).
+`collect()` is a pure function of a /proc tree: `ctl servers` runs the same code on each remote
+host and renders it with `format_host()`. Matching by program name here only *selects what to
+show*; nothing is ever signalled by name (the daemon stops its job by process group and pid tree).
+
+Standard library and collbench.proctree only: `ctl servers` sends this file's source and
+proctree's to hosts where collbench is not installed (servers._probe_script).
 """
 
 import argparse
@@ -12,6 +14,8 @@ import os
 import socket
 import sys
 import time
+
+from collbench import proctree
 
 # Programs that make up a benchmark job: launchers, OpenMPI/PRRTE daemons, the engines.
 ENGINE_PROGRAMS = ("collbench-engine", "mpirun", "mpiexec", "orterun", "orted", "prterun", "prted", "srun")
@@ -39,21 +43,6 @@ def _read(path, mode="rb"):
         return None
 
 
-def _stat(proc_root, pid):
-    data = _read(f"{proc_root}/{pid}/stat")
-    if not data:
-        return None
-    text = data.decode("utf-8", "replace")
-    comm = text[text.find("(") + 1:text.rfind(")")]
-    rest = text[text.rfind(")") + 2:].split()
-    try:
-        return {"comm": comm, "state": rest[0], "ppid": int(rest[1]), "pgid": int(rest[2]),
-                "cpu_ticks": int(rest[11]) + int(rest[12]), "start_ticks": int(rest[19]),
-                "rss_pages": int(rest[21])}
-    except (IndexError, ValueError):
-        return None
-
-
 def environ_token(pid, proc_root="/proc"):
     """The stress daemon token in a process's environment, or None (also when unreadable)."""
     data = _read(f"{proc_root}/{pid}/environ")
@@ -66,26 +55,22 @@ def environ_token(pid, proc_root="/proc"):
     return None
 
 
-def pids(proc_root="/proc"):
-    try:
-        return [int(d) for d in os.listdir(proc_root) if d.isdigit()]
-    except OSError:
-        return []
+def token_pids(token, proc_root="/proc"):
+    """Pids whose environment carries the stress daemon `token`."""
+    return [p for p in proctree.pids(proc_root) if environ_token(p, proc_root) == token]
 
 
 def snapshot(proc_root="/proc", select=is_engine_program):
     """{pid: info} for processes whose program name `select` accepts (zombies left out)."""
     out = {}
-    for pid in pids(proc_root):
-        st = _stat(proc_root, pid)
-        if st is None or st["state"] in ("Z", "X"):
+    for pid in proctree.pids(proc_root):
+        st = proctree.read_stat(pid, proc_root)
+        if not proctree.is_running(st):
             continue
-        raw = _read(f"{proc_root}/{pid}/cmdline") or b""
-        cmdline = [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
-        name = program_name(cmdline, st["comm"])
+        cmdline = proctree.cmdline(pid, proc_root) or []
+        name = program_name(cmdline, st.comm)
         if select is None or select(name):
-            st.update(pid=pid, name=name, cmdline=cmdline)
-            out[pid] = st
+            out[pid] = dict(st._asdict(), name=name, cmdline=cmdline)
     return out
 
 

@@ -12,6 +12,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from collbench import proctree
 from collbench.errors import UserError
 
 PID_FILE = "stress.pid"
@@ -74,61 +75,17 @@ class StatePaths:
 
 # ---------------------------------------------------------------- /proc
 
-def proc_stat(pid, proc_root="/proc"):
-    """(state char, ppid, pgid, start ticks) of a live pid, or None if it does not exist."""
-    try:
-        with open(f"{proc_root}/{int(pid)}/stat", "rb") as f:
-            data = f.read().decode("utf-8", "replace")
-    except (OSError, ValueError):
-        return None
-    # comm (field 2) may hold spaces and parentheses: split after its last ')'
-    rest = data[data.rfind(")") + 2:].split()
-    try:
-        return rest[0], int(rest[1]), int(rest[2]), int(rest[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def proc_start_ticks(pid, proc_root="/proc"):
-    st = proc_stat(pid, proc_root)
-    return st[3] if st else None
-
-
-def pid_alive(pid, proc_root="/proc"):
-    """True for a running (or sleeping, stopped...) process; False for gone or a zombie."""
-    st = proc_stat(pid, proc_root)
-    return st is not None and st[0] not in ("Z", "X")
-
-
 def is_daemon(pid, start_ticks, proc_root="/proc"):
     """Is `pid` alive and the very process that wrote the state (same kernel start time)?"""
-    if not pid or not pid_alive(pid, proc_root):
+    if not pid:
         return False
     if start_ticks is None:
         # An old state file without a start time: fall back on the command line.
-        try:
-            with open(f"{proc_root}/{int(pid)}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
-        except OSError:
+        if not proctree.pid_alive(pid, proc_root):
             return False
+        cmd = " ".join(proctree.cmdline(pid, proc_root) or ())
         return "stress" in cmd and ("collbench" in cmd or "mpi_bandwidth_stress" in cmd)
-    return proc_start_ticks(pid, proc_root) == start_ticks
-
-
-def boot_time():
-    with open("/proc/stat") as f:
-        for line in f:
-            if line.startswith("btime "):
-                return int(line.split()[1])
-    return 0
-
-
-def process_start_time(pid):
-    """Wall-clock start of a pid (Unix seconds), from its start ticks and the boot time."""
-    ticks = proc_start_ticks(pid)
-    if ticks is None:
-        return None
-    return boot_time() + ticks / os.sysconf("SC_CLK_TCK")
+    return proctree.same_process(pid, start_ticks, proc_root=proc_root)
 
 
 # ---------------------------------------------------------------- files
@@ -210,21 +167,6 @@ class DaemonLock:
             self.fd = None
 
 
-def lock_held(paths):
-    """True if some process holds the daemon lock of this state directory."""
-    try:
-        fd = os.open(paths.lock, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
 # ---------------------------------------------------------------- status
 
 @dataclass
@@ -251,7 +193,7 @@ def daemon_status(paths):
         return DaemonStatus(RUNNING, pid, "", info)
     if pid_file is not None:
         why = ("the pid file is unreadable" if pid_file == 0 else
-               f"pid {pid} is not running" if not pid_alive(pid) else
+               f"pid {pid} is not running" if not proctree.pid_alive(pid) else
                f"pid {pid} is now another process")
         return DaemonStatus(CRASHED, pid, f"stale pid file ({why})", info)
     return DaemonStatus(CRASHED, pid, f"the state file says {info.get('status')!r} "

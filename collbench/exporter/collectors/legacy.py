@@ -40,10 +40,8 @@ class LegacyCollector(Collector):
                 if name == op.name:
                     fam.add_metric([size, str(nodes)], round(s.avg_s * 1e6, 3))
             yield fam
-        running, iteration = stress_status(self.state_dir)
         snap = self.state.snapshot()
-        if snap["last_iteration"] is not None:
-            iteration = snap["last_iteration"]
+        running, iteration = stress_status(self.state_dir, snap["last_iteration"])
         yield GaugeMetricFamily("mpi_stress_test_running",
                                 "1 if the stress test is running (prototype name).", value=running)
         it = GaugeMetricFamily("mpi_stress_test_iteration", "Stress test iteration (prototype name).")

@@ -14,20 +14,22 @@ def series_labels(s):
     return [s.op, s.size, str(s.size_bytes), str(s.nodes), str(s.ranks)]
 
 
-def stress_status(state_dir):
+def stress_status(state_dir, last_iteration=None):
     """(running, iteration) of the stress daemon in `state_dir`, checked at every scrape.
 
     Running means the daemon's process is alive *now* and is the one that wrote the state
     (collbench.stress.state tells a live daemon from a stale pid file or a recycled pid), so a
-    stopped or crashed daemon reads 0 at the next scrape, never a stale 1.
+    stopped or crashed daemon reads 0 at the next scrape, never a stale 1. The iteration is
+    `last_iteration` (that of the newest record read) when known, else the state file's.
     """
-    if not state_dir:
-        return 0, None
-    status = daemon_status(StatePaths(state_dir))
-    iteration = status.info.get("iteration")
-    if not isinstance(iteration, int) or isinstance(iteration, bool):
-        iteration = None
-    return (1 if status.state == RUNNING else 0), iteration
+    running, iteration = 0, None
+    if state_dir:
+        status = daemon_status(StatePaths(state_dir))
+        running = 1 if status.state == RUNNING else 0
+        iteration = status.info.get("iteration")
+        if not isinstance(iteration, int) or isinstance(iteration, bool):
+            iteration = None
+    return running, iteration if last_iteration is None else last_iteration
 
 
 class ResultsCollector(Collector):
@@ -84,11 +86,9 @@ class ResultsCollector(Collector):
         yield last
         yield age
 
-        running, iteration = stress_status(self.state_dir)
+        running, iteration = stress_status(self.state_dir, snap["last_iteration"])
         yield GaugeMetricFamily("collbench_stress_running",
                                 "1 if the stress daemon's process is alive now, else 0.", value=running)
-        if snap["last_iteration"] is not None:
-            iteration = snap["last_iteration"]
         it = GaugeMetricFamily("collbench_stress_iteration",
                                "Plan pass of the stress daemon's newest record (from 1).")
         if iteration is not None:
