@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from conftest import wait_for
+
 from collbench.proctree import pid_alive
 from collbench.stress.daemon import backoff_delay, mpi_reason
 from collbench.stress.processes import TOKEN_ENV, environ_token
@@ -70,8 +72,10 @@ def test_start_status_log_servers_stop(stress):
     assert f"running (pid {pid}" in r.stdout
     for op, _size in TINY_STEPS:
         assert op in r.stdout
-    st = json.loads(s.run("status", "--json").stdout)
-    assert st["state"] == "running" and st["pid"] == pid and st["iteration"] >= 1
+    # the state file is rewritten at most once a second: give it that second
+    st = wait_for(lambda: (lambda st: st if st["iteration"] >= 1 else None)(
+        json.loads(s.run("status", "--json").stdout)), timeout=10, interval=0.3)
+    assert st and st["state"] == "running" and st["pid"] == pid and st["iteration"] >= 1
     assert {(x["op"], x["size_bytes"]) for x in st["last_results"]} == set(TINY_STEPS)
 
     r = s.run("log", "-n", "5")
