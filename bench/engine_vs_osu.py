@@ -126,7 +126,9 @@ def sign_test_p(agree, n):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=3, help="runs; per size the median over them is compared")
+    ap.add_argument("--runs", type=int, default=15,
+                    help="runs (default 15): per size the medians over them are compared; on a shared 2-core "
+                         "machine 3 runs leave single outliers of +-50 %% in the medians")
     ap.add_argument("--osu-dir", type=Path, help="OSU 7.4 osu_<op> binaries built with this MPI")
     ap.add_argument("--against", choices=("osu", "fixtures"),
                     help="reference: real OSU on this machine (default with --osu-dir) or the captured fixtures")
