@@ -11,6 +11,7 @@ import pytest
 from collbench import launcher, proctree
 from collbench.config import build_config
 from collbench.step_runner import JobTimeout, MpiJob, run_job, stderr_reason
+from conftest import wait_for
 from engine_helpers import is_gone
 
 PY = sys.executable
@@ -103,10 +104,11 @@ def test_stop_leaves_nothing_of_an_mpi_job_whose_ranks_ignore_sigterm(tmp_path):
     try:
         lines = job.lines(60)
         assert [next(lines), next(lines)] == ["rank-up", "rank-up"]
-        deadline = time.monotonic() + 10
-        while len(job.descendants()) < 4 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        before = job.descendants()
+        def settled():
+            # the escaped children exist a moment before their setsid(): wait for both sessions
+            pids = job.descendants()
+            return pids if len(pids) == 4 and sum(_sid(p) == p for p in pids) == 2 else None
+        before = wait_for(settled, timeout=20) or job.descendants()
         assert len(before) == 4  # two ranks (sleep) and their two escaped sleeps
         escaped = [pid for pid in before if _sid(pid) == pid]
         assert len(escaped) == 2
