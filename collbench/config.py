@@ -600,7 +600,7 @@ def apply_overrides(cfg, np=None, ops=None, sizes=None, iterations=None, datatyp
         if not names:
             ld.fail("--ops", f"expected a comma list of: {', '.join(OPS)}")
         known = {s.op for s in plan}
-        # An op named on the command line but absent from the plan runs at the plan's sizes.
+        # An op named on the command line but absent from the plan runs at 1MB (or no size), 100 iterations.
         extra = [n for n in names if n not in known]
         plan = [s for s in plan if s.op in names]
         for n in extra:

@@ -72,45 +72,13 @@ fi
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-cat > "$tmp/collbench-exporter.service" <<UNIT
-[Unit]
-Description=collbench Prometheus exporter (MPI collective results, RDMA congestion counters)
-Documentation=file://$prefix/docs/METRICS.md
-After=network-online.target
-Wants=network-online.target
-
-[Service]
-Type=simple
-User=$user
-ExecStart=$python -m collbench exporter --config /etc/collbench/collbench.yaml
-Restart=on-failure
-RestartSec=5
-NoNewPrivileges=true
-ProtectSystem=full
-ProtectHome=read-only
-
-[Install]
-WantedBy=multi-user.target
-UNIT
-cat > "$tmp/collbench-stress.service" <<UNIT
-[Unit]
-Description=collbench stress daemon (continuous MPI collectives across the hostfile)
-After=network-online.target
-Wants=network-online.target
-
-[Service]
-Type=simple
-User=$user
-ExecStart=$python -m collbench stress run --config /etc/collbench/collbench.yaml
-# the daemon stops its MPI job itself on SIGTERM; whatever is left after the timeout is killed
-KillMode=mixed
-TimeoutStopSec=60
-Restart=on-failure
-RestartSec=30
-
-[Install]
-WantedBy=multi-user.target
-UNIT
+# The units are deploy/*.service (the documented ones), with this prefix and user.
+units_src="$(cd "$(dirname "$0")/.." && pwd)/deploy"
+for unit in collbench-exporter.service collbench-stress.service; do
+  [ -f "$units_src/$unit" ] || die "$units_src/$unit not found (run from a collbench checkout)"
+  sed -e "s#/opt/collbench#$prefix#g" -e "s#^User=.*#User=$user#" -e '/^Group=/d' \
+    "$units_src/$unit" > "$tmp/$unit"
+done
 install_file "$tmp/collbench-exporter.service" "$units/collbench-exporter.service" 0644
 services=(collbench-exporter.service)
 if [ "$stress" = 1 ]; then

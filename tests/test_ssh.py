@@ -534,8 +534,8 @@ def test_deploy_exporter_script_writes_units_idempotently(tmp_path):
     res = run("--with-stress", "--prefix", "/srv/cb", "--user", "bench")
     assert res.returncode == 0, res.stderr
     unit = (root / "etc/systemd/system/collbench-exporter.service").read_text()
-    assert "ExecStart=/srv/cb/.venv/bin/python -m collbench exporter --config /etc/collbench/collbench.yaml" in unit
-    assert "User=bench" in unit
+    assert "ExecStart=/srv/cb/.venv/bin/collbench exporter --config /etc/collbench/collbench.yaml" in unit
+    assert "User=bench" in unit and "Group=" not in unit and "/opt/collbench" not in unit
     assert "stress run" in (root / "etc/systemd/system/collbench-stress.service").read_text()
     assert (root / "etc/collbench/collbench.yaml").read_text() == cfg.read_text()
     assert (root / "etc/collbench/hosts.txt").read_text() == "node1 slots=1\n"
@@ -561,3 +561,14 @@ def test_without_master_the_verbs_act_locally(tmp_path):
     cfg.write_text(f"state_dir: {tmp_path / 'state'}\nmaster: {{host: 198.18.0.254, connect_timeout: 1}}\n")
     res = _ctl(["status", "--local", "--config", str(cfg)])
     assert res.returncode == 3 and "stopped" in res.stdout, res.stderr
+
+
+def test_remote_state_dir_reaches_the_stress_verbs(sshd, tmp_path):
+    cfg = _config(tmp_path, sshd, remote_state_dir=str(tmp_path / "remote-state"),
+                  remote_config=str(tmp_path / "remote.yaml"))
+    res = _ctl(["status", "--upload-config", "--config", str(cfg), "--", "--json"])
+    assert res.returncode == 3, res.stderr                      # over SSH: stress status, stopped
+    assert json.loads(res.stdout)["state_dir"] == str(tmp_path / "remote-state")
+    # an explicit --state-dir after -- wins
+    res = _ctl(["status", "--upload-config", "--config", str(cfg), "--", "--json", "--state-dir", str(tmp_path / "other")])
+    assert json.loads(res.stdout)["state_dir"] == str(tmp_path / "other")

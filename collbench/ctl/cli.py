@@ -103,7 +103,11 @@ def run_verb(args):
     with open_master(cfg, args) as m:
         m.probe()
         rc_path = m.prepare_config(args.upload_config)
-        return m.stream(m.collbench_argv(*command, "--config", rc_path, *args.args), timeout=timeout)
+        extra = list(args.args)
+        # the daemon's state directory on the master, unless the operator passed one explicitly
+        if command[0] == "stress" and cfg.master.remote_state_dir and "--state-dir" not in extra:
+            extra = ["--state-dir", cfg.master.remote_state_dir] + extra
+        return m.stream(m.collbench_argv(*command, "--config", rc_path, *extra), timeout=timeout)
 
 
 def run_servers(args):

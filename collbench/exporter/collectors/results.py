@@ -46,7 +46,7 @@ class ResultsCollector(Collector):
         snap = self.state.snapshot()
         fams = {
             "avg": GaugeMetricFamily("collbench_latency_avg_seconds",
-                                     "Average latency of the collective (over iterations, slowest rank).",
+                                     "Average latency of the collective: the mean over ranks of each rank's average per call.",
                                      labels=SERIES_LABELS, unit="seconds"),
             "min": GaugeMetricFamily("collbench_latency_min_seconds",
                                      "Minimum latency of the collective over the ranks.",
