@@ -7,6 +7,15 @@ legacy names, dashboard reference) reads this table instead of branching on name
 from dataclasses import dataclass
 
 
+# bus_factor_kind -> busbw / algbw at n ranks (nccl-tests' PERFORMANCE.md)
+BUS_FACTORS = {
+    "allreduce": lambda n: 2.0 * (n - 1) / n,   # reduce-scatter + allgather
+    "ring": lambda n: (n - 1) / n,              # each rank lacks (n-1)/n of the data
+    "one": lambda n: 1.0,                       # every byte crosses once (bcast, reduce)
+    "none": lambda n: None,
+}
+
+
 @dataclass(frozen=True)
 class Op:
     name: str            # our name, also the engine's and the label value
@@ -15,7 +24,7 @@ class Op:
     reduction: bool      # takes an MPI_Op: validated on int/float, default datatype float
     has_size: bool       # barrier has none
     data_per_rank: bool  # S = size x n (allgather, alltoall) instead of S = size
-    bus_factor_kind: str  # "allreduce" 2(n-1)/n, "ring" (n-1)/n, "one" 1, "none"
+    bus_factor_kind: str  # a key of BUS_FACTORS
     legacy_name: str     # seed prototype's metric infix (mpi_<legacy>_latency_us), or ""
     training_use: str    # seed 001: what it means for training
 
@@ -24,14 +33,8 @@ class Op:
         return size_bytes * nranks if self.data_per_rank else size_bytes
 
     def bus_factor(self, nranks):
-        n = nranks
-        if self.bus_factor_kind == "allreduce":
-            return 2.0 * (n - 1) / n
-        if self.bus_factor_kind == "ring":
-            return (n - 1) / n
-        if self.bus_factor_kind == "one":
-            return 1.0
-        return None
+        """nccl-tests' factor from algbw to busbw, or None (barrier moves no data)."""
+        return BUS_FACTORS[self.bus_factor_kind](nranks)
 
     def bandwidth(self, size_bytes, nranks, latency_us):
         """(algbw, busbw) in bytes per second for one average latency; (None, None) if n/a."""
