@@ -9,10 +9,13 @@ file with a regular expression per size on every poll), in one run:
   3. start-up time on the 1 GiB log: to the first scrape that shows the latency series (process
      start, imports, backfill), and the backfill alone; also with every record "recent" (the
      backfill then stops at its byte budget);
-  4. scrape latency p50/p99 with 20 concurrent scrapers for 30 s on loopback, three ways:
-     each on its own 1 s interval (20 independent Prometheus servers), all 20 at the same
-     instant every second, and back to back with no pause (saturation: on a 2-core host the
-     20 scraper processes and the exporter share the CPUs, so that latency is queueing).
+  4. scrape latency p50/p99 with 20 concurrent scrapers for 30 s on loopback, four ways:
+     each on its own 1 s interval (20 independent Prometheus servers); the same with every
+     RDMA and ethtool counter moving every 20 ms (copies of the fixtures: the exporter formats
+     again only families that changed, so the static fixtures are its best case and this its
+     worst); all 20 at the same instant every second; and back to back with no pause
+     (saturation: on a 2-core host the 20 scraper processes and the exporter share the CPUs,
+     so that latency is queueing).
 
 The log is generated once in /tmp and reused; each run appends a fresh 15-minute window of
 records to it (what a running daemon would have written recently).
@@ -27,6 +30,7 @@ import multiprocessing
 import os
 import re
 import resource
+import shutil
 import socket
 import statistics
 import subprocess
@@ -187,12 +191,12 @@ def get(port, path="/metrics", timeout=10):
         conn.close()
 
 
-def start_exporter(path, extra=()):
+def start_exporter(path, extra=(), sysfs=None, ethtool=None):
     port = free_port()
     fixtures = os.path.join(REPO, "tests", "fixtures")
     cmd = [sys.executable, "-m", "collbench", "exporter", "--listen", f"127.0.0.1:{port}", "--results-log", path,
-           "--sysfs-root", os.path.join(fixtures, "sysfs-mlx5"), "--ethtool",
-           os.path.join(fixtures, "ethtool", "fake_ethtool"), "--procfs-root", "/proc", *extra]
+           "--sysfs-root", sysfs or os.path.join(fixtures, "sysfs-mlx5"), "--ethtool",
+           ethtool or os.path.join(fixtures, "ethtool", "fake_ethtool"), "--procfs-root", "/proc", *extra]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     while True:
@@ -205,10 +209,62 @@ def start_exporter(path, extra=()):
         except OSError:
             pass
         if time.perf_counter() - t0 > 60:
+            stop_exporter(proc)
             raise SystemExit("exporter did not serve the latency series within 60 s")
         time.sleep(0.01)
     ready = time.perf_counter() - t0
     return proc, port, ready
+
+
+def churning_fixtures(workdir):
+    """Copies of the sysfs and ethtool fixtures whose counters `churn` can move: the fixtures
+    are static, and the exporter formats again only the families that changed since the
+    previous scrape, so a static tree is its best case. Returns (sysfs root, ethtool command)."""
+    fixtures = os.path.join(REPO, "tests", "fixtures")
+    sysfs = os.path.join(workdir, "sysfs-churn")
+    ethtool_dir = os.path.join(workdir, "ethtool-churn")
+    for src, dst in ((os.path.join(fixtures, "sysfs-mlx5"), sysfs), (os.path.join(fixtures, "ethtool"), ethtool_dir)):
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(src, dst, symlinks=True)
+    return sysfs, os.path.join(ethtool_dir, "fake_ethtool")
+
+
+def churn(sysfs, ethtool_cmd, seconds, period):
+    """Every `period` s, add to every RDMA counter file and every ethtool counter (all of them
+    move on every scrape: the exporter's worst case), for at most `seconds`."""
+    counters = [os.path.join(d, f) for d, _, files in os.walk(sysfs) if os.path.basename(d) in ("counters", "hw_counters")
+                for f in files]
+    values = {}
+    for path in counters:
+        with open(path) as f:
+            try:
+                values[path] = int(f.read())
+            except ValueError:
+                pass     # "N/A (no PMA)" stays as it is
+    texts = {}
+    edir = os.path.dirname(ethtool_cmd)
+    for name in os.listdir(edir):
+        if name.endswith(".txt"):
+            with open(os.path.join(edir, name)) as f:
+                texts[os.path.join(edir, name)] = f.read().splitlines()
+    number = re.compile(r"^(\s*[A-Za-z0-9_.\[\]-]+:\s*)(\d+)\s*$")
+    spare = os.path.join(os.path.dirname(sysfs), "churn.tmp")
+    end = time.monotonic() + seconds
+    step = 0
+    while time.monotonic() < end:
+        step += 1
+        # Written beside the trees and renamed in: a reader never sees a half-written file
+        # (sysfs never shows one), nor a temporary name in a counters directory.
+        for path, v in values.items():
+            with open(spare, "w") as f:
+                f.write(f"{v + step * 7}\n")
+            os.replace(spare, path)
+        for path, lines in texts.items():
+            out = [number.sub(lambda m: f"{m.group(1)}{int(m.group(2)) + step * 3}", line) for line in lines]
+            with open(spare, "w") as f:
+                f.write("\n".join(out) + "\n")
+            os.replace(spare, path)
+        time.sleep(period)
 
 
 def stop_exporter(proc):
@@ -282,6 +338,8 @@ def main():
     ap.add_argument("--scrapers", type=int, default=20)
     ap.add_argument("--scrape-seconds", type=float, default=30.0, help="per scrape load mode")
     ap.add_argument("--scrape-interval", type=float, default=1.0, help="interval/burst modes: seconds between scrapes")
+    ap.add_argument("--churn-period", type=float, default=0.02,
+                    help="churn run: seconds between updates of every sysfs/ethtool counter (default 0.02)")
     ap.add_argument("--prototype-poll", nargs=2, metavar=("LOG", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.prototype_poll:
@@ -316,6 +374,22 @@ def main():
     series = get(port)[1].count("\n")
     backfilled, backfill_s = stop_exporter(proc)
 
+    print(f"{args.scrapers} scrapers x {args.scrape_seconds:.0f} s, interval, every counter moving "
+          f"every {args.churn_period * 1e3:g} ms ...", flush=True)
+    sysfs, ethtool_cmd = churning_fixtures(os.path.dirname(args.log))
+    mover = multiprocessing.Process(target=churn, args=(sysfs, ethtool_cmd, args.scrape_seconds + 90, args.churn_period))
+    mover.start()
+    try:
+        proc3, port3, _ = start_exporter(args.log, sysfs=sysfs, ethtool=ethtool_cmd)
+        time.sleep(3)
+        c0 = cpu_seconds(proc3.pid)
+        loads["churn"] = scrape_load(port3, args.scrapers, args.scrape_seconds, "interval", args.scrape_interval)
+        cpu["churn"] = cpu_seconds(proc3.pid) - c0
+        stop_exporter(proc3)
+    finally:
+        mover.terminate()
+        mover.join()
+
     print("exporter process: start-up with every record recent (byte budget bound) ...", flush=True)
     proc2, _, ready_worst = start_exporter(args.log, ["--max-age", "1e9"])
     hwm_worst = rss_kb(proc2.pid, "VmHWM")
@@ -342,10 +416,11 @@ def main():
         ("  of which backfill", f"{backfill2_s:.3f} s ({backfilled2} records, 8 MiB budget)", "", None),
     ]
     iv = args.scrape_interval
-    for mode, what in (("interval", f"each every {iv:g} s, own phase"), ("burst", f"all at once every {iv:g} s"),
-                       ("flat-out", "back to back (saturation)")):
+    for mode, what in (("interval", f"each every {iv:g} s, own phase"),
+                       ("churn", "own phase, counters moving"),
+                       ("burst", f"all at once every {iv:g} s"), ("flat-out", "back to back (saturation)")):
         lat, errors = loads[mode]
-        target = "< 10 ms" if mode == "interval" else ""
+        target = "< 10 ms" if mode in ("interval", "churn") else ""
         rows += [
             (f"scrape p50, {args.scrapers} scrapers {what}", f"{statistics.median(lat) * 1e3:.2f} ms", "", None),
             ("  exporter CPU per scrape (incl. its polls)", f"{cpu[mode] / max(1, len(lat)) * 1e3:.2f} ms", "", None),

@@ -25,7 +25,14 @@ from collbench.exporter.tailer import LogTailer, read_lines_backwards
 
 log = logging.getLogger("collbench.exporter")
 
-COLLECTORS = ("results", "rdma_sysfs", "ethtool", "netstat")
+# name (as in exporter.collectors) -> factory(exporter, device filter). A new source is one row here.
+COLLECTORS = {
+    "results": lambda ex, _: ResultsCollector(ex.state, ex.settings.state_dir, ex.clock),
+    "rdma_sysfs": lambda ex, dev_filter: RdmaSysfsCollector(ex.settings.sysfs_root, dev_filter),
+    "ethtool": lambda ex, dev_filter: EthtoolCollector(ex.settings.ethtool, ex.settings.netdevs,
+                                                       ex.settings.sysfs_root, dev_filter),
+    "netstat": lambda ex, _: NetstatCollector(ex.settings.procfs_root),
+}
 BACKFILL_BYTES = 8 << 20    # ~14000 records: 15 min of a busy plan is ~700
 
 
@@ -39,16 +46,7 @@ class Exporter:
         self.state = ResultsState(settings.max_age, clock=clock)
         self.tailer = LogTailer(settings.results_log, on_bad_line=self.state.bad_line)
         dev_filter = DeviceFilter(settings.device_include, settings.device_exclude)
-        built = []
-        for name in settings.collectors:
-            if name == "results":
-                built.append(ResultsCollector(self.state, settings.state_dir, clock))
-            elif name == "rdma_sysfs":
-                built.append(RdmaSysfsCollector(settings.sysfs_root, dev_filter))
-            elif name == "ethtool":
-                built.append(EthtoolCollector(settings.ethtool, settings.netdevs, settings.sysfs_root, dev_filter))
-            elif name == "netstat":
-                built.append(NetstatCollector(settings.procfs_root))
+        built = [COLLECTORS[name](self, dev_filter) for name in settings.collectors]
         if settings.legacy_metrics:
             built.append(LegacyCollector(self.state, settings.state_dir, clock))
         self.collectors = CollectorSet(built)

@@ -12,6 +12,7 @@ while the port is down, some say "N/A (no PMA)") is skipped, not fatal.
 
 import os
 import re
+import time
 
 from prometheus_client.core import CounterMetricFamily
 
@@ -77,46 +78,25 @@ def metric_name(prefix, counter):
     return f"{prefix}{name}"
 
 
-def read_counter(path):
-    # os.open/os.read: a scrape reads ~50 files per port; file objects would double the cost.
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        raw = os.read(fd, 64)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    try:
-        return int(raw)
-    except ValueError:
-        return None
-
-
 class RdmaSysfsCollector(Collector):
+    """Reads every counter file on each scrape. Which files exist (the directory listings, the
+    metric name and help of each) is worked out once and kept: a scrape then costs one open and
+    read per counter instead of two listdirs, sorts and path joins per port. The layout is rebuilt
+    when the device list changes (checked every scrape, one listdir), when a counter file has
+    vanished, and every `layout_seconds` (a driver reload can change a port's counter set)."""
+
     name = "rdma_sysfs"
 
-    def __init__(self, sysfs_root="/sys", device_filter=None):
+    def __init__(self, sysfs_root="/sys", device_filter=None, layout_seconds=60.0, clock=time.monotonic):
         self.sysfs_root = sysfs_root
         self.device_filter = device_filter or DeviceFilter()
+        self.layout_seconds = layout_seconds
+        self.clock = clock
+        self._layout = None      # (built at, device names, [(path, family, help, dev, port, scale)])
 
-    def collect(self):
+    def _build_layout(self, devices):
         root = infiniband_dir(self.sysfs_root)
-        if not os.path.isdir(root):
-            raise NoData(f"{root} does not exist (no RDMA devices on this host)")
-        devices = rdma_devices(self.sysfs_root, self.device_filter)
-        if not devices:
-            raise NoData(f"no RDMA device in {root} passes the device filters")
-        families = {}
-
-        def add(name, help_text, dev, port, value):
-            fam = families.get(name)
-            if fam is None:
-                fam = families[name] = CounterMetricFamily(name, help_text, labels=["device", "port"])
-            fam.add_metric([dev, port], value)
-
+        entries = []
         for dev in devices:
             ports_dir = os.path.join(root, dev, "ports")
             try:
@@ -126,25 +106,62 @@ class RdmaSysfsCollector(Collector):
             for port in ports:
                 hw = os.path.join(ports_dir, port, "hw_counters")
                 for counter in _listdir(hw):
-                    if counter in NOT_COUNTERS:
-                        continue
-                    value = read_counter(os.path.join(hw, counter))
-                    if value is not None:
-                        add(metric_name("collbench_rdma_", counter),
-                            f"RDMA hw_counters/{counter} of the port (driver counter).", dev, port, value)
+                    if counter not in NOT_COUNTERS:
+                        entries.append((os.path.join(hw, counter), metric_name("collbench_rdma_", counter),
+                                        f"RDMA hw_counters/{counter} of the port (driver counter).", dev, port, 1))
                 pc = os.path.join(ports_dir, port, "counters")
                 for counter in _listdir(pc):
-                    value = read_counter(os.path.join(pc, counter))
-                    if value is None:
-                        continue
                     if counter in WORD_COUNTERS:
-                        add(WORD_COUNTERS[counter],
-                            f"RDMA port counters/{counter} in bytes (the file counts 4-byte words).",
-                            dev, port, value * 4)
+                        entries.append((os.path.join(pc, counter), WORD_COUNTERS[counter],
+                                        f"RDMA port counters/{counter} in bytes (the file counts 4-byte words).",
+                                        dev, port, 4))
                     else:
                         short = counter[len("port_"):] if counter.lower().startswith("port_") else counter
-                        add(metric_name("collbench_rdma_port_", short),
-                            f"RDMA port counters/{counter} (IB port counter).", dev, port, value)
+                        entries.append((os.path.join(pc, counter), metric_name("collbench_rdma_port_", short),
+                                        f"RDMA port counters/{counter} (IB port counter).", dev, port, 1))
+        return (self.clock(), devices, entries)
+
+    def collect(self):
+        root = infiniband_dir(self.sysfs_root)
+        try:
+            listed = os.listdir(root)
+        except OSError:
+            self._layout = None
+            if not os.path.isdir(root):
+                raise NoData(f"{root} does not exist (no RDMA devices on this host)") from None
+            listed = []
+        devices = sorted(n for n in listed if self.device_filter(n))
+        if not devices:
+            raise NoData(f"no RDMA device in {root} passes the device filters")
+        layout = self._layout
+        if layout is None or layout[1] != devices or self.clock() - layout[0] >= self.layout_seconds:
+            layout = self._layout = self._build_layout(devices)
+        families = {}
+        vanished = False
+        for path, name, help_text, dev, port, scale in layout[2]:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                vanished = True
+                continue
+            except OSError:
+                continue
+            try:
+                raw = os.read(fd, 64)
+            except OSError:
+                continue    # e.g. EINVAL while the port is down
+            finally:
+                os.close(fd)
+            try:
+                value = int(raw)
+            except ValueError:
+                continue    # "N/A (no PMA)"
+            fam = families.get(name)
+            if fam is None:
+                fam = families[name] = CounterMetricFamily(name, help_text, labels=["device", "port"])
+            fam.add_metric([dev, port], value * scale)
+        if vanished:
+            self._layout = None     # a port or counter went away: list again on the next scrape
         return [families[k] for k in sorted(families)]
 
 
