@@ -20,6 +20,7 @@ from collbench.launcher import build_command
 from collbench.ops import get_op
 from collbench.osu_parser import OsuOutputError, parse_output
 from collbench.records import failure_record, result_record
+from collbench.step_runner import run_job, stderr_reason
 
 # OSU 7.4 `-T` accepts mpi_char, mpi_int, mpi_float (and all); it has no double.
 OSU_DATATYPES = {"char": "MPI_CHAR", "int": "MPI_INT", "float": "MPI_FLOAT"}
@@ -118,7 +119,6 @@ def preflight(cfg, steps):
 
 def run_steps(cfg, steps, ctx, on_progress=None):
     """Run each step as its own OSU job; yield one result or failure record per step."""
-    from collbench.step_runner import run_job  # the shared job runner (timeouts, stderr tail)
 
     steps = list(steps)
     osu_dir = preflight(cfg, steps)
@@ -126,24 +126,6 @@ def run_steps(cfg, steps, ctx, on_progress=None):
         if on_progress is not None:
             on_progress(index, len(steps), step)
         yield run_step(cfg, step, ctx, osu_dir, run_job)
-
-
-def _stderr_reason(stderr_tail):
-    """The line of MPI's stderr that says what went wrong, for a one-line error.
-
-    mpirun wraps its own explanations in ----- boxes ("Primary job terminated normally, but 1
-    process returned..."); a line outside them is the program's own message (OSU's
-    "Invalid option [-T]", "This test requires at least two processes"), so the last such line
-    wins, else the first line of mpirun's first box.
-    """
-    outside, boxed, in_box = [], [], False
-    for ln in (stderr_tail or "").splitlines():
-        s = ln.strip()
-        if s and set(s) <= set("-="):
-            in_box = not in_box
-        elif s:
-            (boxed if in_box else outside).append(s)
-    return outside[-1] if outside else (boxed[0] if boxed else "")
 
 
 def run_step(cfg, step, ctx, osu_dir, run_job):
@@ -169,7 +151,7 @@ def run_step(cfg, step, ctx, osu_dir, run_job):
         reason = str(e)
         if job.returncode:
             # OSU (or MPI) says why on stderr: "Invalid option [-T]", "This test requires ..."
-            detail = _stderr_reason(job.stderr_tail)
+            detail = stderr_reason(job.stderr_tail, program_prefix=None)
             reason = f"exit code {job.returncode}: {detail}" if detail else f"exit code {job.returncode}; {reason}"
         if "usage text" in str(e) and any(f in program for f in ("-T", "-c")):
             reason += " (OSU 5.x has no -T or -c: run it with datatype char and validate false)"
@@ -183,7 +165,8 @@ def run_step(cfg, step, ctx, osu_dir, run_job):
         return fail(f"OSU printed no row for size {size}")
     validation = row.validation or ("fail" if out.validation_error else "off")
     if job.returncode and validation != "fail":
-        return fail(f"exit code {job.returncode}: {_stderr_reason(job.stderr_tail) or 'after printing its result'}")
+        why = stderr_reason(job.stderr_tail, program_prefix=None) or "after printing its result"
+        return fail(f"exit code {job.returncode}: {why}")
     return result_record(ctx, op.name, size, step.datatype, row.avg_us, row.min_us, row.max_us,
                          row.iterations or step.iterations, step.warmup, validation=validation,
                          straggler_rank=None, ts=t_end)

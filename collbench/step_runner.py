@@ -195,14 +195,15 @@ _RANK_DIED = re.compile(r"noticed that process rank \d+ .*(exited|signal)|exited
 def stderr_reason(stderr_tail, program_prefix="collbench-engine:"):
     """The one line of a job's stderr that best says what went wrong ("" if none).
 
-    mpirun's note of a rank that died wins; then the program's own last message; then the
-    last line outside mpirun's ----- boxes; then the first line inside one.
+    mpirun's note of a rank that died wins; then the program's own last message (lines
+    starting with program_prefix; None for programs without one, such as OSU); then the last
+    line outside mpirun's ----- boxes; then the first line inside one.
     """
     lines = [ln.strip() for ln in (stderr_tail or "").splitlines()]
     for ln in lines:
         if _RANK_DIED.search(ln):
             return ln
-    own = [ln for ln in lines if ln.startswith(program_prefix)]
+    own = [ln for ln in lines if program_prefix and ln.startswith(program_prefix)]
     if own:
         return own[-1]
     outside, boxed, in_box = [], [], False

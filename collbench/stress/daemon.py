@@ -29,6 +29,7 @@ import uuid
 
 from collbench import launcher, proctree, records
 from collbench.sizes import format_size
+from collbench.step_runner import JobResult, JobTimeout, MpiJob, stderr_reason
 from collbench.stress import processes
 from collbench.stress.results_log import ResultsLog
 from collbench.stress.state import (STOPPED, DaemonLock, read_pid_file, read_state, remove_pid_file,
@@ -272,7 +273,6 @@ class Daemon:
     def _run_engine_job(self, loop):
         """The built-in engine over the whole plan: looping forever (loop) or one pass."""
         from collbench import builtin_engine
-        from collbench.step_runner import JobTimeout, MpiJob
 
         plan_path = os.path.join(self.paths.state_dir, "stress-plan.txt")
         argv, env = builtin_engine.engine_command(self.cfg, self.plan, plan_path, loop=loop,
@@ -360,7 +360,6 @@ class Daemon:
     def _run_mpi_job(self, argv, env, idle_timeout, on_line):
         """step_runner.run_job's contract, with our token, output log and stop handling."""
         import subprocess
-        from collbench.step_runner import JobResult, JobTimeout, MpiJob
         job = MpiJob(argv, self._job_env(env), output_log=self.mpi_log)
         self._start_job(job)
         timed_out = False
@@ -423,7 +422,7 @@ class Daemon:
         where = ""
         if step is not None:
             where = f" during {step.op}" + (f" {format_size(step.size_bytes)}" if step.size_bytes else "")
-        why = "" if timed_out else mpi_reason(tail)
+        why = "" if timed_out else stderr_reason(tail)
         text = f"{error}{where} (iteration {self._failure_iteration()})"
         if why and why not in text:
             text += f": {why}"
@@ -511,25 +510,6 @@ class RawOutputLog:
 
 
 # Lines of MPI's stderr that say why a job died, most specific first.
-_REASON_KEYS = ("noticed that process", "exited on signal", "validation failed", "not enough slots",
-                "unreachable", "timed out", "abort", "killed", "error", "failed", "cannot", "could not")
-
-
-def mpi_reason(stderr_tail):
-    """The most telling line of MPI's stderr: a known message, else the first line of an
-    OpenMPI help block (the text after a '-----' rule), else the last line."""
-    lines = [x.strip() for x in (stderr_tail or "").splitlines()]
-    text = [x for x in lines if x and not set(x) <= set("-=*")]
-    for key in _REASON_KEYS:
-        for line in text:
-            if key in line.lower():
-                return line
-    for i, line in enumerate(lines[:-1]):
-        if line and set(line) <= set("-") and lines[i + 1] and not set(lines[i + 1]) <= set("-"):
-            return lines[i + 1]
-    return text[-1] if text else ""
-
-
 def _signal_group(pid, sig):
     """Signal a job's process group (it is started as its own group), or the pid alone."""
     try:
