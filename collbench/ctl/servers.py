@@ -208,20 +208,13 @@ def check_all(cfg, timeout=10.0, accept_new_host_key=False):
     return {"checked_at": now, "hosts": out}
 
 
-def _fmt_age(s):
-    if s is None:
-        return "?"
-    s = int(s)
-    return f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h"
-
-
 def format_table(report):
     """The console table: one row per host, unreachable ones with their reason."""
     head = ("HOST", "STATE", "HOSTNAME", "ENGINE PROCS", "CPU%", "LOAD", "RDMA", "LAST RESULT")
     rows = []
     for r in report["hosts"]:
         lr = r.get("last_result")
-        last = "-" if not lr else (f"{_fmt_age(lr.get('age_s'))} ago {lr.get('op')} {lr.get('size')} "
+        last = "-" if not lr else (f"{processes.format_duration(lr.get('age_s'))} ago {lr.get('op')} {lr.get('size')} "
                                    f"{lr.get('verdict') or ''}").strip()
         if not r["reachable"]:
             rows.append((r["host"], r.get("error_kind") or "down", "-", "-", "-", "-", "-", last))

@@ -105,7 +105,7 @@ def cmd_start(args):
     cfg, paths = resolve(args)
     st = daemon_status(paths)
     if st.state == RUNNING:
-        print(f"collbench stress: already running (pid {st.pid}, up {_age(time.time() - st.info.get('started', time.time()))}, "
+        print(f"collbench stress: already running (pid {st.pid}, up {processes.format_duration(time.time() - st.info.get('started', time.time()))}, "
               f"state dir {paths.state_dir}); not starting a second daemon", file=sys.stderr)
         return EXIT_START_FAILED
     paths.ensure()
@@ -369,19 +369,19 @@ def render_status(st, paths, results, last, leftovers):
     info, now = st.info, time.time()
     lines = []
     if st.state == RUNNING:
-        lines.append(f"collbench stress: running (pid {st.pid}, up {_age(now - info.get('started', now))}, "
+        lines.append(f"collbench stress: running (pid {st.pid}, up {processes.format_duration(now - info.get('started', now))}, "
                      f"iteration {info.get('iteration', 0)}, {info.get('status', '?')})")
         lines.append(f"  mode {info.get('mode')}, engine {info.get('engine')}, job pid {info.get('job_pid') or '-'}, "
-                     f"relaunches {info.get('relaunches', 0)}, state updated {_age(now - info.get('updated', now))} ago")
+                     f"relaunches {info.get('relaunches', 0)}, state updated {processes.format_duration(now - info.get('updated', now))} ago")
     elif st.state == CRASHED:
         lines.append(f"collbench stress: crashed ({st.reason})")
         if info.get("updated"):
-            lines.append(f"  last state update {_age(now - info['updated'])} ago at iteration {info.get('iteration', 0)}; "
+            lines.append(f"  last state update {processes.format_duration(now - info['updated'])} ago at iteration {info.get('iteration', 0)}; "
                          "`collbench stress start` replaces the stale pid file, `stop` cleans up")
     else:
         lines.append("collbench stress: stopped")
         if info.get("updated"):
-            lines.append(f"  last ran until {_age(now - info['updated'])} ago "
+            lines.append(f"  last ran until {processes.format_duration(now - info['updated'])} ago "
                          f"({info.get('stop_reason') or 'clean stop'}), iteration {info.get('iteration', 0)}")
     if leftovers:
         lines.append(f"  WARNING: {len(leftovers)} process(es) of the dead daemon still running: "
@@ -392,7 +392,7 @@ def render_status(st, paths, results, last, leftovers):
         lines.append(f"  config    {info['config']}")
     fail = last["failure"]
     if fail:
-        lines.append(f"  last failure {_age(now - fail.get('ts', now))} ago: {fail.get('error')}")
+        lines.append(f"  last failure {processes.format_duration(now - fail.get('ts', now))} ago: {fail.get('error')}")
     res = sorted(last["results"], key=lambda r: (str(r.get("op")), r.get("size_bytes") or 0))
     if not res:
         lines.append("  no results yet")
@@ -403,7 +403,7 @@ def render_status(st, paths, results, last, leftovers):
         lines.append(f"  {r.get('op', '?'):<15}{r.get('size', '?'):>7}{format_latency(r.get('latency_avg_us')):>12}"
                      f"{format_latency(r.get('latency_max_us')):>12}{_bw(r.get('busbw_bytes_per_s')):>12}  "
                      f"{str(r.get('verdict') or '-'):<9}{str(r.get('iteration', '-')):>6}"
-                     f"{_age(now - r.get('ts', now)):>9}")
+                     f"{processes.format_duration(now - r.get('ts', now)):>9}")
     return lines
 
 
@@ -504,17 +504,6 @@ def _local_names():
 
 
 # ---------------------------------------------------------------- formatting
-
-def _age(seconds):
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
 
 def _bw(bps):
     if bps is None:

@@ -135,19 +135,22 @@ def format_host(label, data, error=None):
             cpu = "?" if p["cpu_percent"] is None else f"{p['cpu_percent']:.1f}"
             mark = "" if p["ours"] is None else ("  [daemon]" if p["ours"] else "  [not the daemon's]")
             lines.append(f"  {p['pid']:>7} {p['ppid']:>7} {p['pgid']:>7} {cpu:>6} "
-                         f"{p['rss_bytes'] / 2**20:>7.1f}M {_dur(p['elapsed_s']):>8}  {p['name']}{mark}")
+                         f"{p['rss_bytes'] / 2**20:>7.1f}M {format_duration(p['elapsed_s']):>8}  {p['name']}{mark}")
     return lines
 
 
-def _dur(seconds):
+def format_duration(seconds):
+    """45s / 3m05s / 2h00m / 1d03h ("?" if unknown): ages and uptimes in every console table."""
     if seconds is None:
         return "?"
-    s = int(seconds)
-    if s >= 86400:
-        return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-    if s >= 3600:
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def main(argv=None):
