@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(openmpi-bin libopenmpi-dev libucx0 ucx-utils openssh-server openssh-client
-              prometheus prometheus-alertmanager iproute2 procps ethtool python3-venv)
+              prometheus prometheus-alertmanager iproute2 procps ethtool python3-venv
+              mpich libmpich-dev slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins chromium)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
