@@ -1,4 +1,4 @@
-"""PFC / pause counters from `ethtool -S <netdev>` (mlx5 names), run at scrape time.
+"""PFC / pause counters of `ethtool -S <netdev>` (mlx5 names), read at scrape time.
 
   rx|tx_prio<p>_pause            -> collbench_ethtool_pause_frames_total{netdev,direction,priority}
   rx|tx_prio<p>_pause_duration   -> collbench_ethtool_pause_duration_seconds_total (mlx5 counts microseconds)
@@ -8,11 +8,20 @@
   tx_pause_storm_warning_events  -> collbench_ethtool_pause_storm_warning_events_total{netdev}
   tx_pause_storm_error_events    -> collbench_ethtool_pause_storm_error_events_total{netdev}
 
-Netdevs: `exporter.netdevs`, else the RDMA devices' netdevs from sysfs. One ethtool run per
-netdev with a timeout. Forking ethtool costs milliseconds, so scrapes share runs: a run is
-reused for `cache_seconds` (1 s) and refreshed in the background, so twenty scrapers neither
-fork twenty ethtools nor wait on one. A netdev without these counters (lo, veth) gives no
-series; a missing ethtool or a failing netdev is logged once.
+Netdevs: `exporter.netdevs`, else the RDMA devices' netdevs from sysfs.
+
+How the statistics are read: with `exporter.ethtool` left at `ethtool` (the default), by the
+SIOCETHTOOL ioctl that `ethtool -S` itself uses (`ethtool_ioctl.py`: three syscalls, no fork),
+and by running `ethtool -S` only for a netdev where the ioctl cannot be used. Any other value
+is a command run as `CMD -S NETDEV` (with a timeout) for every netdev: a wrapper, an ethtool at
+another path, or the tests' stand-in printing captured mlx5 output.
+
+Either way the driver is asked at most once per `cache_seconds` (1 s): mlx5 answers a
+statistics query with firmware commands under the RTNL lock, so twenty scrapers must not
+make twenty queries. The first scrape reads itself; later scrapes get the last reading and,
+when it is due, start the next one in the background, so no scrape waits on the driver or a
+fork. A netdev without these counters (lo, veth) gives no series; a missing ethtool or a
+failing netdev is logged once.
 """
 
 import logging
@@ -26,11 +35,14 @@ import time
 from prometheus_client.core import CounterMetricFamily
 
 from collbench.exporter.collectors import Collector, DeviceFilter, LogOnce, NoData
+from collbench.exporter.collectors.ethtool_ioctl import EthtoolStatsReader, IoctlUnavailable, NoStats
 from collbench.exporter.collectors.rdma_sysfs import device_netdevs, rdma_devices
 
 _LINE = re.compile(r"^\s*([A-Za-z0-9_.\[\]-]+):\s*(-?\d+)\s*$")
 _PRIO = re.compile(r"^(rx|tx)_prio(\d)_pause(_duration|_transition)?$")
 _CTRL = re.compile(r"^(rx|tx)_pause_ctrl_phy$")
+_SINGLE = {"rx_discards_phy": "discards", "tx_pause_storm_warning_events": "storm_warn",
+           "tx_pause_storm_error_events": "storm_err"}
 PAUSE_DURATION_UNIT = 1e-6   # mlx5: rx/tx_prio<p>_pause_duration in microseconds
 
 
@@ -42,6 +54,24 @@ def parse_ethtool_stats(text):
         if m:
             out[m.group(1)] = int(m.group(2))
     return out
+
+
+def classify(name):
+    """(family key, labels after netdev) of an exported statistic; None for the others."""
+    m = _PRIO.match(name)
+    if m:
+        direction, prio, kind = m.groups()
+        return {"_duration": "duration", "_transition": "transitions"}.get(kind, "frames"), (direction, prio)
+    m = _CTRL.match(name)
+    if m:
+        return "ctrl", (m.group(1),)
+    key = _SINGLE.get(name)
+    return (key, ()) if key else None
+
+
+def exported_indices(names):
+    """Indices of the statistics this collector exports: the ioctl reader keeps only those."""
+    return [i for i, name in enumerate(names) if classify(name) is not None]
 
 
 def families_for(stats_by_netdev):
@@ -66,27 +96,14 @@ def families_for(stats_by_netdev):
     storm_err = CounterMetricFamily("collbench_ethtool_pause_storm_error_events",
                                     "Pause storm errors: the device stopped sending pause frames "
                                     "(ethtool -S tx_pause_storm_error_events).", labels=["netdev"])
+    families = {"frames": frames, "duration": duration, "transitions": transitions, "ctrl": ctrl,
+                "discards": discards, "storm_warn": storm_warn, "storm_err": storm_err}
     for netdev, stats in sorted(stats_by_netdev.items()):
         for name, value in sorted(stats.items()):
-            m = _PRIO.match(name)
-            if m:
-                direction, prio, kind = m.groups()
-                if kind == "_duration":
-                    duration.add_metric([netdev, direction, prio], value * PAUSE_DURATION_UNIT)
-                elif kind == "_transition":
-                    transitions.add_metric([netdev, direction, prio], value)
-                else:
-                    frames.add_metric([netdev, direction, prio], value)
-                continue
-            m = _CTRL.match(name)
-            if m:
-                ctrl.add_metric([netdev, m.group(1)], value)
-            elif name == "rx_discards_phy":
-                discards.add_metric([netdev], value)
-            elif name == "tx_pause_storm_warning_events":
-                storm_warn.add_metric([netdev], value)
-            elif name == "tx_pause_storm_error_events":
-                storm_err.add_metric([netdev], value)
+            kind = classify(name)
+            if kind is not None:
+                key, labels = kind
+                families[key].add_metric([netdev, *labels], value * PAUSE_DURATION_UNIT if key == "duration" else value)
     return [f for f in (frames, duration, transitions, ctrl, discards, storm_warn, storm_err) if f.samples]
 
 
@@ -94,8 +111,12 @@ class EthtoolCollector(Collector):
     name = "ethtool"
 
     def __init__(self, command="ethtool", netdevs=None, sysfs_root="/sys", device_filter=None,
-                 timeout=2.0, cache_seconds=1.0):
+                 timeout=2.0, cache_seconds=1.0, use_ioctl=None):
         self.argv = shlex.split(command) if command else ["ethtool"]
+        # The plain default means "ethtool's statistics": read by ioctl, forking ethtool only
+        # where that is refused. Any other command is run as given.
+        self.use_ioctl = self.argv == ["ethtool"] if use_ioctl is None else use_ioctl
+        self.reader = EthtoolStatsReader(select=exported_indices) if self.use_ioctl else None
         self.netdevs = netdevs
         self.sysfs_root = sysfs_root
         self.device_filter = device_filter or DeviceFilter()
@@ -116,12 +137,22 @@ class EthtoolCollector(Collector):
                 names += [n for n in device_netdevs(self.sysfs_root, dev) if n not in names]
         return [n for n in names if self.device_filter(n) or (self.netdevs is None)]
 
+    def _read_ioctl(self, netdev):
+        """{name: value}, None (no statistics), or IoctlUnavailable."""
+        try:
+            return dict(self.reader.read(netdev))
+        except NoStats as e:
+            self._log_once(logging.INFO, "ethtool statistics of %s: %s", netdev, e)
+            return None
+
     def _run(self, netdev):
+        """{name: value} from `CMD -S netdev`, or None."""
         try:
             proc = subprocess.run(self.argv + ["-S", netdev], capture_output=True, timeout=self.timeout,
                                   text=True, errors="replace", stdin=subprocess.DEVNULL)
         except FileNotFoundError:
-            raise NoData(f"{self.argv[0]} not found (install ethtool or set exporter.ethtool)") from None
+            self._log_once(logging.INFO, "%s not found (install ethtool or set exporter.ethtool)", self.argv[0])
+            return None
         except subprocess.TimeoutExpired:
             self._log_once(logging.WARNING, "ethtool -S %s: no answer within %.0f s", netdev, self.timeout)
             return None
@@ -136,10 +167,28 @@ class EthtoolCollector(Collector):
         netdevs = self.target_netdevs()
         if not netdevs:
             raise NoData("no netdevs: set exporter.netdevs, or no RDMA device has one")
-        if shutil.which(self.argv[0]) is None:
-            raise NoData(f"{self.argv[0]} not found (install ethtool or set exporter.ethtool)")
         stats = {}
+        forked = []
         for n in netdevs:
+            if self.reader is not None:
+                try:
+                    s = self._read_ioctl(n)
+                except IoctlUnavailable as e:
+                    self._log_once(logging.INFO, "ethtool statistics of %s: ioctl not possible (%s): "
+                                   "running %s -S instead", n, e, self.argv[0])
+                    forked.append(n)
+                    continue
+            else:
+                forked.append(n)
+                continue
+            if s is not None:
+                stats[n] = s
+        if forked and shutil.which(self.argv[0]) is None:
+            if not stats:
+                raise NoData(f"{self.argv[0]} not found (install ethtool or set exporter.ethtool)")
+            self._log_once(logging.INFO, "%s not found: no statistics for %s", self.argv[0], ", ".join(forked))
+            forked = []
+        for n in forked:
             s = self._run(n)
             if s is not None:
                 stats[n] = s
@@ -158,9 +207,9 @@ class EthtoolCollector(Collector):
             self._refreshing = False
 
     def collect(self):
-        # The first scrape runs ethtool itself. After that a scrape never waits on a fork: it
-        # gets the last run (at most cache_seconds + one run old) and, if that is due, starts
-        # the next run in the background. Concurrent scrapes share one run either way.
+        # The first scrape reads itself. After that a scrape never waits on the driver or a
+        # fork: it gets the last reading (at most cache_seconds + one reading old) and, if that
+        # is due, starts the next one in the background. Concurrent scrapes share one either way.
         with self._lock:
             if self._cache is None:
                 self._refreshing = True
