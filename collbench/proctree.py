@@ -122,6 +122,41 @@ def cmdline(pid, proc_root="/proc"):
     return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
 
 
+def child_pids(pid, proc_root="/proc"):
+    """Pids whose parent is pid, zombies included (/proc/<pid>/task/*/children, else a full scan)."""
+    base = f"{proc_root}/{pid}/task"
+    try:
+        tasks = os.listdir(base)
+        out = []
+        for tid in tasks:
+            with open(f"{base}/{tid}/children") as f:
+                out += [int(x) for x in f.read().split()]
+        return out
+    except FileNotFoundError:     # a kernel without CONFIG_PROC_CHILDREN (or pid gone)
+        if not os.path.isdir(f"{proc_root}/{pid}"):
+            return []
+    except (OSError, ValueError):
+        pass
+    return [p for p, st in all_stats(proc_root).items() if st.ppid == pid]
+
+
+def open_paths(pid, proc_root="/proc"):
+    """Paths of the files pid holds open (/proc/<pid>/fd links; a deleted file's ends in
+    ' (deleted)'); [] if unreadable (another user's process, or gone)."""
+    base = f"{proc_root}/{pid}/fd"
+    try:
+        fds = os.listdir(base)
+    except OSError:
+        return []
+    out = []
+    for fd in fds:
+        try:
+            out.append(os.readlink(f"{base}/{fd}"))
+        except OSError:
+            pass
+    return out
+
+
 def net_namespace(pid, proc_root="/proc"):
     """The network namespace of pid ('net:[4026531840]'), None if unreadable."""
     try:

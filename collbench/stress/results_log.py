@@ -10,9 +10,12 @@ resumes from the highest `seq` found at the end of the newest file that holds on
 """
 
 import json
+import logging
 import os
 
-from collbench.records import dumps
+from collbench.records import dumps, event_record
+
+log = logging.getLogger("collbench.stress")
 
 # How far back from the end of a file to look for the last record's seq on open. Records are
 # well under 4 KB; the window is generous so a burst of unparsable lines does not hide it.
@@ -20,17 +23,32 @@ _TAIL_WINDOW = 256 * 1024
 
 
 class ResultsLog:
-    """Append records to `path`, giving each the next `seq`; rotate past `rotate_bytes`."""
+    """Append records to `path`, giving each the next `seq`; rotate past `rotate_bytes`.
 
-    def __init__(self, path, rotate_bytes, rotate_keep):
+    The log survives what an operator or logrotate does to it: before each record it checks
+    (one stat) that `path` still names the file it holds open. Renamed away or deleted, it
+    reopens `path` and writes a `log_reopened` event first; a record that went into a file
+    deleted during the write is written again (same seq). A rotation that fails (a name it
+    cannot rename or delete) becomes a `rotate_failed` event and the log keeps writing the
+    file it has. There is always an open descriptor, and seq never skips or repeats.
+    """
+
+    def __init__(self, path, rotate_bytes, rotate_keep, event_fields=None):
         self.path = path
         self.rotate_bytes = rotate_bytes
         self.rotate_keep = rotate_keep
+        # pid, run_id ... of the log's own events (log_reopened, rotate_failed)
+        self.event_fields = dict(event_fields or {"pid": os.getpid()})
         self.rotations = 0
+        self.reopens = 0
+        self.rotate_failures = 0
+        self.written = 0                # records written by this object, its own events included
+        self._rotate_retry_at = 0       # after a failed rotation: the size at which to try again
         os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
         self.last_seq = last_seq_in(self.rotated_paths(include_live=True))
         self._fd = None
-        self._open()
+        self._id = None                 # (st_dev, st_ino) of the file self._fd is
+        self._adopt(self._open_new())
 
     # ------------------------------------------------------------------ files
 
@@ -40,16 +58,27 @@ class ResultsLog:
         return paths + [f"{self.path}.{i}" for i in range(1, self.rotate_keep + 1)
                         if os.path.exists(f"{self.path}.{i}")]
 
-    def _open(self):
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        # A crash mid-write can leave a line without its newline: end it, so the next record
-        # starts on a line of its own (the fragment stays one unparsable line for readers).
-        size = os.fstat(self._fd).st_size
-        if size:
-            with open(self.path, "rb") as f:
-                f.seek(size - 1)
-                if f.read(1) != b"\n":
-                    _write_all(self._fd, b"\n")
+    def _open_new(self):
+        """A descriptor on `path` (created, with its directory, if missing); raises OSError."""
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)) or ".", exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            # A crash mid-write can leave a line without its newline: end it, so the next record
+            # starts on a line of its own (the fragment stays one unparsable line for readers).
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                _write_all(fd, b"\n")
+        except OSError:
+            os.close(fd)
+            raise
+        return fd
+
+    def _adopt(self, fd):
+        """Write to fd from now on; close the previous descriptor (never before: no moment without one)."""
+        st = os.fstat(fd)
+        old, self._fd, self._id = self._fd, fd, (st.st_dev, st.st_ino)
+        if old is not None:
+            os.close(old)
 
     def close(self):
         if self._fd is not None:
@@ -62,6 +91,47 @@ class ResultsLog:
     def __exit__(self, *exc):
         self.close()
 
+    # ------------------------------------------------------------------ renamed or deleted under us
+
+    def moved(self):
+        """None while `path` is the file we write; else 'deleted' or 'renamed' (what became of ours)."""
+        try:
+            st = os.stat(self.path)
+            if (st.st_dev, st.st_ino) == self._id:
+                return None
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return None              # cannot tell (permissions, I/O): keep writing what we have
+        return "deleted" if os.fstat(self._fd).st_nlink == 0 else "renamed"
+
+    def check(self):
+        """Reopen `path` if our file was renamed or deleted (also between records, from a timer).
+
+        True if it reopened. A path that cannot be opened leaves the old descriptor in use
+        (logged); the next record tries again.
+        """
+        reason = self.moved()
+        return self._reopen(reason) if reason else False
+
+    def _reopen(self, reason, first=b""):
+        """Open `path` anew; write `first` (a record the deleted file swallowed), then the event."""
+        try:
+            fd = self._open_new()
+        except OSError as e:
+            log.error("results log %s was %s and cannot be reopened: %s; still writing the old file",
+                      self.path, reason, e)
+            return False
+        self._adopt(fd)
+        self.reopens += 1
+        if first:
+            _write_all(self._fd, first)
+        log.warning("results log %s was %s under the daemon: reopened it", self.path, reason)
+        self._write(event_record("log_reopened", detail=f"{self.path} was {reason} while open; "
+                                                        "reopened it and carried on",
+                                 file=self.path, reason=reason, **self.event_fields))
+        return True
+
     # ------------------------------------------------------------------ writing
 
     def append(self, record):
@@ -69,21 +139,53 @@ class ResultsLog:
 
         Returns the record (with seq). The caller's dict is updated in place.
         """
+        self.check()
+        data = self._write(record)
+        if os.fstat(self._fd).st_nlink == 0:
+            # deleted between the check and the write: the record went with the file
+            self._reopen("deleted", first=data)
+        self._maybe_rotate()
+        return record
+
+    def _write(self, record):
         record["seq"] = self.last_seq + 1
         data = (dumps(record) + "\n").encode("utf-8")
         _write_all(self._fd, data)
         self.last_seq = record["seq"]
-        if self.rotate_bytes and os.fstat(self._fd).st_size >= self.rotate_bytes:
+        self.written += 1
+        return data
+
+    def _maybe_rotate(self):
+        if not self.rotate_bytes:
+            return
+        size = os.fstat(self._fd).st_size
+        if size < max(self.rotate_bytes, self._rotate_retry_at):
+            return
+        try:
             self.rotate()
-        return record
+        except OSError as e:
+            # Keep writing the file we have; try again once it has grown by a tenth of the limit.
+            self._rotate_retry_at = size + max(self.rotate_bytes // 10, 4096)
+            self.rotate_failures += 1
+            log.error("cannot rotate results log %s: %s", self.path, e)
+            self._write(event_record("rotate_failed", detail=f"cannot rotate {self.path}: {e}; still "
+                                                             "writing to it, trying again later",
+                                     file=self.path, error=str(e), **self.event_fields))
+            return
+        self._rotate_retry_at = 0
 
     def rotate(self):
-        """Rename rotation: live -> .1 -> .2 ... -> .N; the oldest beyond N is deleted."""
-        os.close(self._fd)
-        self._fd = None
+        """Rename rotation: live -> .1 -> .2 ... -> .N; the oldest beyond N is deleted.
+
+        Raises OSError if a rename or delete fails; the open descriptor is kept until the new
+        live file is open, so writing goes on either way.
+        """
+        if self.moved():     # someone moved our file already: start a new one, rename nothing
+            self.check()
+            return
         keep = self.rotate_keep
         existing = 0                       # .1 ... .existing exist (a contiguous run)
-        while os.path.exists(f"{self.path}.{existing + 1}"):
+        while os.path.lexists(f"{self.path}.{existing + 1}"):
             existing += 1
         for i in range(existing, keep - 1, -1):   # past the kept count (also after keep shrank)
             if i >= 1:
@@ -95,7 +197,12 @@ class ResultsLog:
                 os.rename(f"{self.path}.{i}", f"{self.path}.{i + 1}")
             os.rename(self.path, f"{self.path}.1")
         self.rotations += 1
-        self._open()
+        try:
+            fd = self._open_new()
+        except OSError as e:     # renamed but no new file: keep the old one; the next check retries
+            log.error("results log %s rotated but cannot be created again: %s", self.path, e)
+            return
+        self._adopt(fd)
 
 
 def _write_all(fd, data):

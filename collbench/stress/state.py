@@ -142,29 +142,115 @@ def remove_pid_file(paths, pid=None):
 
 
 class DaemonLock:
-    """An exclusive flock held for the daemon's life; released by the kernel if it dies."""
+    """An exclusive flock held for the daemon's life; released by the kernel if it dies.
+
+    A flock lives on an inode: delete the state directory and a new one gets a new, unlocked
+    lock file. So acquire() also scans /proc for a daemon still holding the old one (find_daemons),
+    and the running daemon re-locks the new file once it notices (holds_path(), relock()).
+    """
 
     def __init__(self, paths):
         self.paths = paths
         self.fd = None
 
     def acquire(self):
-        self.fd = os.open(self.paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = self._lock_file()
+        others = [d for d in find_daemons(self.paths.state_dir) if d.pid != os.getpid()]
+        if others:
+            os.close(fd)
+            raise AlreadyRunning(f"a stress daemon is already running in {self.paths.state_dir} "
+                                 f"(pid {others[0].pid}; {others[0].reason}); stop it first with "
+                                 "`collbench stress stop`")
+        self.fd = fd
+        return self
+
+    def _lock_file(self):
+        fd = os.open(self.paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(self.fd)
-            self.fd = None
+            os.close(fd)
             pid = read_pid_file(self.paths)
             raise AlreadyRunning(f"a stress daemon is already running in {self.paths.state_dir}"
                                  + (f" (pid {pid})" if pid else "")
                                  + "; stop it first with `collbench stress stop`") from None
-        return self
+        return fd
+
+    def holds_path(self):
+        """False once the lock file at its path is not the one we hold (deleted or replaced)."""
+        try:
+            st = os.stat(self.paths.lock)
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True      # cannot tell (permissions): nothing to repair
+        own = os.fstat(self.fd)
+        return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+    def relock(self):
+        """Lock the file now at the path, then let the old (deleted) one go; AlreadyRunning if taken."""
+        fd = self._lock_file()
+        old, self.fd = self.fd, fd
+        if old is not None:
+            os.close(old)
 
     def release(self):
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+# ---------------------------------------------------------------- finding a daemon in /proc
+
+@dataclass
+class FoundDaemon:
+    pid: int
+    start_ticks: int
+    reason: str          # why the pid file did not lead to it ("its state directory ... was deleted")
+
+
+def is_stress_daemon_argv(argv):
+    """True for the argv of `collbench stress start|run` (console script or python -m collbench)."""
+    for i in range(len(argv or ()) - 1):
+        if argv[i] == "stress" and argv[i + 1] in ("start", "run"):
+            head = argv[:i]
+            return (any(a == "-m" and b == "collbench" for a, b in zip(head, head[1:]))
+                    or any(os.path.basename(a) == "collbench" for a in head))
+    return False
+
+
+def find_daemons(state_dir, proc_root="/proc"):
+    """Live stress daemons holding the lock file of `state_dir` open, even a deleted one.
+
+    Exact, never by name: the process's argv must be `collbench stress start|run` and one of its
+    open files must be <state_dir>/stress.lock (the kernel appends ' (deleted)' once the file or
+    its directory is gone). A forked child between fork and exec is left out (its parent counts).
+    """
+    lock_paths = {os.path.join(d, LOCK_FILE) for d in
+                  (os.path.abspath(state_dir), os.path.realpath(state_dir))}
+    found = {}
+    for pid in proctree.pids(proc_root):
+        if not is_stress_daemon_argv(proctree.cmdline(pid, proc_root)):
+            continue
+        for target in proctree.open_paths(pid, proc_root):
+            deleted = target.endswith(" (deleted)")
+            if (target[:-len(" (deleted)")] if deleted else target) in lock_paths:
+                st = proctree.read_stat(pid, proc_root)
+                if proctree.is_running(st):
+                    found[pid] = (st, deleted)
+                break
+    out = []
+    for pid, (st, deleted) in sorted(found.items()):
+        if st.ppid in found:
+            continue
+        if deleted:
+            reason = (f"its state directory {state_dir} was deleted under it"
+                      if not os.path.isdir(state_dir) else
+                      f"its lock file in {state_dir} was deleted (the directory was removed and recreated)")
+        else:
+            reason = f"it runs without a valid pid file in {state_dir}"
+        out.append(FoundDaemon(pid, st.start_ticks, reason))
+    return out
 
 
 # ---------------------------------------------------------------- status
@@ -181,8 +267,36 @@ class DaemonStatus:
         return STATUS_EXIT[self.state]
 
 
-def daemon_status(paths):
-    """Running, stopped or crashed, from the pid file, the state file and /proc."""
+def daemon_status(paths, scan=False):
+    """Running, stopped or crashed, from the pid file, the state file and /proc.
+
+    With scan, a daemon the files do not lead to (its state directory deleted under it) is
+    looked for in /proc by its lock file (find_daemons); the reason says why it was not found
+    by its files. The exporter polls without scan (files only, cheap).
+    """
+    st = _status_from_files(paths)
+    if scan and st.state != RUNNING:
+        found = find_daemons(paths.state_dir)
+        if found:
+            d = found[0]
+            info = st.info if st.info.get("pid") == d.pid else {"pid": d.pid, "proc_start": d.start_ticks}
+            if not isinstance(info.get("started"), (int, float)) and _started_at(d.start_ticks):
+                info = dict(info, started=_started_at(d.start_ticks))
+            return DaemonStatus(RUNNING, d.pid, d.reason, info)
+    return st
+
+
+def _started_at(ticks):
+    """Unix time of a start time in clock ticks since boot (None if /proc/stat has no btime)."""
+    try:
+        with open("/proc/stat") as f:
+            btime = next(int(ln.split()[1]) for ln in f if ln.startswith("btime "))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def _status_from_files(paths):
     info = read_state(paths) or {}
     pid_file = read_pid_file(paths)
     if pid_file is None and info.get("status") in (None, STOPPED):
