@@ -26,9 +26,28 @@ RECORD_FIELDS = {
     "validation": str, "loop": int, "step": int, "t_start": (int, float), "t_end": (int, float),
     "ranks": int,
 }
+# optional CBREC keys (plan options and per-iteration percentiles) -> accepted types
+OPTIONAL_FIELDS = {"inplace": int, "root": int, "timing": str, "p50_us": (int, float),
+                   "p90_us": (int, float), "p99_us": (int, float), "pmax_us": (int, float)}
+TIMINGS = ("osu", "sustained")
 VALIDATION_STATES = ("pass", "fail", "off")
+HOSTS_PREFIX = "CBHOSTS "
 STDERR_TAIL_LINES = 20
 STOP_GRACE = 10.0
+
+
+def plan_options(step):
+    """The plan line's key=value fields for what differs from OSU's defaults ("" for none)."""
+    opts = []
+    if getattr(step, "inplace", False):
+        opts.append("inplace=1")
+    if getattr(step, "root", 0):
+        opts.append(f"root={int(step.root)}")
+    if getattr(step, "timing", "osu") != "osu":
+        opts.append(f"timing={step.timing}")
+    if getattr(step, "samples", False):
+        opts.append("samples=1")
+    return "".join(" " + o for o in opts)
 
 
 def write_plan(steps, path):
@@ -36,7 +55,8 @@ def write_plan(steps, path):
     lines = ["# collbench-engine plan: op size_bytes iterations warmup datatype"]
     for s in steps:
         op = get_op(s.op)
-        lines.append(f"{op.name} {s.size_bytes if op.has_size else 0} {s.iterations} {s.warmup} {s.datatype}")
+        lines.append(f"{op.name} {s.size_bytes if op.has_size else 0} {s.iterations} {s.warmup} {s.datatype}"
+                     + plan_options(s))
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".plan-", dir=directory)
     try:
@@ -79,15 +99,48 @@ def parse_line(line):
             return None
     if rec["validation"] not in VALIDATION_STATES:
         return None
+    for key, types in OPTIONAL_FIELDS.items():
+        if key in rec and (not isinstance(rec[key], types) or isinstance(rec[key], bool)):
+            return None
+    if rec.get("timing", "osu") not in TIMINGS:
+        return None
     return rec
 
 
-def to_result(ctx, rec):
-    """A results record (records.result_record) from a parsed CBREC payload."""
+def parse_hosts_line(line):
+    """The per-rank host list of a CBHOSTS line (rank i ran on hosts[i]), or None."""
+    line = line.strip()
+    if not line.startswith(HOSTS_PREFIX):
+        return None
+    try:
+        payload = json.loads(line[len(HOSTS_PREFIX):])
+    except ValueError:
+        return None
+    hosts = payload.get("hosts") if isinstance(payload, dict) else None
+    if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
+        return None
+    return hosts
+
+
+def to_result(ctx, rec, step=None):
+    """A results record (records.result_record) from a parsed CBREC payload; optional fields
+    (in place, root, timing, percentiles, algorithm) only where the step asked for them."""
+    optional = {}
+    if rec.get("inplace"):
+        optional["inplace"] = True
+    if rec.get("root"):
+        optional["root"] = rec["root"]
+    if rec.get("timing", "osu") != "osu":
+        optional["timing"] = rec["timing"]
+    for key in ("p50_us", "p90_us", "p99_us", "pmax_us"):
+        if key in rec:
+            optional["latency_" + key] = rec[key]
+    if step is not None and getattr(step, "algorithm", None):
+        optional["algorithm"] = step.algorithm
     return records.result_record(
         ctx, rec["op"], rec["size_bytes"], rec["datatype"], rec["avg_us"], rec["min_us"],
         rec["max_us"], rec["iterations"], rec["warmup"], validation=rec["validation"],
-        straggler_rank=rec["max_rank"], ranks=rec["ranks"], ts=rec["t_end"])
+        straggler_rank=rec["max_rank"], ranks=rec["ranks"], ts=rec["t_end"], **optional)
 
 
 def describe_exit(returncode):
@@ -123,7 +176,7 @@ def run_steps(cfg, steps, ctx, on_progress=None, output_log=None):
                     rec = parse_line(line)
                     if rec is None or in_batch >= len(batch):
                         continue
-                    yield to_result(ctx, rec)
+                    yield to_result(ctx, rec, batch[in_batch])
                     in_batch += 1
                     if in_batch < len(batch) and on_progress:
                         on_progress(done + in_batch, total, batch[in_batch])

@@ -63,7 +63,8 @@ OPS = {op.name: op for op in (
 )}
 
 ALIASES = {"broadcast": "bcast", "reducescatter": "reduce_scatter", "reduce-scatter": "reduce_scatter"}
-DATATYPES = {"char": 1, "int": 4, "float": 4, "double": 8}
+# the engine's datatypes and their sizes; short and long stand in for 2- and 8-byte types MPI lacks
+DATATYPES = {"char": 1, "short": 2, "int": 4, "float": 4, "double": 8, "long": 8}
 
 
 def get_op(name):

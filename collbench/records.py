@@ -40,9 +40,17 @@ class RunContext:
                 "transport": self.transport}
 
 
+# Optional result fields: set only when a run used them, so records of plain runs keep their shape.
+OPTIONAL_RESULT_FIELDS = ("algorithm", "inplace", "root", "timing", "latency_p50_us",
+                          "latency_p90_us", "latency_p99_us", "latency_pmax_us")
+
+
 def result_record(ctx, op_name, size_bytes, datatype, avg_us, min_us, max_us, iterations, warmup,
-                  validation="off", straggler_rank=None, ranks=None, ts=None):
-    """One (op, size) measurement with its bandwidth and verdict."""
+                  validation="off", straggler_rank=None, ranks=None, ts=None, **optional):
+    """One (op, size) measurement with its bandwidth and verdict (optional: OPTIONAL_RESULT_FIELDS)."""
+    unknown = set(optional) - set(OPTIONAL_RESULT_FIELDS)
+    if unknown:
+        raise TypeError(f"unknown result fields: {', '.join(sorted(unknown))}")
     op = get_op(op_name)
     nranks = ranks or ctx.ranks
     algbw, busbw = op.bandwidth(size_bytes, nranks, avg_us)
@@ -67,6 +75,7 @@ def result_record(ctx, op_name, size_bytes, datatype, avg_us, min_us, max_us, it
         "verdict": ctx.thresholds.verdict(op.name, size_bytes, avg_us),
         "status": "ok",
     })
+    rec.update({k: v for k, v in optional.items() if v is not None})
     return rec
 
 

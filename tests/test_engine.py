@@ -236,7 +236,9 @@ BAD_PLANS = {
     "unknown-op": ("allreduce 1024 10 1 float\nallscatter 64 10 1 char\n", "line 2: unknown op 'allscatter'"),
     "fields": ("allreduce 1024 10 1\n", "line 1: expected 5 fields"),
     "multiple": ("# header\n\nallreduce 6 10 1 float\n", "line 3: size 6 B is not a multiple of the float size"),
-    "extra-field": ("bcast 64 10 1 char fast\n", "line 1: expected 5 fields"),
+    "extra-field": ("bcast 64 10 1 char fast\n", "line 1: extra field 'fast' is not key=value"),
+    "bad-option": ("bcast 64 10 1 char root=99\n", "line 1: bad field 'root=99'"),
+    "too-many-fields": ("bcast 64 10 1 char " + "inplace=1 " * 6 + "\n", "at most 5 key=value fields"),
     "barrier-size": ("barrier 8 10 1 char\n", "must be 0 for barrier"),
     "iterations": ("bcast 64 0 1 char\n", "iterations '0'"),
     "datatype": ("bcast 64 10 1 half\n", "unknown datatype 'half'"),
@@ -262,7 +264,7 @@ def test_bad_plan_exits_2(tmp_path, engine_bin, name):
     (["--plan", "/nonexistent/plan.txt"], "cannot read plan /nonexistent/plan.txt"),
     (["--plan", "PLAN", "--max-loops", "0"], "--max-loops: '0'"),
     (["--plan", "PLAN", "--fast"], "unknown or incomplete argument '--fast'"),
-    ([], "--plan FILE is required"),
+    ([], "--plan FILE (or --pairs) is required"),
 ])
 def test_bad_arguments_exit_2(tmp_path, engine_bin, args, message):
     plan = tmp_path / "plan.txt"

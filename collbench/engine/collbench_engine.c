@@ -1,11 +1,25 @@
 /*
  * collbench-engine: the built-in MPI collective benchmark (one C99 source).
  *
- *   collbench-engine --plan FILE [--loop] [--validate] [--max-loops N]
+ *   collbench-engine --plan FILE [--loop] [--validate] [--max-loops N] [--report-hosts]
+ *   collbench-engine --pairs --lat-size B --bw-size B --iterations N [--warmup N] [--concurrent]
  *
- * Plan file: one step per line, "op size_bytes iterations warmup datatype", '#' comments.
+ * Plan file: one step per line, "op size_bytes iterations warmup datatype [key=value ...]",
+ * '#' comments. Optional keys: inplace=0|1 (MPI_IN_PLACE), root=N (the timed root of bcast and
+ * reduce), timing=osu|sustained, samples=0|1 (per-iteration times: percentiles in the record).
  * Rank 0 reads it and broadcasts it, so only the launching host needs the file.
- * Rank 0 prints one "CBREC {json}" line per finished step on stdout, flushed as one write.
+ * Rank 0 prints one "CBREC {json}" line per finished step on stdout, each flushed as one
+ * write; with --report-hosts first one "CBHOSTS {json}" line: the host of every rank.
+ *
+ * timing=sustained is the other convention (AllgatherP's): a barrier, then every iteration back
+ * to back with no barrier between them, each rank's elapsed time / iterations, min / max / sum
+ * over the ranks. It measures pipelined throughput, which OSU's per-iteration barrier hides.
+ *
+ * --pairs measures the point-to-point distance matrix: every pair of ranks, in P-1 rounds of
+ * disjoint pairs (the circle method; P rounds with a bye when P is odd), ping-pong at a small
+ * size (latency = half the round trip) and a large one (bandwidth = size / half the round
+ * trip); one pair at a time, or with --concurrent every pair of a round at once. Rank 0 prints
+ * one "CBPAIR {json}" line per pair.
  *
  * Timing follows OSU Micro-Benchmarks 7.4 so the numbers agree with osu_<op>:
  * a barrier before each step, warm-up iterations run but untimed, MPI_Wtime around the
@@ -51,13 +65,16 @@
 
 /* ------------------------------------------------------------------ datatypes */
 
-enum { DT_CHAR, DT_INT, DT_FLOAT, DT_DOUBLE, DT_COUNT };
+/* short and long stand in for what MPI has no type for (NCCL's float16/bfloat16, 8-byte ints):
+ * the same bytes moved; reductions on them are integer sums. */
+enum { DT_CHAR, DT_SHORT, DT_INT, DT_FLOAT, DT_DOUBLE, DT_LONG, DT_COUNT };
 
 static const struct {
     const char *name;
     size_t size;
 } DATATYPES[DT_COUNT] = {
-    {"char", 1}, {"int", sizeof(int)}, {"float", sizeof(float)}, {"double", sizeof(double)},
+    {"char", 1}, {"short", sizeof(short)}, {"int", sizeof(int)}, {"float", sizeof(float)},
+    {"double", sizeof(double)}, {"long", sizeof(long long)},
 };
 
 /* Reductions on char: MPI_CHAR as OSU 7.4 times them, where the MPI accepts MPI_SUM on it
@@ -70,6 +87,8 @@ static MPI_Datatype mpi_datatype(int dt, int reduction)
 {
     switch (dt) {
         case DT_CHAR: return reduction && !char_sum_ok ? MPI_SIGNED_CHAR : MPI_CHAR;
+        case DT_SHORT: return MPI_SHORT;
+        case DT_LONG: return MPI_LONG_LONG;
         case DT_INT: return MPI_INT;
         case DT_FLOAT: return MPI_FLOAT;
         default: return MPI_DOUBLE;
@@ -80,6 +99,8 @@ static void put_value(void *buf, int dt, size_t i, long long v)
 {
     switch (dt) {
         case DT_CHAR: ((signed char *)buf)[i] = (signed char)v; break;
+        case DT_SHORT: ((short *)buf)[i] = (short)v; break;
+        case DT_LONG: ((long long *)buf)[i] = v; break;
         case DT_INT: ((int *)buf)[i] = (int)v; break;
         case DT_FLOAT: ((float *)buf)[i] = (float)v; break;
         default: ((double *)buf)[i] = (double)v; break;
@@ -91,6 +112,8 @@ static double get_value(const void *buf, int dt, size_t i)
 {
     switch (dt) {
         case DT_CHAR: return ((const signed char *)buf)[i];
+        case DT_SHORT: return ((const short *)buf)[i];
+        case DT_LONG: return (double)((const long long *)buf)[i];
         case DT_INT: return ((const int *)buf)[i];
         case DT_FLOAT: return ((const float *)buf)[i];
         default: return ((const double *)buf)[i];
@@ -102,6 +125,8 @@ static int value_matches(const void *buf, int dt, size_t i, long long expected)
     double want;
     switch (dt) {
         case DT_CHAR: want = (signed char)expected; break;
+        case DT_SHORT: want = (short)expected; break;
+        case DT_LONG: want = (double)expected; break;
         case DT_INT: want = (int)expected; break;
         case DT_FLOAT: want = (float)expected; break;
         default: want = (double)expected; break;
@@ -110,9 +135,10 @@ static int value_matches(const void *buf, int dt, size_t i, long long expected)
 }
 
 /* Reduction inputs: 1 + (rank % A) + (i % B). Small enough that a sum over the ranks is
- * exact (float below 2^24; signed char below 128 up to 42 ranks), and the expected sum has
- * a closed form, so checking costs O(count) and not O(count x ranks). */
-static long long red_a(int dt) { return dt == DT_CHAR ? 2 : 1000; }
+ * exact (float below 2^24; signed char below 128 up to 42 ranks; short below 2^15 up to
+ * 1400 ranks), and the expected sum has a closed form, so checking costs O(count) and not
+ * O(count x ranks). */
+static long long red_a(int dt) { return dt == DT_CHAR ? 2 : dt == DT_SHORT ? 16 : 1000; }
 static long long red_b(int dt) { return dt == DT_CHAR ? 2 : 7; }
 
 static long long red_value(int rank, size_t i, int dt)
@@ -131,11 +157,14 @@ static long long red_sum(int nranks, size_t i, int dt)
 /* Data inputs for ops that move data: distinct per (source, destination, element). */
 static long long data_value(int src, int dst, size_t i, int dt)
 {
-    long long m = dt == DT_CHAR ? 127 : 8388593; /* exact in float */
+    long long m = dt == DT_CHAR ? 127 : dt == DT_SHORT ? 32749 : 8388593; /* exact in float */
     return ((long long)src * 7919 + (long long)dst * 104729 + (long long)(i % 1000003) * 31 + 1) % m;
 }
 
 /* ------------------------------------------------------------------ steps and the op table */
+
+enum { TIMING_OSU, TIMING_SUSTAINED };
+static const char *const TIMING_NAMES[] = {"osu", "sustained"};
 
 typedef struct {
     int op;         /* index in OPS */
@@ -143,6 +172,10 @@ typedef struct {
     long long iterations;
     long long warmup;
     int dt;
+    int inplace;    /* MPI_IN_PLACE */
+    int root;       /* timed root of rooted ops */
+    int timing;     /* TIMING_* */
+    int samples;    /* keep per-iteration times for percentiles */
     int line;
 } Step;
 
@@ -153,6 +186,7 @@ typedef struct {
     size_t count;          /* elements per rank (per peer for alltoall) */
     MPI_Datatype type;
     void *sendbuf, *recvbuf;
+    void *sendarg;         /* sendbuf, or MPI_IN_PLACE for an in-place step */
     int *recvcounts;       /* reduce_scatter */
     char *first_error;     /* first mismatch seen on this rank, for stderr */
     size_t first_error_len;
@@ -172,6 +206,7 @@ typedef struct {
     int sync_before;        /* OSU 7.4's barrier placement around each iteration */
     int sync_after;
     int rooted;             /* has a root: 0 when timed (OSU 7.4's default), validation adds the last rank */
+    int uneven_split;       /* size is the whole send buffer, split in near-equal blocks (reduce_scatter) */
     call_fn call;
     fill_fn fill;           /* validation input; NULL: nothing to validate */
     check_fn check;
@@ -192,7 +227,7 @@ static void fill_sentinel(void *buf, size_t bytes) { memset(buf, 0xff, bytes); }
 static int call_allreduce(Coll *c, int root)
 {
     (void)root;
-    return MPI_Allreduce(c->sendbuf, c->recvbuf, (int)c->count, c->type, MPI_SUM, c->comm);
+    return MPI_Allreduce(c->sendarg, c->recvbuf, (int)c->count, c->type, MPI_SUM, c->comm);
 }
 static void fill_reduction(Coll *c, int root)
 {
@@ -223,7 +258,9 @@ static long check_allreduce(Coll *c, int root)
 /* reduce */
 static int call_reduce(Coll *c, int root)
 {
-    return MPI_Reduce(c->sendbuf, c->recvbuf, (int)c->count, c->type, MPI_SUM, root, c->comm);
+    /* in place only at the root: the standard forbids MPI_IN_PLACE elsewhere */
+    void *send = c->sendarg == MPI_IN_PLACE && c->rank != root ? c->sendbuf : c->sendarg;
+    return MPI_Reduce(send, c->recvbuf, (int)c->count, c->type, MPI_SUM, root, c->comm);
 }
 static long check_reduce(Coll *c, int root)
 {
@@ -234,7 +271,7 @@ static long check_reduce(Coll *c, int root)
 static int call_reduce_scatter(Coll *c, int root)
 {
     (void)root;
-    return MPI_Reduce_scatter(c->sendbuf, c->recvbuf, c->recvcounts, c->type, MPI_SUM, c->comm);
+    return MPI_Reduce_scatter(c->sendarg, c->recvbuf, c->recvcounts, c->type, MPI_SUM, c->comm);
 }
 static long check_reduce_scatter(Coll *c, int root)
 {
@@ -277,7 +314,7 @@ static long check_bcast(Coll *c, int root)
 static int call_allgather(Coll *c, int root)
 {
     (void)root;
-    return MPI_Allgather(c->sendbuf, (int)c->count, c->type, c->recvbuf, (int)c->count, c->type,
+    return MPI_Allgather(c->sendarg, (int)c->count, c->type, c->recvbuf, (int)c->count, c->type,
                          c->comm);
 }
 static void fill_allgather(Coll *c, int root)
@@ -308,7 +345,7 @@ static long check_allgather(Coll *c, int root)
 static int call_alltoall(Coll *c, int root)
 {
     (void)root;
-    return MPI_Alltoall(c->sendbuf, (int)c->count, c->type, c->recvbuf, (int)c->count, c->type,
+    return MPI_Alltoall(c->sendarg, (int)c->count, c->type, c->recvbuf, (int)c->count, c->type,
                         c->comm);
 }
 static void fill_alltoall(Coll *c, int root)
@@ -345,14 +382,14 @@ static int call_barrier(Coll *c, int root)
 }
 
 static const OpDef OPS[] = {
-    /* name          red size sendN recvN recv before after rooted call                 fill            check */
-    {"allreduce",      1,  1,   0,    0,    1,   0,     1,    0,     call_allreduce,      fill_reduction, check_allreduce},
-    {"bcast",          0,  1,   0,    0,    0,   0,     1,    1,     call_bcast,          fill_bcast,     check_bcast},
-    {"reduce",         1,  1,   0,    0,    1,   1,     0,    1,     call_reduce,         fill_reduction, check_reduce},
-    {"allgather",      0,  1,   0,    1,    1,   0,     1,    0,     call_allgather,      fill_allgather, check_allgather},
-    {"alltoall",       0,  1,   1,    1,    1,   0,     1,    0,     call_alltoall,       fill_alltoall,  check_alltoall},
-    {"reduce_scatter", 1,  1,   0,    0,    1,   0,     1,    0,     call_reduce_scatter, fill_reduction, check_reduce_scatter},
-    {"barrier",        0,  0,   0,    0,    0,   0,     0,    0,     call_barrier,        NULL,           NULL},
+    /* name          red size sendN recvN recv before after rooted uneven call                 fill            check */
+    {"allreduce",      1,  1,   0,    0,    1,   0,     1,    0,     0,     call_allreduce,      fill_reduction, check_allreduce},
+    {"bcast",          0,  1,   0,    0,    0,   0,     1,    1,     0,     call_bcast,          fill_bcast,     check_bcast},
+    {"reduce",         1,  1,   0,    0,    1,   1,     0,    1,     0,     call_reduce,         fill_reduction, check_reduce},
+    {"allgather",      0,  1,   0,    1,    1,   0,     1,    0,     0,     call_allgather,      fill_allgather, check_allgather},
+    {"alltoall",       0,  1,   1,    1,    1,   0,     1,    0,     0,     call_alltoall,       fill_alltoall,  check_alltoall},
+    {"reduce_scatter", 1,  1,   0,    0,    1,   0,     1,    0,     1,     call_reduce_scatter, fill_reduction, check_reduce_scatter},
+    {"barrier",        0,  0,   0,    0,    0,   0,     0,    0,     0,     call_barrier,        NULL,           NULL},
 };
 #define NOPS ((int)(sizeof(OPS) / sizeof(OPS[0])))
 
@@ -389,6 +426,25 @@ static int find_datatype(const char *name)
     return -1;
 }
 
+/* "allreduce, bcast, ..." from the tables themselves, so a new row needs no second list */
+static const char *op_names(void)
+{
+    static char buf[256];
+    if (!buf[0])
+        for (int i = 0; i < NOPS; i++)
+            snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "%s%s", i ? ", " : "", OPS[i].name);
+    return buf;
+}
+
+static const char *datatype_names(void)
+{
+    static char buf[128];
+    if (!buf[0])
+        for (int i = 0; i < DT_COUNT; i++)
+            snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "%s%s", i ? ", " : "", DATATYPES[i].name);
+    return buf;
+}
+
 static int parse_long(const char *s, long long min, long long max, long long *out)
 {
     char *end;
@@ -400,8 +456,41 @@ static int parse_long(const char *s, long long min, long long max, long long *ou
     return 0;
 }
 
+#define MAX_FIELDS 10
+
+/* One optional "key=value" field of a plan line into s; -1 (and msg) when it is not one. */
+static int parse_option(const char *tok, Step *s, int nranks, const char *path, int lineno,
+                        char *msg, size_t msglen)
+{
+    const char *eq = strchr(tok, '=');
+    long long v;
+    if (!eq) {
+        snprintf(msg, msglen, "plan %s line %d: extra field '%s' is not key=value "
+                 "(inplace, root, timing or samples)", path, lineno, tok);
+        return -1;
+    }
+    const char *val = eq + 1;
+    size_t klen = (size_t)(eq - tok);
+    if (klen == 7 && strncmp(tok, "inplace", 7) == 0 && parse_long(val, 0, 1, &v) == 0)
+        s->inplace = (int)v;
+    else if (klen == 7 && strncmp(tok, "samples", 7) == 0 && parse_long(val, 0, 1, &v) == 0)
+        s->samples = (int)v;
+    else if (klen == 4 && strncmp(tok, "root", 4) == 0 && parse_long(val, 0, nranks - 1, &v) == 0)
+        s->root = (int)v;
+    else if (klen == 6 && strncmp(tok, "timing", 6) == 0 && strcmp(val, "osu") == 0)
+        s->timing = TIMING_OSU;
+    else if (klen == 6 && strncmp(tok, "timing", 6) == 0 && strcmp(val, "sustained") == 0)
+        s->timing = TIMING_SUSTAINED;
+    else {
+        snprintf(msg, msglen, "plan %s line %d: bad field '%s' (expected inplace=0|1, samples=0|1, "
+                 "root=0..%d or timing=osu|sustained)", path, lineno, tok, nranks - 1);
+        return -1;
+    }
+    return 0;
+}
+
 /* Parse the plan text; on error fill msg and return -1. Identical on every rank. */
-static int parse_plan(char *text, const char *path, Plan *plan, char *msg, size_t msglen)
+static int parse_plan(char *text, const char *path, int nranks, Plan *plan, char *msg, size_t msglen)
 {
     int cap = 16, lineno = 0;
     plan->steps = malloc(sizeof(Step) * (size_t)cap);
@@ -419,36 +508,41 @@ static int parse_plan(char *text, const char *path, Plan *plan, char *msg, size_
         char *hash = strchr(line, '#');
         if (hash)
             *hash = '\0';
-        char tok[5][MAX_TOKEN];
+        char tok[MAX_FIELDS][MAX_TOKEN];
         int ntok = 0;
         char *tsave = NULL;
         for (char *t = strtok_r(line, " \t\r", &tsave); t; t = strtok_r(NULL, " \t\r", &tsave)) {
-            if (ntok < 5)
+            if (ntok < MAX_FIELDS)
                 snprintf(tok[ntok], MAX_TOKEN, "%s", t);
             ntok++;
         }
         if (ntok == 0)
             continue;
-        if (ntok != 5) {
+        if (ntok < 5 || ntok > MAX_FIELDS) {
             snprintf(msg, msglen, "plan %s line %d: expected 5 fields "
-                     "\"op size_bytes iterations warmup datatype\", got %d", path, lineno, ntok);
+                     "\"op size_bytes iterations warmup datatype\" and at most %d key=value fields, got %d",
+                     path, lineno, MAX_FIELDS - 5, ntok);
             return -1;
         }
         Step s;
         long long v;
+        memset(&s, 0, sizeof(s));
         s.line = lineno;
         s.op = find_op(tok[0]);
         if (s.op < 0) {
-            snprintf(msg, msglen, "plan %s line %d: unknown op '%s' (expected allreduce, bcast, "
-                     "reduce, allgather, alltoall, reduce_scatter or barrier)", path, lineno, tok[0]);
+            snprintf(msg, msglen, "plan %s line %d: unknown op '%s' (expected one of: %s)",
+                     path, lineno, tok[0], op_names());
             return -1;
         }
         s.dt = find_datatype(tok[4]);
         if (s.dt < 0) {
-            snprintf(msg, msglen, "plan %s line %d: unknown datatype '%s' "
-                     "(expected char, int, float or double)", path, lineno, tok[4]);
+            snprintf(msg, msglen, "plan %s line %d: unknown datatype '%s' (expected one of: %s)",
+                     path, lineno, tok[4], datatype_names());
             return -1;
         }
+        for (int k = 5; k < ntok; k++)
+            if (parse_option(tok[k], &s, nranks, path, lineno, msg, msglen) < 0)
+                return -1;
         const OpDef *op = &OPS[s.op];
         if (parse_long(tok[1], op->has_size ? 1 : 0, op->has_size ? INT_MAX : 0, &v) < 0) {
             snprintf(msg, msglen, op->has_size
@@ -589,7 +683,24 @@ typedef struct {
     int max_rank;
     double t_start, t_end;
     const char *validation;
+    int have_pct;                          /* samples=1: percentiles below are set */
+    double p50_us, p90_us, p99_us, pmax_us;
 } StepResult;
+
+#define MAX_SAMPLES (1 << 20)  /* per-iteration times kept: the first 2^20 iterations */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Nearest-rank percentile of sorted v[0..n-1]. */
+static double percentile(const double *v, size_t n, double pct)
+{
+    size_t k = (size_t)(pct / 100.0 * (double)n + 0.999999);
+    return v[k == 0 ? 0 : (k > n ? n : k) - 1];
+}
 
 static double wall_clock(void)
 {
@@ -604,7 +715,8 @@ static void setup_coll(Coll *c, const Step *s)
     c->step = s;
     c->count = s->size / DATATYPES[s->dt].size;
     c->type = mpi_datatype(s->dt, op->reduction);
-    if (op->call == call_reduce_scatter) {
+    c->sendarg = s->inplace && op->uses_recv ? MPI_IN_PLACE : c->sendbuf;
+    if (op->uneven_split) {
         /* OSU's split: count / n each, the first count % n ranks one more */
         size_t portion = c->count / (size_t)c->nranks, remainder = c->count % (size_t)c->nranks;
         for (int i = 0; i < c->nranks; i++)
@@ -621,26 +733,79 @@ static void touch_buffers(Coll *c, size_t sbytes, size_t rbytes)
         memset(c->recvbuf, 0, rbytes);
 }
 
+/* The collective's time per iteration = the slowest rank's, per iteration (MAX over ranks);
+ * its percentiles to rank 0. */
+static void reduce_percentiles(Coll *c, double *samples, size_t n, StepResult *r)
+{
+    double *worst = c->rank == 0 ? malloc(sizeof(double) * (n ? n : 1)) : NULL;
+    int ok = c->rank != 0 || worst != NULL;
+    /* counts of int: reduce in chunks */
+    for (size_t off = 0; off < n; off += (size_t)INT_MAX / 2) {
+        size_t len = n - off < (size_t)INT_MAX / 2 ? n - off : (size_t)INT_MAX / 2;
+        MPI_Reduce(samples + off, worst ? worst + off : samples + off, (int)len, MPI_DOUBLE,
+                   MPI_MAX, 0, c->comm);
+    }
+    if (c->rank == 0 && ok && n) {
+        qsort(worst, n, sizeof(double), cmp_double);
+        r->p50_us = percentile(worst, n, 50) * 1e6;
+        r->p90_us = percentile(worst, n, 90) * 1e6;
+        r->p99_us = percentile(worst, n, 99) * 1e6;
+        r->pmax_us = worst[n - 1] * 1e6;
+        r->have_pct = 1;
+    }
+    free(worst);
+}
+
 static void run_timed(Coll *c, StepResult *r)
 {
     const OpDef *op = &OPS[c->step->op];
-    long long total = c->step->warmup + c->step->iterations;
+    const Step *s = c->step;
+    long long total = s->warmup + s->iterations;
+    int root = s->root;
     double timer = 0.0;
+    size_t nsamples = s->samples && s->timing == TIMING_OSU
+                      ? (size_t)(s->iterations < MAX_SAMPLES ? s->iterations : MAX_SAMPLES) : 0;
+    double *samples = nsamples ? malloc(sizeof(double) * nsamples) : NULL;
+    int have_samples = samples != NULL, all_have = 0;
+    MPI_Allreduce(&have_samples, &all_have, 1, MPI_INT, MPI_MIN, c->comm);
+    if (!all_have) {  /* every rank keeps samples, or none does */
+        free(samples);
+        samples = NULL;
+        nsamples = 0;
+    }
+    memset(r, 0, sizeof(*r));
 
     MPI_Barrier(c->comm);
     r->t_start = wall_clock();
-    for (long long i = 0; i < total; i++) {
-        if (op->sync_before)
-            MPI_Barrier(c->comm);
+    if (s->timing == TIMING_SUSTAINED) {
+        for (long long i = 0; i < s->warmup; i++)
+            op->call(c, root);
+        MPI_Barrier(c->comm);
         double t0 = MPI_Wtime();
-        op->call(c, 0);
-        double t1 = MPI_Wtime();
-        if (op->sync_after)
-            MPI_Barrier(c->comm);
-        if (i >= c->step->warmup)
-            timer += t1 - t0;
+        for (long long i = 0; i < s->iterations; i++)
+            op->call(c, root);
+        timer = MPI_Wtime() - t0;
+    } else {
+        for (long long i = 0; i < total; i++) {
+            if (op->sync_before)
+                MPI_Barrier(c->comm);
+            double t0 = MPI_Wtime();
+            op->call(c, root);
+            double t1 = MPI_Wtime();
+            if (op->sync_after)
+                MPI_Barrier(c->comm);
+            if (i >= s->warmup) {
+                timer += t1 - t0;
+                if ((size_t)(i - s->warmup) < nsamples)
+                    samples[i - s->warmup] = t1 - t0;
+            }
+        }
     }
     r->t_end = wall_clock();
+    if (nsamples) {
+        reduce_percentiles(c, samples, nsamples, r);
+        free(samples);
+    }
 
     double latency = timer * 1e6 / (double)c->step->iterations, sum = 0.0;
     struct { double value; int rank; } mine = {latency, c->rank}, worst = {0.0, 0};
@@ -655,6 +820,16 @@ static void run_timed(Coll *c, StepResult *r)
     r->avg_us = sum / c->nranks;
 }
 
+/* In place: the input fill() wrote to the send buffer goes where MPI_IN_PLACE reads it (this
+ * rank's block of the receive buffer for allgather, the whole receive buffer otherwise). */
+static void place_input(Coll *c)
+{
+    const OpDef *op = &OPS[c->step->op];
+    size_t sb = send_bytes(op, c->step->size, c->nranks);
+    size_t at = op->recv_times_n && !op->send_times_n ? (size_t)c->rank * sb : 0;
+    memcpy((char *)c->recvbuf + at, c->sendbuf, sb);
+}
+
 /* Test hook: COLLBENCH_ENGINE_CORRUPT_RANK=N makes rank N spoil the first element of each
  * validated result, so a test can prove that a wrong answer is caught and reported. */
 static int corrupt_rank = -1;
@@ -665,14 +840,17 @@ static const char *run_validation(Coll *c)
     const OpDef *op = &OPS[c->step->op];
     if (!op->fill)
         return "off";
-    /* rooted ops: a root other than 0 catches root mix-ups */
-    int roots[2] = {0, c->nranks - 1}, nroots = op->rooted && c->nranks > 1 ? 2 : 1;
+    /* rooted ops: a second root catches root mix-ups */
+    int roots[2] = {c->step->root, (c->step->root + c->nranks - 1) % c->nranks};
+    int nroots = op->rooted && c->nranks > 1 ? 2 : 1;
     long errors = 0;
     char first[512] = "";
     c->first_error = first;
     c->first_error_len = sizeof(first);
     for (int k = 0; k < nroots; k++) {
         op->fill(c, roots[k]);
+        if (c->sendarg == MPI_IN_PLACE)
+            place_input(c);
         MPI_Barrier(c->comm);
         op->call(c, roots[k]);
         if (corrupt_rank == c->rank && c->count)
@@ -691,15 +869,18 @@ static const char *run_validation(Coll *c)
 
 static void print_record(const Step *s, const StepResult *r, int loop, int index, int nranks)
 {
-    char line[1024];
+    char line[1024], pct[256] = "";
+    if (r->have_pct)
+        snprintf(pct, sizeof(pct), ",\"p50_us\":%.4f,\"p90_us\":%.4f,\"p99_us\":%.4f,\"pmax_us\":%.4f",
+                 r->p50_us, r->p90_us, r->p99_us, r->pmax_us);
     int n = snprintf(line, sizeof(line),
                      "CBREC {\"op\":\"%s\",\"size_bytes\":%zu,\"datatype\":\"%s\",\"iterations\":%lld,"
                      "\"warmup\":%lld,\"avg_us\":%.4f,\"min_us\":%.4f,\"max_us\":%.4f,\"max_rank\":%d,"
                      "\"validation\":\"%s\",\"loop\":%d,\"step\":%d,\"t_start\":%.6f,\"t_end\":%.6f,"
-                     "\"ranks\":%d}\n",
+                     "\"ranks\":%d,\"inplace\":%d,\"root\":%d,\"timing\":\"%s\"%s}\n",
                      OPS[s->op].name, s->size, DATATYPES[s->dt].name, s->iterations, s->warmup,
                      r->avg_us, r->min_us, r->max_us, r->max_rank, r->validation, loop, index,
-                     r->t_start, r->t_end, nranks);
+                     r->t_start, r->t_end, nranks, s->inplace, s->root, TIMING_NAMES[s->timing], pct);
     /* one write per record: a reader never sees half a line */
     fwrite(line, 1, (size_t)n, stdout);
     fflush(stdout);
@@ -709,10 +890,168 @@ static void print_record(const Step *s, const StepResult *r, int loop, int index
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: collbench-engine --plan FILE [--loop] [--validate] [--max-loops N]\n"
-               "  plan lines: op size_bytes iterations warmup datatype   (# comments)\n"
-               "  ops: allreduce bcast reduce allgather alltoall reduce_scatter barrier\n"
-               "  datatypes: char int float double\n");
+    fprintf(f, "usage: collbench-engine --plan FILE [--loop] [--validate] [--max-loops N] [--report-hosts]\n"
+               "       collbench-engine --pairs --lat-size B --bw-size B --iterations N [--warmup N] [--concurrent]\n"
+               "  plan lines: op size_bytes iterations warmup datatype [key=value ...]   (# comments)\n"
+               "  keys: inplace=0|1 root=N timing=osu|sustained samples=0|1\n"
+               "  ops: %s\n"
+               "  datatypes: %s\n", op_names(), datatype_names());
+}
+
+/* ------------------------------------------------------------------ hosts and pairs */
+
+/* s as a JSON string (host names are plain, but a record line must stay valid JSON). */
+static void json_string(char *out, size_t outlen, const char *s)
+{
+    size_t n = 0;
+    if (outlen < 3)
+        return;
+    out[n++] = '"';
+    for (; *s && n + 8 < outlen; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            n += (size_t)snprintf(out + n, outlen - n, "\\%c", ch);
+        else if (ch < 0x20 || ch >= 0x7f)
+            n += (size_t)snprintf(out + n, outlen - n, "\\u%04x", ch);
+        else
+            out[n++] = (char)ch;
+    }
+    out[n++] = '"';
+    out[n] = '\0';
+}
+
+/* Rank 0 prints CBHOSTS {"hosts":[host of rank 0, host of rank 1, ...]}: where MPI (or the
+ * scheduler) really placed each rank. */
+static void print_hosts(int rank, int nranks)
+{
+    char name[MPI_MAX_PROCESSOR_NAME + 1];
+    int len = 0;
+    memset(name, 0, sizeof(name));
+    MPI_Get_processor_name(name, &len);
+    char *all = rank == 0 ? calloc((size_t)nranks, sizeof(name)) : NULL;
+    MPI_Gather(name, (int)sizeof(name), MPI_CHAR, all, (int)sizeof(name), MPI_CHAR, 0, MPI_COMM_WORLD);
+    if (rank != 0 || !all)
+        return;
+    size_t cap = (size_t)nranks * (sizeof(name) * 6 + 4) + 64, n = 0;
+    char *line = malloc(cap), quoted[(MPI_MAX_PROCESSOR_NAME + 1) * 6 + 3];
+    if (line) {
+        n += (size_t)snprintf(line, cap, "CBHOSTS {\"hosts\":[");
+        for (int i = 0; i < nranks; i++) {
+            char *h = all + (size_t)i * sizeof(name);
+            h[sizeof(name) - 1] = '\0';
+            json_string(quoted, sizeof(quoted), h);
+            n += (size_t)snprintf(line + n, cap - n, "%s%s", i ? "," : "", quoted);
+        }
+        n += (size_t)snprintf(line + n, cap - n, "]}\n");
+        fwrite(line, 1, n, stdout);
+        fflush(stdout);
+        free(line);
+    }
+    free(all);
+}
+
+/* Partner of rank in round r of the circle method over m = P rounded up to even: rank m-1
+ * stays, the others rotate. -1: a bye (P odd). */
+static int round_partner(int rank, int r, int nranks)
+{
+    int m = nranks + (nranks & 1), last = m - 1, partner;
+    if (rank == last)
+        partner = r;
+    else if (rank == r)
+        partner = last;
+    else
+        partner = ((2 * r - rank) % last + last) % last;
+    return partner >= nranks ? -1 : partner;
+}
+
+/* In one-pair-at-a-time mode, turn t of round r belongs to the t-th pair of the round counted
+ * by lower rank; -1 when the round has fewer pairs (odd P). */
+static int round_turn_owner(int r, int t, int nranks)
+{
+    int seen = 0;
+    for (int q = 0; q < nranks; q++) {
+        int p = round_partner(q, r, nranks);
+        if (p > q && seen++ == t)
+            return q;
+    }
+    return -1;
+}
+
+/* Half the round trip of `iterations` ping-pongs of `bytes` between me and peer, in seconds
+ * (the lower rank of the pair starts). */
+static double ping_pong(int me, int peer, char *buf, size_t bytes, long long warmup, long long iterations)
+{
+    double t0 = 0.0;
+    for (long long i = 0; i < warmup + iterations; i++) {
+        if (i == warmup)
+            t0 = MPI_Wtime();
+        if (me < peer) {
+            MPI_Send(buf, (int)bytes, MPI_CHAR, peer, 7, MPI_COMM_WORLD);
+            MPI_Recv(buf, (int)bytes, MPI_CHAR, peer, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        } else {
+            MPI_Recv(buf, (int)bytes, MPI_CHAR, peer, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            MPI_Send(buf, (int)bytes, MPI_CHAR, peer, 7, MPI_COMM_WORLD);
+        }
+    }
+    return (MPI_Wtime() - t0) / (2.0 * (double)iterations);
+}
+
+/* The distance matrix: CBPAIR {"a","b","round","lat_us","bw_bytes_per_s"} per pair (a < b). */
+static int run_pairs(int rank, int nranks, size_t lat_size, size_t bw_size, long long iterations,
+                     long long warmup, int concurrent)
+{
+    int m = nranks + (nranks & 1);
+    size_t big = lat_size > bw_size ? lat_size : bw_size;
+    char *buf = malloc(big ? big : 1);
+    int failed = buf == NULL, any = 0;
+    MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (any)
+        return EXIT_NO_MEMORY;
+    memset(buf, 1, big ? big : 1);
+    /* lower rank of each pair records; rank 0 gathers two P x P matrices */
+    size_t cells = (size_t)nranks * (size_t)nranks;
+    double *mine = calloc(cells * 3, sizeof(double)), *all = rank == 0 ? calloc(cells * 3, sizeof(double)) : NULL;
+    failed = mine == NULL || (rank == 0 && all == NULL);
+    MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (any)
+        return EXIT_NO_MEMORY;
+    for (int r = 0; r < m - 1; r++) {
+        int peer = round_partner(rank, r, nranks);
+        /* one pair at a time: the pairs of a round take turns, ordered by their lower rank */
+        int turns = concurrent ? 1 : m / 2;
+        for (int t = 0; t < turns; t++) {
+            MPI_Barrier(MPI_COMM_WORLD);
+            int lower = peer < 0 ? -1 : (rank < peer ? rank : peer);
+            int my_turn = peer >= 0 && (concurrent || lower == round_turn_owner(r, t, nranks));
+            if (!my_turn)
+                continue;
+            double lat = ping_pong(rank, peer, buf, lat_size, warmup, iterations);
+            double half = ping_pong(rank, peer, buf, bw_size, warmup > 2 ? warmup / 4 + 1 : warmup,
+                                    iterations / 4 + 1);
+            if (rank < peer) {
+                size_t at = (size_t)rank * (size_t)nranks + (size_t)peer;
+                mine[at] = lat * 1e6;
+                mine[cells + at] = half > 0 ? (double)bw_size / half : 0.0;
+                mine[2 * cells + at] = r;
+            }
+        }
+    }
+    MPI_Reduce(mine, all, (int)(cells * 3), MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+    if (rank == 0) {
+        for (int a = 0; a < nranks; a++)
+            for (int b = a + 1; b < nranks; b++) {
+                size_t at = (size_t)a * (size_t)nranks + (size_t)b;
+                printf("CBPAIR {\"a\":%d,\"b\":%d,\"round\":%d,\"lat_us\":%.4f,\"bw_bytes_per_s\":%.1f,"
+                       "\"lat_size\":%zu,\"bw_size\":%zu,\"iterations\":%lld,\"concurrent\":%d}\n",
+                       a, b, (int)all[2 * cells + at], all[at], all[cells + at], lat_size, bw_size,
+                       iterations, concurrent);
+            }
+        fflush(stdout);
+    }
+    free(mine);
+    free(all);
+    free(buf);
+    return 0;
 }
 
 /* Does this MPI take MPI_SUM on MPI_CHAR? Asked on a private communicator that returns
@@ -738,8 +1077,8 @@ static int finish(int code)
 
 int main(int argc, char **argv)
 {
-    int rank, nranks, loop_mode = 0, validate = 0;
-    long long max_loops = 0;
+    int rank, nranks, loop_mode = 0, validate = 0, pairs = 0, concurrent = 0, report_hosts = 0;
+    long long max_loops = 0, lat_size = 8, bw_size = 1 << 20, pair_iterations = 100, pair_warmup = 10;
     const char *plan_path = NULL;
     char msg[1024] = "";
 
@@ -764,6 +1103,22 @@ int main(int argc, char **argv)
                 snprintf(msg, sizeof(msg), "--max-loops: '%s' is not a whole number >= 1", argv[i + 1]);
             loop_mode = 1;
             i++;
+        } else if (strcmp(argv[i], "--report-hosts") == 0)
+            report_hosts = 1;
+        else if (strcmp(argv[i], "--pairs") == 0)
+            pairs = 1;
+        else if (strcmp(argv[i], "--concurrent") == 0)
+            concurrent = 1;
+        else if ((strcmp(argv[i], "--lat-size") == 0 || strcmp(argv[i], "--bw-size") == 0
+                  || strcmp(argv[i], "--iterations") == 0 || strcmp(argv[i], "--warmup") == 0)
+                 && i + 1 < argc) {
+            long long *dst = argv[i][2] == 'l' ? &lat_size : argv[i][2] == 'b' ? &bw_size
+                           : argv[i][2] == 'i' ? &pair_iterations : &pair_warmup;
+            long long lo = argv[i][2] == 'w' ? 0 : 1, hi = argv[i][2] == 'i' || argv[i][2] == 'w' ? 100000000 : INT_MAX;
+            if (parse_long(argv[i + 1], lo, hi, dst) < 0)
+                snprintf(msg, sizeof(msg), "%s: '%s' is not a whole number from %lld to %lld",
+                         argv[i], argv[i + 1], lo, hi);
+            i++;
         } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             if (rank == 0)
                 usage(stdout);
@@ -771,8 +1126,10 @@ int main(int argc, char **argv)
         } else
             snprintf(msg, sizeof(msg), "unknown or incomplete argument '%s'", argv[i]);
     }
-    if (!msg[0] && !plan_path)
-        snprintf(msg, sizeof(msg), "--plan FILE is required");
+    if (!msg[0] && !plan_path && !pairs)
+        snprintf(msg, sizeof(msg), "--plan FILE (or --pairs) is required");
+    if (!msg[0] && pairs && nranks < 2)
+        snprintf(msg, sizeof(msg), "--pairs needs at least 2 ranks");
     if (msg[0]) {
         if (rank == 0) {
             fprintf(stderr, "collbench-engine: %s\n", msg);
@@ -780,15 +1137,22 @@ int main(int argc, char **argv)
         }
         return finish(EXIT_BAD_INPUT);
     }
+    if (pairs) {
+        print_hosts(rank, nranks);
+        return finish(run_pairs(rank, nranks, (size_t)lat_size, (size_t)bw_size, pair_iterations,
+                                pair_warmup, concurrent));
+    }
 
     Plan plan = {NULL, 0};
     char *text = read_plan_everywhere(plan_path, rank, msg, sizeof(msg));
-    if (!text || parse_plan(text, plan_path, &plan, msg, sizeof(msg)) < 0) {
+    if (!text || parse_plan(text, plan_path, nranks, &plan, msg, sizeof(msg)) < 0) {
         if (rank == 0)
             fprintf(stderr, "collbench-engine: %s\n", msg);
         return finish(EXIT_BAD_INPUT);
     }
     free(text);
+    if (report_hosts)
+        print_hosts(rank, nranks);
 
     /* one allocation for the largest step, page-aligned and touched, as OSU does */
     size_t max_send = 0, max_recv = 0;
