@@ -5,21 +5,37 @@ or a bad value is reported with the file, the dotted key and what was expected, 
 runs (exit code 2).
 """
 
+import math
 import os
 import re
+import stat
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 import yaml
 
+from collbench.bounded_repr import bounded_repr, bounded_text
+from collbench.bounded_yaml import YAMLRefused, load_bounded
 from collbench.errors import ConfigError
 from collbench.ops import DATATYPES, OPS, default_datatype, get_op
-from collbench.sizes import format_size, parse_size
+from collbench.sizes import format_size, parse_message_size, parse_size
 from collbench.thresholds import DEFAULT_ECN_RATE, DEFAULT_LATENCY_US, Thresholds, parse_duration_us
 
 LAUNCHERS = ("mpirun", "srun")
 TRANSPORTS = ("shm", "ob1-tcp", "ucx", "ucx-tcp", "none")
 ENGINES = ("builtin", "osu")
+
+# What the built-in engine (collbench/engine/collbench_engine.c) and MPI accept: checked here,
+# so a value past them is exit 2 naming the key, never an mpirun that fails or runs forever.
+INT_MAX = 2**31 - 1            # ranks, slots: MPI's int
+MAX_ITERATIONS = 10**12        # iterations and warm-up (the engine's MAX_ITERATIONS)
+MAX_SECONDS = 365 * 86400.0    # a duration setting: a year (sleep/wait overflow past ~292 years)
+MAX_NUMBER = 1e9               # any other positive number (link speed, packet rates)
+MAX_STRING = 4096              # a string or path setting (PATH_MAX)
+MAX_ENV_VALUE = 32768
+MAX_ROTATE_KEEP = 1000         # rotated results logs kept (readers look at each in turn)
+MAX_CONFIG_BYTES = 256 << 10   # a config is a few KB
+MAX_HOSTFILE_BYTES = 1 << 20   # ~40,000 hosts
 
 # seed 001's stress plan: (op, sizes, iterations)
 SEED_PLAN = (
@@ -49,6 +65,12 @@ class Step:
     iterations: int
     warmup: int
     datatype: str
+    # engine plan options beyond OSU's (defaults: what OSU does)
+    inplace: bool = False
+    root: int = 0
+    timing: str = "osu"          # "osu" | "sustained"
+    samples: bool = False        # per-iteration times: p50/p90/p99 in the record
+    algorithm: str = None        # the MPI's collective algorithm to force (None: its own choice)
 
     @property
     def size_label(self):
@@ -128,7 +150,10 @@ def _typed(t, expected):
         if isinstance(v, bool) and t is not bool:
             raise ValueError(expected)
         if t is float and isinstance(v, int):
-            return float(v)
+            try:
+                return float(v)
+            except OverflowError:
+                raise ValueError(expected) from None
         if not isinstance(v, t):
             raise ValueError(expected)
         return v
@@ -136,30 +161,55 @@ def _typed(t, expected):
 
 
 def _choice(*choices):
-    def check(v):
-        if v not in choices:
-            raise ValueError(f"one of: {', '.join(map(str, choices))}")
-        return v
-    return _Kind(check, f"one of: {', '.join(map(str, choices))}")
-
-
-def _positive(t, expected, allow_zero=False):
-    base = _typed(t, expected)
+    expected = f"one of: {', '.join(map(str, choices))}"
 
     def check(v):
-        v = base.check(v)
-        if v < 0 or (v == 0 and not allow_zero):
+        if not isinstance(v, str) or v not in choices:
             raise ValueError(expected)
         return v
     return _Kind(check, expected)
 
 
-def _str_list():
+def _ranged(t, expected, low, high, low_allowed=True):
+    """An int or float from low to high; floats finite (NaN compares false with every bound)."""
+    base = _typed(t, expected)
+
     def check(v):
-        if not isinstance(v, list) or not all(isinstance(x, (str, int, float)) and not isinstance(x, bool) for x in v):
-            raise ValueError("a list of strings")
-        return [str(x) for x in v]
-    return _Kind(check, "a list of strings")
+        v = base.check(v)
+        if t is float and not math.isfinite(v):
+            raise ValueError(expected)
+        if v < low or (v == low and not low_allowed) or v > high:
+            raise ValueError(expected)
+        return v
+    return _Kind(check, expected)
+
+
+def _string(expected, limit=MAX_STRING):
+    expected = f"{expected} (at most {limit} characters, no NUL)"
+
+    def check(v):
+        # NUL cannot reach a path, an argv or an environment: os and subprocess raise on it
+        if not isinstance(v, str) or len(v) > limit or "\0" in v:
+            raise ValueError(expected)
+        return v
+    return _Kind(check, expected)
+
+
+def _plain_scalar(x):
+    return isinstance(x, (str, int, float)) and not isinstance(x, bool)
+
+
+def _str_list():
+    expected = f"a list of strings (each at most {MAX_STRING} characters)"
+
+    def check(v):
+        if not isinstance(v, list) or not all(_plain_scalar(x) for x in v):
+            raise ValueError(expected)
+        out = [str(x) for x in v]
+        if any(len(x) > MAX_STRING or "\0" in x for x in out):
+            raise ValueError(expected)
+        return out
+    return _Kind(check, expected)
 
 
 def _str_map():
@@ -168,76 +218,112 @@ def _str_map():
             raise ValueError("a mapping of NAME: value")
         out = {}
         for k, x in v.items():
-            if not isinstance(k, str) or not k.replace("_", "").isalnum() or isinstance(x, (dict, list)) or x is None:
+            if (not isinstance(k, str) or not k.replace("_", "").isalnum() or len(k) > 256
+                    or not (_plain_scalar(x) or isinstance(x, bool))):
                 raise ValueError("a mapping of NAME: value (names of letters, digits and _; scalar values)")
             out[k] = str(x).lower() if isinstance(x, bool) else str(x)
+            if len(out[k]) > MAX_ENV_VALUE or "\0" in out[k]:
+                raise ValueError(f"a mapping of NAME: value (values of at most {MAX_ENV_VALUE} characters, no NUL)")
         return out
     return _Kind(check, "a mapping of NAME: value")
 
 
-def _size_kind():
-    def check(v):
-        return parse_size(v)
-    return _Kind(check, "a size such as 1024, 64KB, 4MB")
+def _size_kind(parse, expected):
+    return _Kind(parse, expected)
 
 
-_SECONDS_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_SECONDS_RE = re.compile(r"^\s*([0-9]{1,30}(?:\.[0-9]{1,30})?)\s*(ms|s|m|h)?\s*$")
 _SECONDS_MULT = {"ms": 1e-3, "s": 1.0, None: 1.0, "m": 60.0, "h": 3600.0}
 
 
 def _seconds_kind():
-    expected = "a duration such as 30s, 500ms, 10m, or a number of seconds"
+    expected = "a duration such as 30s, 500ms, 10m, or a number of seconds (at most a year)"
 
     def check(v):
-        if isinstance(v, bool):
+        if isinstance(v, bool) or not _plain_scalar(v):
             raise ValueError(expected)
         m = _SECONDS_RE.match(str(v))
-        if not m or float(m.group(1)) <= 0:
+        if not m:
             raise ValueError(expected)
-        return float(m.group(1)) * _SECONDS_MULT[m.group(2)]
+        seconds = float(m.group(1)) * _SECONDS_MULT[m.group(2)]
+        if not 0 < seconds <= MAX_SECONDS:
+            raise ValueError(expected)
+        return seconds
     return _Kind(check, expected)
 
 
-STR = _typed(str, "a string")
-PATH = _typed(str, "a path")  # resolved against the config file's directory, ~ expanded
+def _latency_kind(example):
+    expected = f"a duration such as {example} (us, ms or s; at most a year)"
+
+    def check(v):
+        try:
+            us = parse_duration_us(v)
+        except ValueError:
+            raise ValueError(expected) from None   # its message repeats the value, of any length
+        if not (math.isfinite(us) and 0 < us <= MAX_SECONDS * 1e6):
+            raise ValueError(expected)
+        return us
+    return _Kind(check, expected)
+
+
+STR = _string("a string")
+PATH = _string("a path")  # resolved against the config file's directory, ~ expanded
 BOOL = _typed(bool, "true or false")
-POS_INT = _positive(int, "a positive whole number")
-NONNEG_INT = _positive(int, "a whole number >= 0", allow_zero=True)
-POS_FLOAT = _positive(float, "a positive number")
-NONNEG_FLOAT = _positive(float, "a number >= 0", allow_zero=True)
+POS_INT = _ranged(int, f"a positive whole number (at most {INT_MAX})", 1, INT_MAX)
+NONNEG_INT = _ranged(int, f"a whole number >= 0 (at most {INT_MAX})", 0, INT_MAX)
+POS_FLOAT = _ranged(float, "a positive number (at most 1e9)", 0, MAX_NUMBER, low_allowed=False)
+NONNEG_FLOAT = _ranged(float, "a number >= 0 (at most 1e9)", 0, MAX_NUMBER)
+# durations in seconds: finite, so `stop_grace: .nan` cannot turn a grace period into none
+POS_SECONDS = _ranged(float, f"a positive number of seconds (at most {MAX_SECONDS:.0f}, a year)",
+                      0, MAX_SECONDS, low_allowed=False)
+NONNEG_SECONDS = _ranged(float, f"a number of seconds >= 0 (at most {MAX_SECONDS:.0f}, a year)", 0, MAX_SECONDS)
+RANKS = _ranged(int, f"a positive whole number (at most {INT_MAX}: MPI ranks are int)", 1, INT_MAX)
+ITERATIONS = _ranged(int, "a positive whole number (at most 10^12, the engine's limit)", 1, MAX_ITERATIONS)
+WARMUP = _ranged(int, "a whole number >= 0 (at most 10^12, the engine's limit)", 0, MAX_ITERATIONS)
+PORT = _ranged(int, "a port number from 1 to 65535", 1, 65535)
+ROTATE_KEEP = _ranged(int, f"a whole number from 0 to {MAX_ROTATE_KEEP}", 0, MAX_ROTATE_KEEP)
 STR_LIST = _str_list()
 STR_MAP = _str_map()
-SIZE = _size_kind()
+SIZE = _size_kind(parse_size, "a size such as 1024, 64KB, 4MB")
+# one rank's message in a plan or --sizes: the engine's 2 GB limit (2147483647 B)
+MESSAGE_SIZE = _size_kind(parse_message_size, "a size such as 1024, 64KB, 4MB (below 2GB)")
 SECONDS = _seconds_kind()
+WARNING_LATENCY = _latency_kind("10ms")
+CRITICAL_LATENCY = _latency_kind("20ms")
 
 
 def _fraction():
+    expected = "a number in (0, 1]"
+
     def check(v):
-        v = POS_FLOAT.check(v)
+        try:
+            v = POS_FLOAT.check(v)
+        except ValueError:
+            raise ValueError(expected) from None
         if v > 1:
-            raise ValueError("a number in (0, 1]")
+            raise ValueError(expected)
         return v
-    return _Kind(check, "a number in (0, 1]")
+    return _Kind(check, expected)
 
 
 FRACTION = _fraction()
 
 # Sections with plain keys: key -> (kind, default). None default means "not set".
 STRESS_SCHEMA = {
-    "pause": (NONNEG_FLOAT, 0.0),            # seconds between plan passes
+    "pause": (NONNEG_SECONDS, 0.0),          # seconds between plan passes
     "duty_cycle": (FRACTION, 1.0),           # at most this share of wall time in MPI jobs
-    "backoff_initial": (POS_FLOAT, 5.0),     # seconds before the first relaunch
-    "backoff_max": (POS_FLOAT, 300.0),       # cap of the exponential back-off
+    "backoff_initial": (POS_SECONDS, 5.0),   # seconds before the first relaunch
+    "backoff_max": (POS_SECONDS, 300.0),     # cap of the exponential back-off
     "rotate_bytes": (SIZE, 100 << 20),       # rotate the results log past this size
-    "rotate_keep": (NONNEG_INT, 5),          # rotated files kept
+    "rotate_keep": (ROTATE_KEEP, 5),         # rotated files kept
     "results_log": (PATH, None),              # default <state_dir>/results.jsonl
-    "stop_grace": (POS_FLOAT, 10.0),         # SIGTERM -> SIGKILL grace, seconds
+    "stop_grace": (POS_SECONDS, 10.0),       # SIGTERM -> SIGKILL grace, seconds
 }
 EXPORTER_SCHEMA = {
     "listen": (STR, "0.0.0.0:9105"),
     "results_log": (PATH, None),              # default: the daemon's log in state_dir
-    "max_age": (POS_FLOAT, 900.0),           # seconds before a result series disappears
-    "poll_interval": (POS_FLOAT, 1.0),       # seconds between log polls
+    "max_age": (POS_SECONDS, 900.0),         # seconds before a result series disappears
+    "poll_interval": (POS_SECONDS, 1.0),     # seconds between log polls
     "legacy_metrics": (BOOL, False),
     "tls_cert": (PATH, None),
     "tls_key": (PATH, None),
@@ -254,12 +340,12 @@ EXPORTER_SCHEMA = {
 MASTER_SCHEMA = {
     "host": (STR, None),                     # address or ~/.ssh/config alias; unset = act locally
     "user": (STR, None),
-    "port": (POS_INT, None),
+    "port": (PORT, None),
     "identity_file": (PATH, None),
     "known_hosts": (PATH, None),              # default ~/.ssh/known_hosts
     "ssh_config": (PATH, None),               # default ~/.ssh/config
-    "connect_timeout": (POS_FLOAT, 10.0),
-    "command_timeout": (POS_FLOAT, 3600.0),
+    "connect_timeout": (POS_SECONDS, 10.0),
+    "command_timeout": (POS_SECONDS, 3600.0),
     "remote_dir": (STR, "/opt/collbench"),   # where collbench lives on the master
     "remote_config": (STR, None),            # config path on the master (default: uploaded copy)
     "remote_state_dir": (STR, None),
@@ -268,7 +354,7 @@ MASTER_SCHEMA = {
 }
 ALERTS_SCHEMA = {
     "for": (STR, "2m"),                      # how long a latency must stay above a bound
-    "stale_after": (POS_FLOAT, 600.0),       # results older than this fire ResultsStale
+    "stale_after": (POS_SECONDS, 600.0),     # results older than this fire ResultsStale
     "failure_window": (STR, "15m"),
     "nodes": (POS_INT, 8),                   # the cluster size the thresholds are for
     "link_gbps": (POS_FLOAT, 25.0),          # the link speed the thresholds are for
@@ -316,16 +402,17 @@ class _Loader:
         self.base_dir = base_dir
 
     def fail(self, key, message):
-        raise ConfigError(self.source, key, message)
+        raise config_error(self.source, key, message)
 
     def value(self, key, kind, v):
         try:
             return kind.check(v)
-        except ValueError as e:
-            detail = str(e) or kind.expected
-            if detail.startswith((repr(v), str(v))):
+        except (ValueError, TypeError, OverflowError) as e:
+            detail = (str(e) if isinstance(e, ValueError) else "") or kind.expected
+            shown = bounded_repr(v)
+            if detail.startswith(shown):
                 self.fail(key, detail)  # the parser already quoted the value
-            self.fail(key, f"got {v!r}, expected {detail}")
+            self.fail(key, f"got {shown}, expected {detail}")
 
     def path(self, p):
         p = os.path.expanduser(p)
@@ -349,9 +436,7 @@ class _Loader:
 
     def hosts(self, v):
         if isinstance(v, str):
-            path = self.path(v)
-            if not os.path.isfile(path):
-                self.fail("hosts", f"hostfile {path} does not exist (expected a hostfile path or a list of hosts)")
+            path = self.path(self.value("hosts", PATH, v))
             return parse_hostfile(path, self), path
         if not isinstance(v, list) or not v:
             self.fail("hosts", "expected a hostfile path or a non-empty list of hosts "
@@ -361,18 +446,19 @@ class _Loader:
             key = f"hosts[{i}]"
             if isinstance(item, str):
                 name, _, slots = item.partition(":")
-                slots = slots or "1"
-                if not slots.isdigit() or int(slots) < 1:
-                    self.fail(key, f"got {item!r}, expected name or name:slots with slots >= 1")
-                hosts.append(Host(_hostname(self, key, name), int(slots)))
+                slots = _slots(slots or "1")
+                if slots is None:
+                    self.fail(key, f"got {bounded_repr(item)}, expected name or name:slots "
+                                   f"with slots from 1 to {INT_MAX}")
+                hosts.append(Host(_hostname(self, key, name), slots))
             elif isinstance(item, dict):
                 bad = [k for k in item if k not in ("host", "slots")]
-                if bad or "host" not in item:
-                    self.fail(key, f"got {item!r}, expected {{host: name, slots: N}}")
+                if bad or "host" not in item or not _plain_scalar(item["host"]):
+                    self.fail(key, f"got {bounded_repr(item)}, expected {{host: name, slots: N}}")
                 slots = self.value(f"{key}.slots", POS_INT, item.get("slots", 1))
                 hosts.append(Host(_hostname(self, f"{key}.host", str(item["host"])), slots))
             else:
-                self.fail(key, f"got {item!r}, expected name, 'name:slots' or {{host: name, slots: N}}")
+                self.fail(key, f"got {bounded_repr(item)}, expected name, 'name:slots' or {{host: name, slots: N}}")
         return hosts, None
 
     def plan(self, v, key, datatype):
@@ -391,10 +477,10 @@ class _Loader:
             try:
                 op = get_op(item["op"])
             except KeyError:
-                self.fail(f"{k}.op", f"got {item['op']!r}, expected one of: {', '.join(OPS)}")
+                self.fail(f"{k}.op", f"got {bounded_repr(item['op'])}, expected one of: {', '.join(OPS)}")
             dt = item.get("datatype", datatype) or default_datatype(op)
-            if dt not in DATATYPES:
-                self.fail(f"{k}.datatype", f"got {dt!r}, expected one of: {', '.join(DATATYPES)}")
+            if not isinstance(dt, str) or dt not in DATATYPES:
+                self.fail(f"{k}.datatype", f"got {bounded_repr(dt)}, expected one of: {', '.join(DATATYPES)}")
             if op.reduction is False and dt != "char" and item.get("datatype") is None:
                 dt = "char"
             sizes = item.get("sizes", ["0"] if not op.has_size else None)
@@ -408,12 +494,13 @@ class _Loader:
                 if not op.has_size:
                     size = 0
                 else:
-                    size = self.value(f"{k}.sizes[{j}]", SIZE, s)
+                    size = self.value(f"{k}.sizes[{j}]", MESSAGE_SIZE, s)
                     if size % DATATYPES[dt]:
-                        self.fail(f"{k}.sizes[{j}]", f"{s!r} is not a multiple of the {dt} size ({DATATYPES[dt]} B)")
+                        self.fail(f"{k}.sizes[{j}]", f"{bounded_repr(s)} is not a multiple of the {dt} size "
+                                                     f"({DATATYPES[dt]} B)")
                 osu_iters, osu_warmup = osu_default_iterations(size)
-                iters = self.value(f"{k}.iterations", POS_INT, item["iterations"]) if "iterations" in item else osu_iters
-                warmup = self.value(f"{k}.warmup", NONNEG_INT, item["warmup"]) if "warmup" in item else (
+                iters = self.value(f"{k}.iterations", ITERATIONS, item["iterations"]) if "iterations" in item else osu_iters
+                warmup = self.value(f"{k}.warmup", WARMUP, item["warmup"]) if "warmup" in item else (
                     osu_warmup if "iterations" not in item else max(1, iters // 10))
                 steps.append(Step(op.name, size, iters, warmup, dt))
         return steps
@@ -444,10 +531,11 @@ class _Loader:
                 size_b = self.value(skey, SIZE, size)
                 if not isinstance(bounds, dict) or set(bounds) != {"warning", "critical"}:
                     self.fail(skey, "expected {warning: <duration>, critical: <duration>}")
-                w = self.value(f"{skey}.warning", _Kind(parse_duration_us, "a duration such as 10ms"), bounds["warning"])
-                c = self.value(f"{skey}.critical", _Kind(parse_duration_us, "a duration such as 20ms"), bounds["critical"])
+                w = self.value(f"{skey}.warning", WARNING_LATENCY, bounds["warning"])
+                c = self.value(f"{skey}.critical", CRITICAL_LATENCY, bounds["critical"])
                 if c < w:
-                    self.fail(skey, f"critical ({bounds['critical']}) is below warning ({bounds['warning']})")
+                    self.fail(skey, f"critical ({bounded_repr(bounds['critical'])}) is below "
+                                    f"warning ({bounded_repr(bounds['warning'])})")
                 latency = {k: b for k, b in latency.items()
                            if not (get_op(k[0]).name == op.name and parse_size(k[1]) == size_b)}
                 latency[(op.name, format_size(size_b))] = (w, c)
@@ -464,33 +552,116 @@ class _Loader:
 def _hostname(loader, key, name):
     name = name.strip()
     # Host names reach mpirun argv and remote shells: allow only what a host name can hold.
-    if not name or any(not (c.isalnum() or c in "-._") for c in name) or name.startswith("-"):
-        loader.fail(key, f"got {name!r}, expected a host name or address (letters, digits, - . _)")
+    if (not name or len(name) > 253 or any(not (c.isalnum() or c in "-._") for c in name)
+            or name.startswith("-")):
+        loader.fail(key, f"got {bounded_repr(name)}, expected a host name or address "
+                         "(letters, digits, - . _; at most 253 characters)")
     return name
 
 
+_SLOTS_RE = re.compile(r"^[0-9]{1,10}$")   # ASCII digits: str.isdigit() takes '²', which int() refuses
+
+
+def _slots(text):
+    """A slot count from 1 to INT_MAX, or None."""
+    if not _SLOTS_RE.match(text) or not 1 <= int(text) <= INT_MAX:
+        return None
+    return int(text)
+
+
+def config_error(source, key, message):
+    """A ConfigError whose parts are cut to a line each: values from a config can be any size."""
+    return ConfigError(bounded_text(source, 512) if source else source,
+                       bounded_text(key, 160) if key else key, bounded_text(message))
+
+
+class InputFileError(Exception):
+    """A config or hostfile that cannot be read; `problem` completes '<what> <path> ...'."""
+
+    def __init__(self, problem, about_type=False):
+        super().__init__(problem)
+        self.problem = problem
+        self.about_type = about_type   # missing or not a file (rather than unreadable content)
+
+
+def read_input_file(path, limit):
+    """The text of a config or hostfile: a regular file of at most `limit` bytes, UTF-8.
+
+    Opened non-blocking and checked with fstat on the open descriptor, so a FIFO or a device
+    put in its place is refused, never waited on.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise InputFileError("does not exist", about_type=True) from None
+    except NotADirectoryError:
+        raise InputFileError("does not exist (a part of its path is not a directory)", about_type=True) from None
+    except ValueError:   # a NUL in the path
+        raise InputFileError("is not a valid path", about_type=True) from None
+    except OSError as e:
+        raise InputFileError(f"cannot be read ({e.strerror or e})") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise InputFileError("is a directory", about_type=True)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputFileError("is not a regular file (a FIFO, socket or device)", about_type=True)
+        if st.st_size > limit:
+            raise InputFileError(f"is {st.st_size} bytes, over the {limit // 1024} KB limit")
+        chunks, total = [], 0
+        while total <= limit:
+            chunk = os.read(fd, limit + 1 - total)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    except OSError as e:
+        raise InputFileError(f"cannot be read ({e.strerror or e})") from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > limit:   # grew since fstat
+        raise InputFileError(f"is over the {limit // 1024} KB limit")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise InputFileError(f"is not UTF-8 text (byte 0x{data[e.start]:02x} on line {line})") from None
+
+
 def parse_hostfile(path, loader=None):
-    """OpenMPI hostfile: 'host slots=N' per line, '#' comments. Returns [Host]."""
-    loader = loader or _Loader(path, os.path.dirname(path))
+    """OpenMPI hostfile: 'host slots=N' per line, '#' comments. Returns [Host].
+
+    With `loader` (a config naming the hostfile), a file that cannot be read is reported
+    against the config's `hosts` key; line errors always name the hostfile.
+    """
+    try:
+        text = read_input_file(path, MAX_HOSTFILE_BYTES)
+    except InputFileError as e:
+        if loader is None:
+            raise config_error(path, None, f"hostfile {e.problem}") from None
+        hint = " (expected a hostfile path or a list of hosts)" if e.about_type else ""
+        loader.fail("hosts", f"hostfile {path} {e.problem}{hint}")
+    own = _Loader(path, os.path.dirname(path))
     hosts = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, raw in enumerate(f, 1):
-            line = raw.split("#", 1)[0].strip()
-            if not line:
-                continue
-            parts = line.split()
-            slots = 1
-            for p in parts[1:]:
-                k, _, val = p.partition("=")
-                if k in ("slots", "max_slots", "max-slots") and val.isdigit() and int(val) >= 1:
-                    if k == "slots":
-                        slots = int(val)
-                else:
-                    raise ConfigError(path, f"line {lineno}",
-                                      f"got {line!r}, expected 'host slots=N'")
-            hosts.append(Host(_hostname(loader, f"line {lineno}", parts[0]), slots))
+    for lineno, raw in enumerate(text.split("\n"), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        slots = 1
+        for p in parts[1:]:
+            k, _, val = p.partition("=")
+            n = _slots(val)
+            if k in ("slots", "max_slots", "max-slots") and n is not None:
+                if k == "slots":
+                    slots = n
+            else:
+                own.fail(f"line {lineno}", f"got {bounded_repr(line)}, expected 'host slots=N' "
+                                           f"(N from 1 to {INT_MAX})")
+        hosts.append(Host(_hostname(own, f"line {lineno}", parts[0]), slots))
     if not hosts:
-        raise ConfigError(path, None, "the hostfile lists no hosts")
+        raise config_error(path, None, "the hostfile lists no hosts")
     return hosts
 
 
@@ -498,19 +669,21 @@ def load_config(path=None):
     """Load and validate a config file; None gives the embedded local default."""
     if path is None:
         return build_config({}, "<default>", os.getcwd())
-    if not os.path.isfile(path):
-        raise ConfigError(path, None, "config file does not exist")
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+        text = read_input_file(path, MAX_CONFIG_BYTES)
+    except InputFileError as e:
+        hint = ", expected a YAML config file" if e.about_type and "exist" not in e.problem else ""
+        raise config_error(path, None, f"config file {e.problem}{hint}") from None
+    try:
+        data = load_bounded(text)
+    except YAMLRefused as e:
+        raise config_error(path, e.where, e.message) from None
     except yaml.YAMLError as e:
-        raise ConfigError(path, None, f"not valid YAML: {e}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(path, None, f"cannot read: {e}") from None
+        raise config_error(path, None, f"not valid YAML: {e}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(path, None, "expected a mapping of settings at the top level")
+        raise config_error(path, None, "expected a mapping of settings at the top level")
     return build_config(data, path, os.path.dirname(os.path.abspath(path)))
 
 
@@ -529,7 +702,10 @@ def build_config(data, source, base_dir):
     else:
         hosts, hostfile = ld.hosts(data["hosts"])
     total_slots = sum(h.slots for h in hosts)
-    ranks = get("ranks", POS_INT, local_default_ranks() if local else total_slots)
+    if "ranks" not in data and total_slots > INT_MAX:
+        ld.fail("ranks", f"not set, and the hosts' {total_slots} slots are more ranks than MPI's int "
+                         f"holds (set ranks, at most {INT_MAX})")
+    ranks = get("ranks", RANKS, local_default_ranks() if local else total_slots)
     datatype = get("datatype", _choice(*DATATYPES), None)
     plan = ld.plan(data["plan"], "plan", datatype) if data.get("plan") is not None else None
 
@@ -543,7 +719,7 @@ def build_config(data, source, base_dir):
         hosts=hosts,
         hostfile=hostfile,
         ranks=ranks,
-        ranks_per_node=get("ranks_per_node", POS_INT, None),
+        ranks_per_node=get("ranks_per_node", RANKS, None),
         oversubscribe=get("oversubscribe", BOOL, local),
         launcher=get("launcher", _choice(*LAUNCHERS), "mpirun"),
         launcher_path=get("launcher_path", STR, None),
@@ -551,14 +727,14 @@ def build_config(data, source, base_dir):
         env=get("env", STR_MAP, {}),
         transport=get("transport", _choice(*TRANSPORTS), "shm" if local else "ob1-tcp"),
         engine=get("engine", _choice(*ENGINES), "builtin"),
-        osu_path=ld.path(data["osu_path"]) if isinstance(data.get("osu_path"), str) else get("osu_path", STR, None),
-        engine_path=ld.path(data["engine_path"]) if isinstance(data.get("engine_path"), str) else get("engine_path", STR, None),
+        osu_path=_path_or_none(ld, get("osu_path", PATH, None)),
+        engine_path=_path_or_none(ld, get("engine_path", PATH, None)),
         datatype=datatype,
         validate=get("validate", BOOL, False),
         step_timeout=get("step_timeout", SECONDS, 600.0),
         plan=plan,
         thresholds=ld.thresholds(data.get("thresholds")),
-        state_dir=ld.path(data["state_dir"]) if isinstance(data.get("state_dir"), str) else get("state_dir", STR, default_state_dir()),
+        state_dir=_path_or_none(ld, get("state_dir", PATH, None)) or default_state_dir(),
         stress=SimpleNamespace(**stress),
         exporter=SimpleNamespace(**ld.section("exporter", data.get("exporter"), EXPORTER_SCHEMA)),
         master=SimpleNamespace(**ld.section("master", data.get("master"), MASTER_SCHEMA)),
@@ -576,11 +752,15 @@ def build_config(data, source, base_dir):
     return cfg
 
 
+def _path_or_none(ld, value):
+    return None if value is None else ld.path(value)
+
+
 def apply_overrides(cfg, np=None, ops=None, sizes=None, iterations=None, datatype=None, validate=None):
     """Narrow a config from command-line flags; errors name the flag. Returns cfg (modified)."""
     ld = _Loader("command line", os.getcwd())
     if np is not None:
-        cfg.ranks = ld.value("--np", POS_INT, np)
+        cfg.ranks = ld.value("--np", RANKS, np)
         if cfg.implicit_hosts:
             cfg.hosts = [Host("localhost", max(cfg.ranks, 1))]
     if datatype is not None:
@@ -596,7 +776,7 @@ def apply_overrides(cfg, np=None, ops=None, sizes=None, iterations=None, datatyp
             try:
                 names.append(get_op(name.strip()).name)
             except KeyError:
-                ld.fail("--ops", f"got {name!r}, expected a comma list of: {', '.join(OPS)}")
+                ld.fail("--ops", f"got {bounded_repr(name)}, expected a comma list of: {', '.join(OPS)}")
         if not names:
             ld.fail("--ops", f"expected a comma list of: {', '.join(OPS)}")
         known = {s.op for s in plan}
@@ -606,7 +786,7 @@ def apply_overrides(cfg, np=None, ops=None, sizes=None, iterations=None, datatyp
         for n in extra:
             plan += default_plan([(n, ("1MB",) if get_op(n).has_size else ("0",), 100)], cfg.datatype)
     if sizes is not None:
-        size_list = [ld.value("--sizes", SIZE, s.strip()) for s in sizes.split(",") if s.strip()]
+        size_list = [ld.value("--sizes", MESSAGE_SIZE, s.strip()) for s in sizes.split(",") if s.strip()]
         if not size_list:
             ld.fail("--sizes", "expected a comma list of sizes such as 1KB,1MB")
         new = []
@@ -626,7 +806,7 @@ def apply_overrides(cfg, np=None, ops=None, sizes=None, iterations=None, datatyp
         if s.size_bytes % DATATYPES[s.datatype]:
             ld.fail("--sizes", f"{s.size_bytes} B is not a multiple of the {s.datatype} size ({DATATYPES[s.datatype]} B)")
     if iterations is not None:
-        it = ld.value("--iterations", POS_INT, iterations)
+        it = ld.value("--iterations", ITERATIONS, iterations)
         plan = [Step(s.op, s.size_bytes, it, max(1, min(s.warmup, it // 10 or 1)), s.datatype) for s in plan]
     cfg.plan = plan
     return cfg

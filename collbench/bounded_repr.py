@@ -1,0 +1,44 @@
+"""A value as shown in an error message: repr, but never longer than a line.
+
+Config values, flags and log fields are untrusted: a 1 MB string, a 10,000-digit number or a
+list that aliases expand to millions of items must not turn into a 1 MB error message, and
+repr() of an int past 4300 digits even raises (Python's int-to-str limit).
+"""
+
+import reprlib
+
+SHOWN_CHARS = 80    # a value in a message: at most this many characters
+MESSAGE_CHARS = 600  # a whole message
+
+
+class _Repr(reprlib.Repr):
+    def __init__(self, limit):
+        super().__init__()
+        self.maxlevel = 3
+        self.maxlist = self.maxtuple = self.maxset = self.maxfrozenset = self.maxdeque = 6
+        self.maxdict = 4
+        self.maxstring = limit
+        self.maxother = limit
+        self.maxlong = limit
+
+    def repr_int(self, x, level):
+        if x.bit_length() > 256:   # ~77 digits: say how big instead of converting it
+            return f"<a {'negative ' if x < 0 else ''}number of about {int(x.bit_length() * 0.30103) + 1} digits>"
+        return super().repr_int(x, level)
+
+
+def bounded_repr(value, limit=SHOWN_CHARS):
+    """repr(value) cut to `limit` characters (with '...'): safe for any size, type and nesting."""
+    try:
+        text = _Repr(limit).repr(value)
+    except Exception:  # a repr that fails (exotic types) still yields a message
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def bounded_text(text, limit=MESSAGE_CHARS):
+    """A message or key cut to `limit` characters, saying how much was left out."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
