@@ -42,6 +42,16 @@ def resolve_launcher(cfg):
     """Absolute path of mpirun/srun, or a UserError saying how to get it."""
     name = cfg.launcher_path or cfg.launcher
     path = shutil.which(name)
+    if path is None and cfg.launcher_path:
+        # the advice differs: the configured path is what is wrong, not the PATH
+        where = f"launcher_path {name!r} in {cfg.source}"
+        if os.sep not in name:
+            raise UserError(f"{where}: not found on PATH (give the full path of {cfg.launcher}, "
+                            f"or remove launcher_path to use the {cfg.launcher} on PATH)")
+        problem = ("is a directory" if os.path.isdir(name) else "is not executable" if os.path.exists(name)
+                   else "does not exist")
+        raise UserError(f"{where}: {problem} (set it to the full path of an executable {cfg.launcher}, "
+                        f"or remove launcher_path to use the {cfg.launcher} on PATH)")
     if path is None:
         raise UserError(f"launcher {name!r} not found on PATH (install openmpi-bin, or set "
                         f"launcher_path in the config)")
