@@ -5,6 +5,12 @@ Start-up on a huge log: position the tailer at the end, then read backwards from
 (at most `backfill_bytes`, and no further than records older than max_age) to recover the
 latest value of each series. Everything after that point is read by the tailer, so no record
 is lost between the two and none is counted twice.
+
+The poll thread never dies: a failed poll (an unreadable log, a bug) is counted in
+`collbench_exporter_poll_errors_total`, logged (the first time, when the error changes, and
+once a minute while it lasts), and polling goes on. /health turns 503, with the reason, when no
+poll has completed for STALL_POLLS poll intervals (at least STALL_MIN_SECONDS): a poller that
+is stuck or keeps failing is reported, not hidden behind frozen values.
 """
 
 import logging
@@ -20,7 +26,7 @@ from collbench.exporter.collectors.legacy import LegacyCollector
 from collbench.exporter.collectors.netstat import NetstatCollector
 from collbench.exporter.collectors.rdma_sysfs import RdmaSysfsCollector
 from collbench.exporter.collectors.results import ResultsCollector
-from collbench.exporter.results_state import ResultsState
+from collbench.exporter.results_state import DEFAULT_MAX_SERIES, ResultsState
 from collbench.exporter.tailer import LogTailer, read_lines_backwards
 
 log = logging.getLogger("collbench.exporter")
@@ -34,16 +40,21 @@ COLLECTORS = {
     "netstat": lambda ex, _: NetstatCollector(ex.settings.procfs_root),
 }
 BACKFILL_BYTES = 8 << 20    # ~14000 records: 15 min of a busy plan is ~700
+STALL_POLLS = 5             # /health: unhealthy after this many poll intervals without a poll
+STALL_MIN_SECONDS = 10.0
+ERROR_LOG_EVERY = 60.0      # seconds between log lines of a poll error that persists
 
 
 class Exporter:
     """`settings`: results_log, state_dir, max_age, poll_interval, legacy_metrics, collectors,
-    sysfs_root, procfs_root, ethtool, netdevs, device_include, device_exclude, backfill_bytes."""
+    sysfs_root, procfs_root, ethtool, netdevs, device_include, device_exclude, backfill_bytes,
+    max_series."""
 
     def __init__(self, settings, clock=time.time):
         self.settings = settings
         self.clock = clock
-        self.state = ResultsState(settings.max_age, clock=clock)
+        self.state = ResultsState(settings.max_age, clock=clock,
+                                  max_series=getattr(settings, "max_series", None) or DEFAULT_MAX_SERIES)
         self.tailer = LogTailer(settings.results_log, on_bad_line=self.state.bad_line)
         dev_filter = DeviceFilter(settings.device_include, settings.device_exclude)
         built = [COLLECTORS[name](self, dev_filter) for name in settings.collectors]
@@ -55,7 +66,9 @@ class Exporter:
         self._stop = threading.Event()
         self._thread = None
         self.last_poll = None        # monotonic time of the last poll that completed
-        self.poll_error = None
+        self.poll_error = None       # text of the newest failure, None after a good poll
+        self._started_at = None
+        self._error_logged = (None, float("-inf"))   # (text, monotonic time) of the last error logged
         self.startup_seconds = None
         self.backfilled = 0
 
@@ -63,7 +76,11 @@ class Exporter:
 
     def start(self):
         t0 = time.perf_counter()
-        self.backfill()
+        self._started_at = time.monotonic()
+        try:
+            self.backfill()
+        except Exception as e:   # noqa: BLE001 -- a start-up read must never stop the exporter
+            self._poll_failed("start-up read", e)
         self.startup_seconds = time.perf_counter() - t0
         log.info("results log %s: recovered %d recent records in %.3f s; tailing from byte %d",
                  self.settings.results_log, self.backfilled, self.startup_seconds, self.tailer.offset)
@@ -74,8 +91,7 @@ class Exporter:
         try:
             end = self.tailer.seek_end()
         except OSError as e:
-            self.poll_error = f"{self.settings.results_log}: {e.strerror}"
-            log.error("cannot read the results log %s", self.poll_error)
+            self._poll_failed("start-up read", e)
             return
         budget = getattr(self.settings, "backfill_bytes", None) or BACKFILL_BYTES
         path = self.settings.results_log
@@ -89,7 +105,11 @@ class Exporter:
 
     def poll_once(self):
         for line in self.tailer.poll():
-            self.state.ingest(line)
+            try:
+                self.state.ingest(line)
+            except Exception as e:   # noqa: BLE001 -- a bug on one line: count it, keep the rest
+                self.state.bad_line(f"internal error: {type(e).__name__}")
+                self._poll_failed("a line", e)
         self.last_poll = time.monotonic()
 
     def _poll_loop(self):
@@ -97,11 +117,24 @@ class Exporter:
             try:
                 self.poll_once()
                 self.poll_error = None
-            except OSError as e:
-                if self.poll_error is None:
-                    log.error("results log %s: %s", self.settings.results_log, e.strerror or e)
-                self.poll_error = str(e.strerror or e)
+            except Exception as e:   # noqa: BLE001 -- the poller must outlive any fault
+                self._poll_failed("poll", e)
             self._stop.wait(self.settings.poll_interval)
+
+    def _poll_failed(self, what, e):
+        """Count and log a failure of the poller; the log line is rate-limited per error text."""
+        self.state.poll_failed()
+        if isinstance(e, OSError):
+            text = f"{self.settings.results_log}: {e.strerror or e}"
+        else:
+            text = f"{what}: internal error: {type(e).__name__}: {str(e)[:200]}"
+        self.poll_error = text
+        now = time.monotonic()
+        last_text, last_time = self._error_logged
+        if text != last_text or now - last_time >= ERROR_LOG_EVERY:
+            self._error_logged = (text, now)
+            log.error("results log: %s (counted in collbench_exporter_poll_errors_total; polling goes on)",
+                      text, exc_info=not isinstance(e, OSError) and text != last_text)
 
     def stop(self):
         self._stop.set()
@@ -112,16 +145,34 @@ class Exporter:
     # -------------------------------------------------------------- status
 
     def health(self):
-        """(ok, detail): ok while the poll thread runs and polled recently."""
-        alive = self._thread is not None and self._thread.is_alive()
-        recent = (self.last_poll is not None
-                  and time.monotonic() - self.last_poll < max(10.0, 5 * self.settings.poll_interval))
-        ok = alive and recent
+        """(ok, detail): ok while the poll thread runs and completed a poll recently; else the
+        detail's `reason` says what is wrong."""
+        now = time.monotonic()
+        limit = max(STALL_MIN_SECONDS, STALL_POLLS * self.settings.poll_interval)
+        since = self.last_poll if self.last_poll is not None else self._started_at
+        age = None if since is None else now - since
+        reason = None
+        if self._thread is None:
+            reason = "the results poller has not started"
+        elif not self._thread.is_alive():
+            reason = "the results poller has stopped"
+        elif self.last_poll is None or age >= limit:
+            if self.last_poll is None and age < limit:
+                reason = "starting: no poll of the results log has completed yet"
+            else:
+                reason = (f"no poll of the results log has completed for {age:.0f} s "
+                          f"(limit {limit:g} s: {STALL_POLLS} poll intervals)")
+            if self.poll_error:
+                reason += f"; last error: {self.poll_error}"
+        ok = reason is None
         return ok, {
             "status": "ok" if ok else "unhealthy",
+            "reason": reason,
             "results_log": self.settings.results_log,
             "results_log_exists": os.path.exists(self.settings.results_log),
             "poll_error": self.poll_error,
+            "last_poll_age_seconds": None if self.last_poll is None else round(now - self.last_poll, 3),
+            "poll_errors": self.state.poll_errors,
         }
 
     def describe(self):

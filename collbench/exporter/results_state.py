@@ -7,32 +7,34 @@ instead of turning into zeros (0 would read as a perfect network).
 
 Counters (records, failures, parse errors) count what was read since the exporter started;
 the start-up backfill only recovers latest values and does not count.
+
+Every line goes through collbench.record_parser: a line that is not a documented record is
+counted once in `parse_errors` and changes nothing else. The series table holds at most
+`max_series` keys; results of further series are counted in `series_dropped` and not kept (a
+log with 50,000 distinct sizes cannot grow memory or scrape time without bound). Stale series
+are swept first, so the table refills as old series age out.
 """
 
-import json
 import logging
-import math
 import re
 import threading
 import time
 from dataclasses import dataclass
 
 from collbench.ops import OPS
+from collbench.record_parser import RECORD_TYPES, ParseError, parse_record
 
 log = logging.getLogger("collbench.exporter")
 
-RECORD_TYPES = ("result", "failure", "event")
 NO_OP = "none"   # failures[op] for a failure not tied to one op (the whole MPI job)
+DEFAULT_MAX_SERIES = 10000   # exporter.max_series: distinct (op, size, nodes, ranks) kept
+_PRUNE_EVERY = 1.0           # seconds between stale-series sweeps forced by a full table
 
 
 # type, ts, op, size_bytes, nodes, ranks as the JSON text has them (backfill fast path only)
 _QUICK = [re.compile(rb'"%s":\s*%s' % (k, v)) for k, v in (
     (b"type", rb'"(\w+)"'), (b"ts", rb"([0-9.eE+-]+)"), (b"op", rb'"(\w+)"'),
     (b"size_bytes", rb"(\d+)"), (b"nodes", rb"(\d+)"), (b"ranks", rb"(\d+)"))]
-
-
-class BadRecord(ValueError):
-    """A line that is not a valid results record."""
 
 
 @dataclass
@@ -54,56 +56,20 @@ class Series:
         return (self.op, self.size_bytes, self.nodes, self.ranks)
 
 
-def _num(rec, key, required=True):
-    v = rec.get(key)
-    if v is None and not required:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise BadRecord(f"{key}: expected a finite number, got {v!r}")
-    return v
-
-
-def _int(rec, key):
-    v = rec.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise BadRecord(f"{key}: expected a whole number >= 0, got {v!r}")
-    return v
-
-
-def parse_record(line):
-    """The record dict of one log line; BadRecord when it is not one."""
-    try:
-        rec = json.loads(line)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise BadRecord(f"not JSON: {e}") from None
-    if not isinstance(rec, dict):
-        raise BadRecord("not a JSON object")
-    if rec.get("type") not in RECORD_TYPES:
-        raise BadRecord(f"type: expected one of {', '.join(RECORD_TYPES)}, got {rec.get('type')!r}")
-    _num(rec, "ts")
-    return rec
-
-
 def series_from_record(rec):
-    """A Series from a result record; BadRecord when a field is missing or wrong."""
-    op = rec.get("op")
-    if op not in OPS:
-        raise BadRecord(f"op: expected one of {', '.join(OPS)}, got {op!r}")
-    size = rec.get("size")
-    if not isinstance(size, str) or not size:
-        raise BadRecord(f"size: expected a size label, got {size!r}")
-    avg = _num(rec, "latency_avg_us")
+    """A Series from a result record validated by collbench.record_parser (every field is of
+    its documented type: nothing to check here)."""
+    avg = float(rec["latency_avg_us"])
+    low, high = rec["latency_min_us"], rec["latency_max_us"]
+    algbw, busbw = rec["algbw_bytes_per_s"], rec["busbw_bytes_per_s"]
     return Series(
-        op=op, size=size, size_bytes=_int(rec, "size_bytes"),
-        nodes=_int(rec, "nodes"), ranks=_int(rec, "ranks"),
+        op=rec["op"], size=rec["size"], size_bytes=rec["size_bytes"], nodes=rec["nodes"], ranks=rec["ranks"],
         avg_s=avg / 1e6,
-        min_s=_num(rec, "latency_min_us", required=False) / 1e6
-        if rec.get("latency_min_us") is not None else avg / 1e6,
-        max_s=_num(rec, "latency_max_us", required=False) / 1e6
-        if rec.get("latency_max_us") is not None else avg / 1e6,
-        algbw=_num(rec, "algbw_bytes_per_s", required=False),
-        busbw=_num(rec, "busbw_bytes_per_s", required=False),
-        ts=_num(rec, "ts"))
+        min_s=(avg if low is None else float(low)) / 1e6,     # OSU without -f has no min/max
+        max_s=(avg if high is None else float(high)) / 1e6,
+        algbw=None if algbw is None else float(algbw),
+        busbw=None if busbw is None else float(busbw),
+        ts=float(rec["ts"]))
 
 
 def _success(rec):
@@ -114,19 +80,24 @@ def _success(rec):
 class ResultsState:
     """Thread-safe: the poller writes, scrapes read."""
 
-    def __init__(self, max_age, clock=time.time):
+    def __init__(self, max_age, clock=time.time, max_series=DEFAULT_MAX_SERIES):
         self.max_age = max_age
         self.clock = clock
+        self.max_series = max_series
         self._lock = threading.Lock()
         self._series = {}
         self.failures = {name: 0 for name in OPS}
         self.failures[NO_OP] = 0
         self.records = {t: 0 for t in RECORD_TYPES}
         self.parse_errors = 0
+        self.series_dropped = 0      # results not kept: the table was full (max_series)
+        self.poll_errors = 0         # polls of the log that failed (counted by the exporter's poller)
         self.last_update = None      # ts of the newest result
         self.last_success = None     # (ok, ts) of the newest result or failure
         self.last_iteration = None   # `iteration` of the newest record that has one
         self._logged_bad = 0
+        self._logged_dropped = False
+        self._last_prune = float("-inf")
 
     # -------------------------------------------------------------- writing
 
@@ -142,19 +113,21 @@ class ResultsState:
             log.warning("results log: skipped a bad line (%s)%s", reason,
                         "; further bad lines are only counted" if self._logged_bad == 5 else "")
 
+    def poll_failed(self):
+        with self._lock:
+            self.poll_errors += 1
+
     def ingest(self, line):
         """One line appended to the log since the exporter started."""
-        try:
-            rec = parse_record(line)
-            ser = series_from_record(rec) if rec["type"] == "result" else None
-        except BadRecord as e:
-            self.bad_line(str(e))
+        rec = parse_record(line)
+        if isinstance(rec, ParseError):
+            self.bad_line(rec.reason)
             return
+        ser = series_from_record(rec) if rec["type"] == "result" else None
         with self._lock:
             self.records[rec["type"]] += 1
             if rec["type"] == "failure":
-                op = rec.get("op")
-                op = op if op in OPS else NO_OP
+                op = rec["op"] or NO_OP
                 self.failures[op] += 1
             self._apply(rec, ser, newest_first=False)
 
@@ -169,11 +142,10 @@ class ResultsState:
             for line in lines:
                 if self._skippable(line, horizon):
                     continue
-                try:
-                    rec = parse_record(line)
-                    ser = series_from_record(rec) if rec["type"] == "result" else None
-                except BadRecord:
-                    continue
+                rec = parse_record(line)
+                if isinstance(rec, ParseError):
+                    continue          # not counted: the backfill recovers values, counts nothing
+                ser = series_from_record(rec) if rec["type"] == "result" else None
                 if rec["ts"] < horizon and self.last_update is not None and self.last_success is not None:
                     break
                 used += 1
@@ -202,15 +174,42 @@ class ResultsState:
         """Record `rec` in the state. Tailing sees records oldest first and always overwrites;
         the backfill sees them newest first and only fills what is still unknown."""
         if ser is not None:
-            if not (newest_first and ser.key in self._series):
+            known = ser.key in self._series
+            if not known and not self._room_for_one():
+                self._drop(ser)
+            elif not (newest_first and known):
                 self._series[ser.key] = ser
             if not (newest_first and self.last_update is not None):
                 self.last_update = ser.ts
         if rec["type"] in ("result", "failure") and not (newest_first and self.last_success is not None):
             self.last_success = (_success(rec), rec["ts"])
         it = rec.get("iteration")
-        if isinstance(it, int) and not isinstance(it, bool) and not (newest_first and self.last_iteration is not None):
+        if it is not None and not (newest_first and self.last_iteration is not None):
             self.last_iteration = it
+
+    def _room_for_one(self):
+        """Is there room for one more series? A full table is swept of stale series first, at
+        most once a second (a sweep is a pass over the whole table)."""
+        if len(self._series) < self.max_series:
+            return True
+        now = self.clock()
+        if now - self._last_prune >= _PRUNE_EVERY:
+            self._last_prune = now
+            self._prune(now - self.max_age)
+        return len(self._series) < self.max_series
+
+    def _prune(self, horizon):
+        for k in [k for k, s in self._series.items() if s.ts < horizon]:
+            del self._series[k]
+
+    def _drop(self, ser):
+        self.series_dropped += 1
+        if not self._logged_dropped:
+            self._logged_dropped = True
+            log.warning("results log: more than exporter.max_series=%d distinct series (op, size, "
+                        "nodes, ranks); results of new series are dropped and counted in "
+                        "collbench_exporter_series_dropped_total (first: %s %s nodes=%d ranks=%d)",
+                        self.max_series, ser.op, ser.size, ser.nodes, ser.ranks)
 
     # -------------------------------------------------------------- reading
 
@@ -219,9 +218,7 @@ class ResultsState:
         now = self.clock() if now is None else now
         horizon = now - self.max_age
         with self._lock:
-            stale = [k for k, s in self._series.items() if s.ts < horizon]
-            for k in stale:
-                del self._series[k]
+            self._prune(horizon)
             return list(self._series.values())
 
     def snapshot(self):
@@ -230,6 +227,8 @@ class ResultsState:
                 "failures": dict(self.failures),
                 "records": dict(self.records),
                 "parse_errors": self.parse_errors,
+                "series_dropped": self.series_dropped,
+                "poll_errors": self.poll_errors,
                 "last_update": self.last_update,
                 "last_success": self.last_success,
                 "last_iteration": self.last_iteration,

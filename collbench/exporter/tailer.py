@@ -10,7 +10,9 @@ Handles what a log the exporter does not own can do between two polls:
 - an atomic rewrite that keeps the old content (copy + rename, as `once --results` appends):
   recognised by the new file starting with the bytes already read, and continued from there;
 - a partial last line (the writer is mid-record): kept until its newline arrives;
-- an over-long line: dropped (reported as a bad line), never held in memory past `max_line`.
+- an over-long line: dropped (reported as a bad line), never held in memory past `max_line`;
+- something other than a regular file at the path (a FIFO, a device): an OSError, never a
+  read that blocks the poller (files are opened O_NONBLOCK and checked before reading).
 
 Cost per poll is two fstat/stat calls, one small pread of the file head, and reading the new
 bytes in fixed-size chunks; memory is one chunk plus the partial line.
@@ -18,10 +20,29 @@ bytes in fixed-size chunks; memory is one chunk plus the partial line.
 
 import errno
 import os
+import stat
+
+from collbench.record_parser import MAX_LINE_BYTES
 
 CHUNK = 1 << 20
 HEAD_BYTES = 128          # fingerprint of the file start: changes when copytruncate rewrites it
 MAX_ROTATED = 32          # rotated siblings (path.1 .. path.N) searched after a rename rotation
+
+
+def open_regular(path):
+    """A read-only descriptor of `path` if it is a regular file. O_NONBLOCK: opening a FIFO
+    for reading would otherwise wait for a writer forever. OSError for anything else."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise OSError(errno.EISDIR, "is a directory", path)
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class LogTailer:
@@ -30,7 +51,7 @@ class LogTailer:
     `on_bad_line(reason)` is called for every line dropped as too long or cut by a truncation.
     """
 
-    def __init__(self, path, max_line=1 << 20, on_bad_line=None):
+    def __init__(self, path, max_line=MAX_LINE_BYTES, on_bad_line=None):
         self.path = path
         self.max_line = max_line
         self.on_bad_line = on_bad_line or (lambda reason: None)
@@ -116,7 +137,7 @@ class LogTailer:
         """If the file now at `path` begins with exactly the bytes we read from the old one
         (same head, same bytes just before our offset), switch to it keeping our position."""
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = open_regular(self.path)
         except OSError:
             return False
         st = os.fstat(fd)
@@ -209,7 +230,7 @@ class LogTailer:
             return None
         p = f"{self.path}.1"
         try:
-            with open(p, "rb") as f:
+            with open(open_regular(p), "rb") as f:
                 if f.read(len(self._head)) != self._head:
                     return None
                 if os.fstat(f.fileno()).st_size < self._offset:
@@ -221,7 +242,7 @@ class LogTailer:
     def _read_whole(self, path, start=0, partial=b""):
         """Read a file that no longer grows from `start` to its end (a rotated file; a copy)."""
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = open_regular(path)
         except OSError:
             return
         saved = (self._fd, self._offset, self._head)
@@ -238,11 +259,11 @@ class LogTailer:
 
     def _open(self):
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = open_regular(self.path)
         except FileNotFoundError:
             return False
         except OSError as e:
-            if e.errno in (errno.EACCES, errno.EISDIR, errno.ENOTDIR):
+            if e.errno in (errno.EACCES, errno.EISDIR, errno.ENOTDIR, errno.EINVAL):
                 raise
             return False
         st = os.fstat(fd)
@@ -265,7 +286,7 @@ class LogTailer:
         return self._offset
 
 
-def read_lines_backwards(path, budget, end=None, chunk=CHUNK, max_line=1 << 20):
+def read_lines_backwards(path, budget, end=None, chunk=CHUNK, max_line=MAX_LINE_BYTES):
     """Complete lines of `path` before byte `end` (default: the end), newest first, reading at
     most `budget` bytes.
 
@@ -274,7 +295,7 @@ def read_lines_backwards(path, budget, end=None, chunk=CHUNK, max_line=1 << 20):
     tailer starts at its beginning and reads it once it is complete.
     """
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = open_regular(path)
     except OSError:
         return
     try:

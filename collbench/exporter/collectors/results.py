@@ -109,6 +109,14 @@ class ResultsCollector(Collector):
         yield CounterMetricFamily("collbench_results_parse_errors",
                                   "Lines of the results log that were not valid records, since the exporter started.",
                                   value=snap["parse_errors"])
+        yield CounterMetricFamily("collbench_exporter_poll_errors",
+                                  "Polls of the results log that failed (unreadable log, internal error), "
+                                  "since the exporter started; polling goes on.",
+                                  value=snap["poll_errors"])
+        yield CounterMetricFamily("collbench_exporter_series_dropped",
+                                  "Results not kept because exporter.max_series distinct result series "
+                                  "were already held, since the exporter started.",
+                                  value=snap["series_dropped"])
         recs = CounterMetricFamily("collbench_results_records",
                                    "Records read from the results log since the exporter started, by type.",
                                    labels=["type"])
