@@ -336,6 +336,7 @@ EXPORTER_SCHEMA = {
     "device_include": (STR, None),           # regex on RDMA device / netdev names
     "device_exclude": (STR, None),
     "collectors": (STR_LIST, ["results", "rdma_sysfs", "ethtool", "netstat"]),
+    "max_series": (POS_INT, 10000),          # result series kept per metric family; more are dropped and counted
 }
 MASTER_SCHEMA = {
     "host": (STR, None),                     # address or ~/.ssh/config alias; unset = act locally
