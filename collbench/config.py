@@ -757,6 +757,18 @@ def _path_or_none(ld, value):
     return None if value is None else ld.path(value)
 
 
+_INT_FLAG_RE = re.compile(r"^\s*[+-]?[0-9]{1,30}\s*$")
+
+
+def int_flag(text):
+    """argparse type of a whole-number flag (--np, --iterations): argparse's own int error
+    repeats the value whole; this one shows it cut to a line. The range is apply_overrides' job."""
+    import argparse
+    if not _INT_FLAG_RE.match(text):
+        raise argparse.ArgumentTypeError(f"invalid int value: {bounded_repr(text)}")
+    return int(text)
+
+
 def apply_overrides(cfg, np=None, ops=None, sizes=None, iterations=None, datatype=None, validate=None):
     """Narrow a config from command-line flags; errors name the flag. Returns cfg (modified)."""
     ld = _Loader("command line", os.getcwd())

@@ -14,7 +14,7 @@ import time
 
 from collbench import proctree
 from collbench.cli import add_config_arg
-from collbench.config import apply_overrides, load_config
+from collbench.config import apply_overrides, int_flag, load_config
 from collbench.errors import UserError
 from collbench.launcher import mpi_version, resolve_launcher
 from collbench.ops import get_op
@@ -42,10 +42,10 @@ def register(subparsers):
                "atomically after the run: an interrupted run writes nothing. Exit code 1 if any "
                "step failed, 2 on a config or flag error (nothing runs).")
     add_config_arg(p)
-    p.add_argument("--np", type=int, metavar="N", help="number of MPI ranks (default: the config's ranks)")
+    p.add_argument("--np", type=int_flag, metavar="N", help="number of MPI ranks (default: the config's ranks)")
     p.add_argument("--ops", metavar="LIST", help="only these ops, e.g. allreduce,bcast")
     p.add_argument("--sizes", metavar="LIST", help="only these sizes (bytes per rank), e.g. 1KB,1MB")
-    p.add_argument("--iterations", type=int, metavar="N", help="timed iterations per step")
+    p.add_argument("--iterations", type=int_flag, metavar="N", help="timed iterations per step")
     p.add_argument("--datatype", metavar="TYPE", help="char, int, float or double (reductions default to float)")
     p.add_argument("--validate", action="store_true", default=None,
                    help="check every result element (on untimed calls)")
