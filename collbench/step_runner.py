@@ -173,8 +173,27 @@ class MpiJob:
                     self.proc.poll()
                     time.sleep(POLL)
         self.proc.wait()
+        self.reap_adopted()
         self._join_readers()
         return killed
+
+    def reap_adopted(self):
+        """Reap the job's processes that ended as our children: ranks orphaned by a dying mpirun
+        re-parent to a child subreaper (the stress daemon) and stay zombies until it waits for
+        them. Only pids of this job (its session, or seen in its tree): never another's child."""
+        me = os.getpid()
+        reaped = []
+        for pid in proctree.child_pids(me):
+            st = proctree.read_stat(pid)
+            if st is None or st.state != "Z" or pid == self.pid:
+                continue
+            if st.sid == self.pid or self._known.get(pid) == st.start_ticks:
+                try:
+                    if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                        reaped.append(pid)
+                except ChildProcessError:
+                    pass
+        return reaped
 
     def wait(self, timeout=None):
         """Wait for the launcher to exit; its return code (negative: killed by that signal)."""

@@ -103,10 +103,11 @@ def _preflight(cfg, daemon):
 def cmd_start(args):
     from collbench.stress.daemon import Daemon
     cfg, paths = resolve(args)
-    st = daemon_status(paths)
+    st = daemon_status(paths, scan=True)
     if st.state == RUNNING:
         print(f"collbench stress: already running (pid {st.pid}, up {processes.format_duration(time.time() - st.info.get('started', time.time()))}, "
-              f"state dir {paths.state_dir}); not starting a second daemon", file=sys.stderr)
+              f"state dir {paths.state_dir}{'; ' + st.reason if st.reason else ''}); "
+              "not starting a second daemon", file=sys.stderr)
         return EXIT_START_FAILED
     paths.ensure()
     daemon = Daemon(cfg, paths)
@@ -243,9 +244,11 @@ def _sd_notify(message):
 
 def cmd_stop(args):
     cfg, paths = resolve(args)
-    st = daemon_status(paths)
+    st = daemon_status(paths, scan=True)
     token = st.info.get("token")
     if st.state == RUNNING:
+        if st.reason:   # found in /proc, not by its pid file
+            print(f"collbench stress: daemon pid {st.pid} found by its lock: {st.reason}", file=sys.stderr)
         t0 = time.monotonic()
         try:
             os.kill(st.pid, signal.SIGTERM)
@@ -331,7 +334,7 @@ def _mark_stopped(paths, info, why):
 
 def cmd_status(args):
     cfg, paths = resolve(args)
-    st = daemon_status(paths)
+    st = daemon_status(paths, scan=True)
     info = st.info
     results = _results_path(paths, info)
     last = last_results(results)
@@ -373,6 +376,9 @@ def render_status(st, paths, results, last, leftovers):
                      f"iteration {info.get('iteration', 0)}, {info.get('status', '?')})")
         lines.append(f"  mode {info.get('mode')}, engine {info.get('engine')}, job pid {info.get('job_pid') or '-'}, "
                      f"relaunches {info.get('relaunches', 0)}, state updated {processes.format_duration(now - info.get('updated', now))} ago")
+        if st.reason:   # found in /proc by its lock, not by its files
+            lines.append(f"  WARNING: {st.reason}; the daemon recreates it within seconds "
+                         "(`collbench stress stop` stops it)")
     elif st.state == CRASHED:
         lines.append(f"collbench stress: crashed ({st.reason})")
         if info.get("updated"):

@@ -16,14 +16,22 @@ exits on a job fault, and never spins: every relaunch is preceded by a back-off.
 
 Everything the daemon starts carries COLLBENCH_STRESS_TOKEN=<token> in its environment and
 the daemon is a child subreaper, so on stop it can find and kill by pid every process it
-started, even those whose parent died first (never by name).
+started, even those whose parent died first (never by name). Ranks orphaned by a dying mpirun
+are reaped as soon as their job is stopped (and by the guard, within a second, if later).
+
+A guard thread checks once a second what an operator may do under the running daemon: the
+results log or mpi-output.log renamed or deleted (reopened, `log_reopened` event) and the
+state directory deleted (recreated, lock re-taken, pid and state files rewritten,
+`state_dir_recreated` event).
 """
 
+import collections
 import ctypes
 import logging
 import os
 import select
 import signal
+import threading
 import time
 import uuid
 
@@ -32,8 +40,9 @@ from collbench.sizes import format_size
 from collbench.step_runner import JobResult, JobTimeout, MpiJob, stderr_reason
 from collbench.stress import processes
 from collbench.stress.results_log import ResultsLog
-from collbench.stress.state import (STOPPED, DaemonLock, read_pid_file, read_state, remove_pid_file,
-                                    write_json_atomic, write_pid_file)
+from collbench.errors import UserError
+from collbench.stress.state import (STOPPED, AlreadyRunning, DaemonLock, read_pid_file, read_state,
+                                    remove_pid_file, write_json_atomic, write_pid_file)
 
 log = logging.getLogger("collbench.stress")
 
@@ -45,6 +54,10 @@ _STATE_INTERVAL = 1.0
 _LAUNCH_SLACK = 60.0
 # Lines of MPI's stderr kept in a failure record (OpenMPI's help blocks run to ~25 lines).
 _TAIL_LINES = 40
+# How often the guard checks the state directory, the logs and orphaned children.
+_GUARD_INTERVAL = 1.0
+# Sessions of recent jobs whose orphaned processes the guard may reap.
+_SESSIONS_KEPT = 16
 
 
 def choose_mode(cfg):
@@ -92,6 +105,16 @@ class Daemon:
         self.mpi_log = None
         self._osu_dir = None
         self.ctx = None
+        # One lock for everything two threads write (results log, state file, pid and lock files):
+        # the guard thread repairs them while the main thread runs jobs.
+        self._io_lock = threading.RLock()
+        self._guard = None
+        self._guard_stop = threading.Event()
+        self._pending_events = collections.deque()   # from mpi-output.log's writers (reader threads)
+        self._live_launchers = set()                  # Popen pids: subprocess waits for those
+        self._job_sessions = collections.deque(maxlen=_SESSIONS_KEPT)
+        self._stdio_is_daemon_log = False
+        self._state_dir_error = None
 
     # ------------------------------------------------------------------ life
 
@@ -108,19 +131,24 @@ class Daemon:
             self._take_over_stale()
             write_pid_file(self.paths, self.pid)
             _become_subreaper()
+            self._stdio_is_daemon_log = _same_file(2, self.paths.daemon_log)
             self.results = ResultsLog(self.paths.results_log, self.cfg.stress.rotate_bytes,
                                       self.cfg.stress.rotate_keep)
-            self.mpi_log = RawOutputLog(self.paths.mpi_output, self.cfg.stress.rotate_bytes)
+            self.mpi_log = RawOutputLog(self.paths.mpi_output, self.cfg.stress.rotate_bytes,
+                                        on_event=self._queue_event)
             if self.engine == "osu":
                 from collbench import osu_engine
                 self._osu_dir = osu_engine.preflight(self.cfg, self.plan)
             self.ctx = records.RunContext(self.cfg, self.engine,
                                           launcher.mpi_version(launcher.resolve_launcher(self.cfg)))
+            self.results.event_fields = {"pid": self.pid, "run_id": self.ctx.run_id}
             self._write_state("running", force=True)
             self._event("start", f"mode {self.mode}, {len(self.plan)} steps, {self.cfg.ranks} ranks on "
                                  f"{','.join(self.cfg.placement())}, engine {self.engine}",
                         mode=self.mode, steps=len(self.plan), config=self.cfg.source)
             log.info("started pid %d, mode %s, results %s", self.pid, self.mode, self.paths.results_log)
+            self._guard = threading.Thread(target=self._guard_loop, name="stress-guard", daemon=True)
+            self._guard.start()
             if on_ready:
                 on_ready(self.pid)
             self._loop()
@@ -175,6 +203,9 @@ class Daemon:
 
     def _shutdown(self):
         try:
+            self._guard_stop.set()
+            if self._guard is not None:
+                self._guard.join(timeout=10)
             if self.job is not None:
                 self._stop_job()
             killed = self._kill_leftovers()
@@ -377,7 +408,10 @@ class Daemon:
         return JobResult(job.returncode, timed_out, job.stderr_tail(_TAIL_LINES))
 
     def _start_job(self, job):
-        job.start()
+        with self._io_lock:   # the guard must know the launcher before it can see it exit
+            job.start()
+            self._live_launchers.add(job.pid)
+            self._job_sessions.append(job.pid)
         self.job = job
         self.job_pid = job.pid
         self._write_state("running", force=True)
@@ -395,6 +429,9 @@ class Daemon:
                 log.warning("SIGKILLed job processes that outlived SIGTERM: %s", killed)
         except Exception:
             log.exception("stopping the MPI job")
+        if job.returncode is not None:   # waited: its pid is no longer ours to protect
+            with self._io_lock:
+                self._live_launchers.discard(job.pid)
         self.job = None
         self.job_pid = None
         return job.returncode
@@ -436,14 +473,33 @@ class Daemon:
         self._append(records.event_record(event, pid=self.pid, detail=detail, run_id=self.ctx.run_id
                                           if self.ctx else None, **extra))
 
+    def _queue_event(self, event, detail, **extra):
+        """From any thread (mpi-output.log's writers): written with the next record or guard tick."""
+        self._pending_events.append((event, detail, extra))
+
     def _append(self, rec):
+        with self._io_lock:
+            self._append_pending()
+            self._append_one(rec)
+
+    def _append_pending(self):
+        while self._pending_events:
+            event, detail, extra = self._pending_events.popleft()
+            self._append_one(records.event_record(event, pid=self.pid, detail=detail,
+                                                  run_id=self.ctx.run_id if self.ctx else None, **extra))
+
+    def _append_one(self, rec):
         try:
             self.results.append(rec)
-            self.records_written += 1
         except OSError as e:   # a full disk must not kill the loop; the gap shows as stale results
             log.error("cannot append to %s: %s", self.paths.results_log, e)
+        self.records_written = self.results.written
 
     def _write_state(self, status, force=False):
+        with self._io_lock:
+            self._write_state_locked(status, force)
+
+    def _write_state_locked(self, status, force):
         self.status = status
         now = time.time()
         if not force and now - self._state_written < _STATE_INTERVAL:
@@ -465,6 +521,75 @@ class Daemon:
             write_json_atomic(self.paths.state, state)
         except OSError as e:
             log.error("cannot write %s: %s", self.paths.state, e)
+
+    # ------------------------------------------------------------------ guard
+
+    def _guard_loop(self):
+        while not self._guard_stop.wait(_GUARD_INTERVAL):
+            try:
+                self._guard_tick()
+            except Exception:   # the guard must outlive anything it trips over
+                log.exception("guard check")
+
+    def _guard_tick(self):
+        self.mpi_log.check()   # outside the io lock: it only queues its events
+        with self._io_lock:
+            if self.stopping:
+                return
+            self._check_state_dir()
+            self.results.check()
+            self._append_pending()
+            self._reap_orphans()
+
+    def _check_state_dir(self):
+        """The lock file at its path is not ours any more: the state directory was deleted (or
+        the lock file). Recreate it, take the new lock, rewrite pid and state files, say so."""
+        if self._lock.holds_path():
+            self._state_dir_error = None
+            return
+        d = self.paths.state_dir
+        reason = "directory deleted" if not os.path.isdir(d) else "lock file deleted or replaced"
+        try:
+            self.paths.ensure()
+            self._lock.relock()
+        except AlreadyRunning as e:   # another daemon got in first: one of us must go, and it has the dir
+            log.error("state directory %s: %s; stopping", d, e)
+            self._event("lock_lost", f"state directory {d} ({reason}) is now locked by another daemon; "
+                                     "stopping this one", state_dir=d, reason=reason)
+            self.request_stop("another daemon holds the recreated state directory")
+            return
+        except (UserError, OSError) as e:
+            if str(e) != self._state_dir_error:
+                log.error("state directory %s (%s) cannot be recreated: %s", d, reason, e)
+                self._state_dir_error = str(e)
+            return
+        self._state_dir_error = None
+        try:
+            write_pid_file(self.paths, self.pid)
+        except OSError as e:
+            log.error("cannot write %s: %s", self.paths.pid, e)
+        if self._stdio_is_daemon_log:
+            _reopen_stdio(self.paths.daemon_log)
+        self._write_state_locked(self.status, force=True)
+        log.warning("state directory %s: %s under the running daemon; recreated it and re-took its lock",
+                    d, reason)
+        self._event("state_dir_recreated", f"state directory {d}: {reason} while the daemon ran; "
+                                           "recreated it, re-took its lock, rewrote the pid and state files",
+                    state_dir=d, reason=reason)
+
+    def _reap_orphans(self):
+        """Reap zombie children from our jobs' sessions (ranks orphaned by a dead mpirun), never a
+        launcher subprocess still waits for, nor a child of anything else (compiler runs)."""
+        sessions = set(self._job_sessions)
+        for pid in proctree.child_pids(self.pid):
+            if pid in self._live_launchers:
+                continue
+            st = proctree.read_stat(pid)
+            if st is not None and st.state == "Z" and st.sid in sessions:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
 
     # ------------------------------------------------------------------ cleanup
 
@@ -488,25 +613,92 @@ class Daemon:
 
 class RawOutputLog:
     """The raw MPI output (mpi-output.log) as the file object MpiJob writes to; past
-    max_bytes it moves to mpi-output.log.1 (one old file kept: it is for debugging)."""
+    max_bytes it moves to mpi-output.log.1 (one old file kept: it is for debugging).
 
-    def __init__(self, path, max_bytes):
+    Like the results log it reopens its path when the file is renamed or deleted under it and
+    survives a rotation that fails; it reports both through on_event(event, detail, **fields),
+    called from the job's reader threads (the daemon queues them for the results log).
+    """
+
+    def __init__(self, path, max_bytes, on_event=None):
         self.path = path
         self.max_bytes = max_bytes
-        self._f = open(path, "a", encoding="utf-8", errors="replace")
+        self.on_event = on_event or (lambda event, detail, **fields: None)
+        self._lock = threading.Lock()
+        self._retry_at = 0
+        self._f = None
+        self._id = None
+        self._adopt(self._open_new())
+
+    def _open_new(self):
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)) or ".", exist_ok=True)
+        return open(self.path, "a", encoding="utf-8", errors="replace")
+
+    def _adopt(self, f):
+        st = os.fstat(f.fileno())
+        old, self._f, self._id = self._f, f, (st.st_dev, st.st_ino)
+        if old is not None:
+            try:
+                old.close()
+            except OSError:
+                pass
 
     def write(self, text):
-        self._f.write(text)
-        if self.max_bytes and self._f.tell() >= self.max_bytes:
-            self._f.close()
+        with self._lock:
+            self._check()
+            self._f.write(text)
+            self._maybe_rotate()
+
+    def check(self):
+        with self._lock:
+            self._check()
+
+    def _check(self):
+        try:
+            st = os.stat(self.path)
+            if (st.st_dev, st.st_ino) == self._id:
+                return
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return
+        reason = "deleted" if os.fstat(self._f.fileno()).st_nlink == 0 else "renamed"
+        try:
+            self._f.flush()
+        except OSError:
+            pass
+        try:
+            new = self._open_new()
+        except OSError as e:
+            log.error("%s was %s and cannot be reopened: %s", self.path, reason, e)
+            return
+        self._adopt(new)
+        self.on_event("log_reopened", f"{self.path} was {reason} while open; reopened it",
+                      file=self.path, reason=reason)
+
+    def _maybe_rotate(self):
+        if not self.max_bytes or self._f.tell() < max(self.max_bytes, self._retry_at):
+            return
+        try:
+            self._f.flush()
             os.replace(self.path, self.path + ".1")
-            self._f = open(self.path, "a", encoding="utf-8", errors="replace")
+            new = self._open_new()
+        except OSError as e:
+            self._retry_at = self._f.tell() + max(self.max_bytes // 10, 4096)
+            log.error("cannot rotate %s: %s", self.path, e)
+            self.on_event("rotate_failed", f"cannot rotate {self.path}: {e}; still writing to it, "
+                                           "trying again later", file=self.path, error=str(e))
+            return
+        self._retry_at = 0
+        self._adopt(new)
 
     def flush(self):
-        self._f.flush()
+        with self._lock:
+            self._f.flush()
 
     def close(self):
-        self._f.close()
+        with self._lock:
+            self._f.close()
 
 
 # Lines of MPI's stderr that say why a job died, most specific first.
@@ -539,6 +731,26 @@ def _become_subreaper():
         libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def _same_file(fd, path):
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _reopen_stdio(path):
+    """Point stdout and stderr (the daemon's log under `stress start`) at a new `path`."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        log.error("cannot reopen %s: %s", path, e)
+        return
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 def _reap_children():

@@ -53,10 +53,10 @@ class ResultsLog:
     # ------------------------------------------------------------------ files
 
     def rotated_paths(self, include_live=False):
-        """Newest first: the live file (if asked), then .1, .2 ... .N that exist."""
+        """Newest first: the live file (if asked), then .1, .2 ... .N that exist (as files)."""
         paths = [self.path] if include_live else []
         return paths + [f"{self.path}.{i}" for i in range(1, self.rotate_keep + 1)
-                        if os.path.exists(f"{self.path}.{i}")]
+                        if os.path.isfile(f"{self.path}.{i}")]
 
     def _open_new(self):
         """A descriptor on `path` (created, with its directory, if missing); raises OSError."""
