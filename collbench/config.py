@@ -104,6 +104,7 @@ class Config:
     master: SimpleNamespace
     alerts: SimpleNamespace
     implicit_hosts: bool = False     # no hosts in the config: ranks on this machine only
+    slurm: SimpleNamespace = None    # SLURM_SCHEMA's keys
 
     @property
     def host_names(self):
@@ -361,11 +362,24 @@ ALERTS_SCHEMA = {
     "link_gbps": (POS_FLOAT, 25.0),          # the link speed the thresholds are for
     "job": (STR, "collbench"),               # Prometheus job name of the exporter's scrape
 }
+# launcher: srun, and the stress loop as a Slurm job (collbench/stress/slurm_job.py)
+SLURM_SCHEMA = {
+    "partition": (STR, None),                # srun/sbatch --partition
+    "account": (STR, None),                  # --account
+    "time_limit": (SECONDS, None),           # --time, rounded up to whole minutes (Slurm's unit)
+    "nodes": (POS_INT, None),                # --nodes (default: Slurm's choice, or the allocation's)
+    "mpi": (STR, "pmix"),                    # srun --mpi (Debian's OpenMPI 4.1 speaks PMIx only)
+    "srun_args": (STR_LIST, []),             # extra srun arguments
+    "sbatch_args": (STR_LIST, []),           # extra sbatch arguments of the stress job
+    "job_name": (STR, "collbench-stress"),   # the stress job's name
+    "signal_before": (SECONDS, 60.0),        # SIGTERM the stress job this long before its time limit
+    "stress_job": (BOOL, False),             # `stress start` submits the loop as a job (--scheduler slurm)
+}
 PLAN_STEP_KEYS = ("op", "sizes", "iterations", "warmup", "datatype")
 TOP_KEYS = ("hosts", "ranks", "ranks_per_node", "oversubscribe", "launcher", "launcher_path",
             "launcher_args", "env", "transport", "engine", "osu_path", "engine_path", "datatype",
             "validate", "step_timeout", "plan", "thresholds", "state_dir",
-            "stress", "exporter", "master", "alerts")
+            "stress", "exporter", "master", "alerts", "slurm")
 
 
 def default_state_dir():
@@ -741,6 +755,7 @@ def build_config(data, source, base_dir):
         master=SimpleNamespace(**ld.section("master", data.get("master"), MASTER_SCHEMA)),
         alerts=SimpleNamespace(**ld.section("alerts", data.get("alerts"), ALERTS_SCHEMA)),
         implicit_hosts=local,
+        slurm=SimpleNamespace(**ld.section("slurm", data.get("slurm"), SLURM_SCHEMA)),
     )
     if cfg.ranks_per_node and not cfg.oversubscribe and cfg.ranks > cfg.ranks_per_node * len(hosts):
         ld.fail("ranks", f"{cfg.ranks} ranks do not fit {len(hosts)} hosts x ranks_per_node "
