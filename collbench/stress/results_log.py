@@ -9,10 +9,11 @@ on without a gap or a repeat across rotations and across daemon restarts: on ope
 resumes from the highest `seq` found at the end of the newest file that holds one.
 """
 
-import json
 import logging
 import os
+import stat
 
+from collbench.record_parser import MAX_LINE_BYTES, ParseError, parse_record
 from collbench.records import dumps, event_record
 
 log = logging.getLogger("collbench.stress")
@@ -212,6 +213,116 @@ def _write_all(fd, data):
         view = view[n:]
 
 
+# ------------------------------------------------------------------ reading
+#
+# Every reader parses lines with collbench.record_parser (the one validator) and reads in
+# bounded chunks: a line longer than MAX_LINE_BYTES is reported and skipped, never held whole.
+# `on_bad(path, offset, reason)`, when given, is called once for every line that is not a
+# record (offset: the line's first byte in that file). A last line without its newline is still
+# being written: it is not a line yet, and not reported.
+
+_BLOCK = 64 * 1024
+_OVERLONG = f"line longer than {MAX_LINE_BYTES} bytes"
+
+
+class _LineSplitter:
+    """Complete lines out of a stream of chunks, as (offset, bytes) -- or (offset, ParseError)
+    for an over-long line, whose bytes are dropped as they come."""
+
+    def __init__(self, offset=0):
+        self.offset = offset      # file offset of the first byte not yet consumed
+        self._buf = bytearray()
+        self._start = offset      # file offset of _buf's first byte (or of the skipped line)
+        self._skipping = False
+
+    def feed(self, data):
+        out = []
+        pos = 0
+        while True:
+            nl = data.find(b"\n", pos)
+            if nl < 0:
+                rest = len(data) - pos
+                if not self._skipping:
+                    if len(self._buf) + rest > MAX_LINE_BYTES:
+                        self._buf.clear()
+                        self._skipping = True
+                        out.append((self._start, ParseError(_OVERLONG)))
+                    else:
+                        self._buf += data[pos:]
+                self.offset += len(data)
+                return out
+            if self._skipping:
+                self._skipping = False
+            else:
+                if len(self._buf) + nl - pos > MAX_LINE_BYTES:
+                    out.append((self._start, ParseError(_OVERLONG)))
+                else:
+                    self._buf += data[pos:nl]
+                    out.append((self._start, bytes(self._buf)))
+            self._buf.clear()
+            self._start = self.offset + nl + 1
+            pos = nl + 1
+
+    @property
+    def pending(self):
+        """Bytes held of an unterminated line (0 while skipping an over-long one)."""
+        return len(self._buf)
+
+
+def _parsed(path, items, on_bad):
+    """Records of (offset, line) items, reporting the bad ones."""
+    out = []
+    for offset, line in items:
+        rec = line if isinstance(line, ParseError) else parse_record(line)
+        if isinstance(rec, ParseError):
+            if on_bad is not None:
+                on_bad(path, offset, rec.reason)
+        else:
+            out.append(rec)
+    return out
+
+
+def _lines_backwards(f, end, block=_BLOCK):
+    """(offset, line) of the complete lines of open file `f` before byte `end`, newest first;
+    an over-long line is (offset, ParseError). The unterminated piece after the last newline is
+    left out. Memory: one block plus at most MAX_LINE_BYTES of a line."""
+    pos = end
+    carry = b""               # the first bytes of this block: the end of a line begun before it
+    tail_piece = True         # carry is the unterminated end of the file: not a line
+    overlong = False          # carry was dropped: the line it belongs to is too long
+    while pos > 0:
+        n = min(block, pos)
+        pos -= n
+        f.seek(pos)
+        data = f.read(n)
+        parts = data.split(b"\n")
+        if len(parts) == 1:   # no newline in this block: the line goes on
+            if not overlong:
+                carry = data + carry
+                if len(carry) > MAX_LINE_BYTES:
+                    carry, overlong = b"", True
+            continue
+        # parts[-1] + carry is a whole line that starts just after this block's last newline
+        last_start = pos + len(data) - len(parts[-1])
+        if tail_piece:
+            tail_piece = False
+        elif overlong or len(parts[-1]) + len(carry) > MAX_LINE_BYTES:
+            yield last_start, ParseError(_OVERLONG)
+        else:
+            yield last_start, parts[-1] + carry
+        overlong = False
+        offset = last_start - 1
+        for piece in reversed(parts[1:-1]):
+            offset -= len(piece)
+            yield offset, (piece if len(piece) <= MAX_LINE_BYTES else ParseError(_OVERLONG))
+            offset -= 1
+        carry = parts[0]
+        if len(carry) > MAX_LINE_BYTES:
+            carry, overlong = b"", True
+    if not tail_piece:        # the first line of the file
+        yield 0, (ParseError(_OVERLONG) if overlong else carry)
+
+
 def last_seq_in(paths):
     """The highest seq at the end of the first file (newest first) that holds one; 0 if none."""
     for path in paths:
@@ -222,40 +333,28 @@ def last_seq_in(paths):
 
 
 def _last_seq_of_file(path):
+    """The highest seq among the valid records of the last _TAIL_WINDOW bytes; further back
+    (one pass, bounded memory) only when that window holds no valid record at all -- a burst of
+    garbage must not make the daemon reuse old sequence numbers."""
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - _TAIL_WINDOW))
-            chunk = f.read()
-    except FileNotFoundError:
+        f = open(path, "rb")
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None
     best = None
-    for line in chunk.splitlines():
-        rec = parse_record(line)
-        if rec is not None and isinstance(rec.get("seq"), int):
-            best = rec["seq"] if best is None else max(best, rec["seq"])
+    with f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return None
+        size = os.fstat(f.fileno()).st_size
+        for offset, line in _lines_backwards(f, size):
+            if best is not None and size - offset > _TAIL_WINDOW:
+                break
+            rec = line if isinstance(line, ParseError) else parse_record(line)
+            if not isinstance(rec, ParseError) and "seq" in rec:
+                best = rec["seq"] if best is None else max(best, rec["seq"])
     return best
 
 
-def parse_record(line):
-    """A record dict from one line (bytes or str), or None for a blank or unparsable line."""
-    if isinstance(line, bytes):
-        try:
-            line = line.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-    line = line.strip()
-    if not line:
-        return None
-    try:
-        rec = json.loads(line)
-    except ValueError:
-        return None
-    return rec if isinstance(rec, dict) else None
-
-
-def read_records(path, rotate_keep=64):
+def read_records(path, rotate_keep=64, on_bad=None):
     """Every record of a log and its rotations, oldest first (for status, `log`, tests)."""
     files = [f"{path}.{i}" for i in range(rotate_keep, 0, -1) if os.path.exists(f"{path}.{i}")]
     if os.path.exists(path):
@@ -263,47 +362,61 @@ def read_records(path, rotate_keep=64):
     out = []
     for p in files:
         with open(p, "rb") as f:
-            for line in f:
-                rec = parse_record(line)
-                if rec is not None:
-                    out.append(rec)
+            splitter = _LineSplitter()
+            while True:
+                data = f.read(_BLOCK)
+                if not data:
+                    break
+                out += _parsed(p, splitter.feed(data), on_bad)
     return out
 
 
-def tail_records(path, count, max_files=8):
-    """The last `count` records (oldest first), reading back through rotations as needed."""
+def tail_records(path, count, max_files=8, on_bad=None, max_bytes=None):
+    """The last `count` records (oldest first), reading back through rotations as needed, and
+    at most `max_bytes` of them (None: no limit). Bad lines met on the way are reported."""
     out = []
+    budget = [max_bytes]
     paths = [path] + [f"{path}.{i}" for i in range(1, max_files)]
     for p in paths:
         if not os.path.exists(p):
             if p == path:
                 continue
             break
-        recs = _tail_file(p, count - len(out))
+        recs = _tail_file(p, count - len(out), on_bad, budget)
         out = recs + out
-        if len(out) >= count:
+        if len(out) >= count or budget[0] is not None and budget[0] <= 0:
             break
     return out[-count:] if count else []
 
 
-def _tail_file(path, count, block=64 * 1024):
+def _tail_file(path, count, on_bad=None, budget=None):
     """Up to the last `count` records of one file, read backwards in blocks."""
     if count <= 0:
         return []
+    recs = []
+    bad = []
     with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        pos = f.tell()
-        data = b""
-        while pos > 0 and data.count(b"\n") <= count:
-            step = min(block, pos)
-            pos -= step
-            f.seek(pos)
-            data = f.read(step) + data
-    lines = data.splitlines()
-    if pos > 0:
-        lines = lines[1:]   # the first line may be cut in the middle
-    recs = [r for r in (parse_record(x) for x in lines) if r is not None]
-    return recs[-count:]
+        size = os.fstat(f.fileno()).st_size
+        for offset, line in _lines_backwards(f, size):
+            if budget is not None and budget[0] is not None and budget[0] - (size - offset) < 0:
+                budget[0] = 0     # spent: no older file is read either
+                break
+            rec = line if isinstance(line, ParseError) else parse_record(line)
+            if isinstance(rec, ParseError):
+                bad.append((offset, rec.reason))
+            else:
+                recs.append(rec)
+                if len(recs) >= count:
+                    break
+        else:
+            offset = 0
+        if budget is not None and budget[0]:
+            budget[0] -= size - offset
+    if on_bad is not None:
+        for offset, reason in reversed(bad):
+            on_bad(path, offset, reason)
+    recs.reverse()
+    return recs
 
 
 class LogFollower:
@@ -317,12 +430,14 @@ class LogFollower:
     reconstruct (files deleted past rotate_keep) still yields no duplicates.
     """
 
-    def __init__(self, path, from_start=False):
+    def __init__(self, path, from_start=False, on_bad=None):
         self.path = path
+        self.on_bad = on_bad      # on_bad(path, offset, reason) for each line that is not a record
         self.last_seq = None
         self._f = None
         self._ino = None
-        self._buf = b""
+        self._opened = None       # the name the open file had when it was opened
+        self._split = _LineSplitter()
         if os.path.exists(path):
             self._open(path, seek_end=not from_start)
 
@@ -337,9 +452,8 @@ class LogFollower:
             return False
         if self._f is not None:
             self._f.close()
-        self._f, self._ino, self._buf = f, ino, b""
-        if seek_end:
-            f.seek(0, os.SEEK_END)
+        self._f, self._ino, self._opened = f, ino, path
+        self._split = _LineSplitter(f.seek(0, os.SEEK_END) if seek_end else 0)
         return True
 
     def close(self):
@@ -348,22 +462,19 @@ class LogFollower:
             self._f = None
 
     def _drain(self, out):
-        chunk = self._f.read()
-        if not chunk:
-            return False
-        self._buf += chunk
-        *lines, self._buf = self._buf.split(b"\n")
-        for line in lines:
-            rec = parse_record(line)
-            if rec is None:
-                continue
-            seq = rec.get("seq")
-            if isinstance(seq, int):
-                if self.last_seq is not None and seq <= self.last_seq:
-                    continue
-                self.last_seq = seq
-            out.append(rec)
-        return True
+        got = False
+        while True:
+            chunk = self._f.read(_BLOCK)
+            if not chunk:
+                return got
+            got = True
+            for rec in _parsed(self._opened, self._split.feed(chunk), self.on_bad):
+                seq = rec.get("seq")
+                if seq is not None:
+                    if self.last_seq is not None and seq <= self.last_seq:
+                        continue
+                    self.last_seq = seq
+                out.append(rec)
 
     def _chain(self):
         """[(path, inode)] newest first: the live file, .1, .2 ... as they exist right now.
@@ -386,10 +497,10 @@ class LogFollower:
     def _first_seq(self, path):
         try:
             with open(path, "rb") as f:
-                rec = parse_record(f.readline())
+                rec = parse_record(f.readline(MAX_LINE_BYTES + 1))
         except OSError:
             return None
-        return rec.get("seq") if rec and isinstance(rec.get("seq"), int) else None
+        return None if isinstance(rec, ParseError) else rec.get("seq")
 
     def poll(self):
         """Every record appended since the last call (possibly none)."""
