@@ -18,6 +18,7 @@ import time
 
 from collbench import proctree
 from collbench.ctl import ssh
+from collbench.record_parser import is_record, parse_record
 from collbench.stress import processes
 from collbench.stress.state import StatePaths
 
@@ -163,13 +164,10 @@ def last_results(results_log, hosts):
     except OSError:
         return out
     for line in reversed(tail):
-        try:
-            rec = json.loads(line)
-        except ValueError:
+        rec = parse_record(line)      # the log is untrusted: only valid records count
+        if not is_record(rec) or rec["type"] != "result":
             continue
-        if not isinstance(rec, dict) or rec.get("type") != "result":
-            continue
-        for h in rec.get("hosts") or ():
+        for h in rec["hosts"]:
             if h in hosts and h not in out:
                 out[h] = {k: rec.get(k) for k in ("ts", "op", "size", "latency_avg_us", "verdict")}
         if len(out) == len(hosts):
