@@ -12,6 +12,7 @@ servers benchmark processes and their CPU on the configured hosts that are this 
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -346,16 +347,23 @@ def cmd_status(args):
                "results_log": results, "uptime_s": (time.time() - info["started"])
                if st.state == RUNNING and info.get("started") else None,
                "iteration": info.get("iteration"), "leftover_pids": leftovers,
-               "daemon": info, "last_results": last["results"], "last_failure": last["failure"]}
+               "daemon": info, "last_results": last["results"], "last_failure": last["failure"],
+               "bad_lines": last["bad_lines"]}
         print(json.dumps(out, indent=1, sort_keys=True))
         return st.exit_code
     print("\n".join(render_status(st, paths, results, last, leftovers)))
     return st.exit_code
 
 
+STATUS_TAIL_BYTES = 64 << 20    # status reads at most this much of the log's end
+
+
 def last_results(results_path, max_records=20000):
-    """The newest result per (op, size) and the newest failure, from the log's tail."""
-    recs = tail_records(results_path, max_records) if results_path else []
+    """The newest result per (op, size) and the newest failure, from the log's tail; and the
+    lines met there that are not valid records (`bad_lines`: count, first)."""
+    bad = BadLines(show=0)
+    recs = tail_records(results_path, max_records, on_bad=bad, max_bytes=STATUS_TAIL_BYTES) \
+        if results_path else []
     latest, failure, event = {}, None, None
     for r in recs:
         t = r.get("type")
@@ -365,7 +373,32 @@ def last_results(results_path, max_records=20000):
             failure = r
         elif t == "event":
             event = r
-    return {"results": list(latest.values()), "failure": failure, "event": event}
+    return {"results": list(latest.values()), "failure": failure, "event": event,
+            "bad_lines": {"count": bad.count, "first": bad.first}}
+
+
+class BadLines:
+    """on_bad for the results log readers: counts the lines that are not valid records
+    (collbench.record_parser) and names the first `show` of them on stderr."""
+
+    def __init__(self, show=5):
+        self.show = show
+        self.count = 0
+        self.first = None
+
+    def __call__(self, path, offset, reason):
+        self.count += 1
+        where = f"{path} byte {offset}: {reason}"
+        if self.first is None:
+            self.first = where
+        if self.count <= self.show:
+            print(f"collbench stress: skipped a line that is not a valid record: {where}"
+                  + ("; further ones are only counted" if self.count == self.show else ""),
+                  file=sys.stderr, flush=True)
+
+    def summary(self):
+        return (f"collbench stress: skipped {self.count} line(s) that are not valid records "
+                f"(docs/LOG_FORMAT.md, Validation); first: {self.first}")
 
 
 def render_status(st, paths, results, last, leftovers):
@@ -398,7 +431,12 @@ def render_status(st, paths, results, last, leftovers):
         lines.append(f"  config    {info['config']}")
     fail = last["failure"]
     if fail:
-        lines.append(f"  last failure {processes.format_duration(now - fail.get('ts', now))} ago: {fail.get('error')}")
+        lines.append(f"  last failure {processes.format_duration(now - fail.get('ts', now))} ago: "
+                     f"{printable(fail.get('error'))}")
+    bad = last.get("bad_lines") or {}
+    if bad.get("count"):
+        lines.append(f"  WARNING: {bad['count']} line(s) at the end of the results log are not valid records "
+                     f"(skipped; first: {bad['first']})")
     res = sorted(last["results"], key=lambda r: (str(r.get("op")), r.get("size_bytes") or 0))
     if not res:
         lines.append("  no results yet")
@@ -426,18 +464,21 @@ def cmd_log(args):
         return 1
     show = (lambda r: print(json.dumps(r, separators=(",", ":")))) if args.json else \
         (lambda r: print(format_record(r)))
+    bad = BadLines()
     if os.path.exists(path):
-        for r in tail_records(path, args.lines):
+        for r in tail_records(path, args.lines, on_bad=bad):
             show(r)
     sys.stdout.flush()
+    if bad.count:
+        print(bad.summary(), file=sys.stderr, flush=True)
     if args.follow:
-        follow(path, show)
+        follow(path, show, on_bad=bad)
     return 0
 
 
-def follow(path, show, poll=0.5, stop=None):
+def follow(path, show, poll=0.5, stop=None, on_bad=None):
     """Show records appended to `path`, across rename rotations, until interrupted."""
-    follower = LogFollower(path)
+    follower = LogFollower(path, on_bad=on_bad)
     try:
         while stop is None or not stop():
             recs = follower.poll()
@@ -463,9 +504,9 @@ def format_record(r):
                 f"busbw {bw:>11}  {r.get('verdict') or '-'}"
                 + (f"  validation {r['validation']}" if r.get("validation") not in (None, "off") else ""))
     if t == "failure":
-        return f"{head} it={r.get('iteration', '-')} FAILED (exit {r.get('exit_code')}): {r.get('error')}"
+        return f"{head} it={r.get('iteration', '-')} FAILED (exit {r.get('exit_code')}): {printable(r.get('error'))}"
     if t == "event":
-        return f"{head} event {r.get('event')} pid {r.get('pid')}: {r.get('detail') or ''}"
+        return f"{head} event {r.get('event')} pid {r.get('pid')}: {printable(r.get('detail') or '')}"
     return f"{head} {json.dumps(r)}"
 
 
@@ -510,6 +551,15 @@ def _local_names():
 
 
 # ---------------------------------------------------------------- formatting
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text):
+    """Free text from the log (error, detail) for a terminal: control characters escaped, so
+    a record cannot move the cursor or retitle the window."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
 
 def _bw(bps):
     if bps is None:
