@@ -74,6 +74,8 @@ def engine_command(cfg, steps, plan_path, loop=False, validate=None, max_loops=N
     """Write the plan to plan_path and return (argv, env) launching the engine on it."""
     write_plan(steps, plan_path)
     program = [ensure_engine(cfg), "--plan", os.path.abspath(plan_path)]
+    if cfg.launcher == "srun":   # Slurm picks the nodes: the ranks say which (RunContext.observe_hosts)
+        program.append("--report-hosts")
     if loop:
         program.append("--loop")
     if cfg.validate if validate is None else validate:
@@ -174,6 +176,8 @@ def run_steps(cfg, steps, ctx, on_progress=None, output_log=None):
                     on_progress(done, total, batch[0])
                 for line in job.lines(cfg.step_timeout):
                     rec = parse_line(line)
+                    if rec is None and line.startswith(HOSTS_PREFIX):
+                        ctx.observe_hosts(parse_hosts_line(line) or [])
                     if rec is None or in_batch >= len(batch):
                         continue
                     yield to_result(ctx, rec, batch[in_batch])

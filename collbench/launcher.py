@@ -30,6 +30,8 @@ TRANSPORT_PRESETS = {
 @lru_cache(maxsize=8)
 def mpi_version(launcher_path):
     """First line of `mpirun --version` (e.g. 'mpirun (Open MPI) 4.1.4'), or 'unknown'."""
+    if os.path.basename(launcher_path) == "srun":   # srun is Slurm's: ask the MPI the engine is built with
+        launcher_path = shutil.which("mpirun") or launcher_path
     try:
         out = subprocess.run([launcher_path, "--version"], capture_output=True, text=True, timeout=20)
         line = (out.stdout or out.stderr).strip().splitlines()
@@ -77,7 +79,8 @@ def build_command(cfg, program_argv, ranks=None):
     env.update(extra_env)
     mca = TRANSPORT_PRESETS[cfg.transport]["mca"]
     if cfg.launcher == "srun":
-        argv = [launcher, "-n", str(np)]
+        from collbench import slurm
+        argv = [launcher, "-n", str(np)] + slurm.srun_options(cfg, np)
         if cfg.ranks_per_node:
             argv += ["--ntasks-per-node", str(cfg.ranks_per_node)]
         if cfg.hosts and not _is_local(cfg):

@@ -6,6 +6,7 @@ import uuid
 from datetime import datetime, timezone
 
 from collbench.ops import get_op
+from collbench.slurm import planned_hosts
 from collbench.sizes import format_size
 
 SCHEMA_VERSION = 1
@@ -26,13 +27,21 @@ class RunContext:
 
     def __init__(self, cfg, engine, mpi_version, run_id=None):
         self.run_id = run_id or new_run_id()
-        self.hosts = cfg.placement()
-        self.nodes = cfg.nodes
+        # srun: Slurm places the ranks; observe_hosts() takes what they report
+        self.hosts = planned_hosts(cfg)
+        self.nodes = len(self.hosts) if cfg.launcher == "srun" and cfg.implicit_hosts and self.hosts else cfg.nodes
         self.ranks = cfg.ranks
         self.engine = engine
         self.mpi = mpi_version
         self.transport = cfg.transport
         self.thresholds = cfg.thresholds
+
+    def observe_hosts(self, rank_hosts):
+        """The host of every rank, as the ranks reported it (the engine's CBHOSTS line)."""
+        hosts = list(dict.fromkeys(h for h in rank_hosts if isinstance(h, str) and h))
+        if hosts:
+            self.hosts = hosts
+            self.nodes = len(hosts)
 
     def common(self):
         return {"run_id": self.run_id, "hosts": list(self.hosts), "nodes": self.nodes,

@@ -320,6 +320,8 @@ class Daemon:
             for line in job.lines(idle_timeout=idle):
                 rec = builtin_engine.parse_line(line)
                 if rec is None:
+                    if line.startswith(builtin_engine.HOSTS_PREFIX):   # srun: where Slurm put the ranks
+                        self.ctx.observe_hosts(builtin_engine.parse_hosts_line(line) or [])
                     continue
                 iteration = base + rec["loop"] + 1
                 self.iteration = max(self.iteration, iteration)
