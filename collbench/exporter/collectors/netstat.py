@@ -37,6 +37,14 @@ def parse_netstat(text):
     return out
 
 
+def section_fields(text, section):
+    """The fields of one section ({'InCEPkts': 0, ...}), {} if absent: what parse_netstat gives
+    for it, without splitting the other sections (TcpExt alone has over a hundred fields)."""
+    prefix = section + ":"
+    lines = [line for line in text.split("\n") if line.startswith(prefix)]
+    return parse_netstat("\n".join(lines[:2])).get(section, {})
+
+
 class NetstatCollector(Collector):
     name = "netstat"
 
@@ -49,7 +57,7 @@ class NetstatCollector(Collector):
                 text = f.read()
         except FileNotFoundError:
             raise NoData(f"{self.path} does not exist") from None
-        ipext = parse_netstat(text).get("IpExt")
+        ipext = section_fields(text, "IpExt")
         if not ipext:
             raise NoData(f"{self.path} has no IpExt section")
         fams = []

@@ -12,7 +12,9 @@ while the port is down, some say "N/A (no PMA)") is skipped, not fatal.
 
 import os
 import re
+import threading
 import time
+import weakref
 
 from prometheus_client.core import CounterMetricFamily
 
@@ -83,7 +85,14 @@ class RdmaSysfsCollector(Collector):
     metric name and help of each) is worked out once and kept: a scrape then costs one open and
     read per counter instead of two listdirs, sorts and path joins per port. The layout is rebuilt
     when the device list changes (checked every scrape, one listdir), when a counter file has
-    vanished, and every `layout_seconds` (a driver reload can change a port's counter set)."""
+    vanished, and every `layout_seconds` (a driver reload can change a port's counter set).
+
+    The layout also holds an open descriptor of each counters directory, and counter files are
+    opened relative to it: the kernel then resolves one name instead of the whole
+    /sys/class/infiniband/<dev>/ports/<port>/... path (a symlink and eight components) per
+    counter. A directory removed with its device makes those opens fail, which rebuilds the
+    layout. Collections of one collector run one at a time (a lock): a rebuild closes the
+    descriptors another collection might still use."""
 
     name = "rdma_sysfs"
 
@@ -92,9 +101,25 @@ class RdmaSysfsCollector(Collector):
         self.device_filter = device_filter or DeviceFilter()
         self.layout_seconds = layout_seconds
         self.clock = clock
-        self._layout = None      # (built at, device names, [(path, family, help, dev, port, scale)])
+        self._lock = threading.Lock()
+        self._layout = None      # (built at, device names, [(dir fd, file, family, help, dev, port, scale)])
+        self._dir_fds = []       # descriptors the layout holds; closed on rebuild and when collected
+        self._finalizer = weakref.finalize(self, _close_all, self._dir_fds)
+
+    def _drop_layout(self):
+        self._layout = None
+        _close_all(self._dir_fds)
+
+    def _open_dir(self, path):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        self._dir_fds.append(fd)
+        return fd
 
     def _build_layout(self, devices):
+        self._drop_layout()
         root = infiniband_dir(self.sysfs_root)
         entries = []
         for dev in devices:
@@ -105,28 +130,38 @@ class RdmaSysfsCollector(Collector):
                 continue
             for port in ports:
                 hw = os.path.join(ports_dir, port, "hw_counters")
-                for counter in _listdir(hw):
-                    if counter not in NOT_COUNTERS:
-                        entries.append((os.path.join(hw, counter), metric_name("collbench_rdma_", counter),
+                counters = [c for c in _listdir(hw) if c not in NOT_COUNTERS]
+                hw_fd = self._open_dir(hw) if counters else None
+                if hw_fd is not None:
+                    for counter in counters:
+                        entries.append((hw_fd, counter, metric_name("collbench_rdma_", counter),
                                         f"RDMA hw_counters/{counter} of the port (driver counter).", dev, port, 1))
                 pc = os.path.join(ports_dir, port, "counters")
-                for counter in _listdir(pc):
+                counters = _listdir(pc)
+                pc_fd = self._open_dir(pc) if counters else None
+                if pc_fd is None:
+                    continue
+                for counter in counters:
                     if counter in WORD_COUNTERS:
-                        entries.append((os.path.join(pc, counter), WORD_COUNTERS[counter],
+                        entries.append((pc_fd, counter, WORD_COUNTERS[counter],
                                         f"RDMA port counters/{counter} in bytes (the file counts 4-byte words).",
                                         dev, port, 4))
                     else:
                         short = counter[len("port_"):] if counter.lower().startswith("port_") else counter
-                        entries.append((os.path.join(pc, counter), metric_name("collbench_rdma_port_", short),
+                        entries.append((pc_fd, counter, metric_name("collbench_rdma_port_", short),
                                         f"RDMA port counters/{counter} (IB port counter).", dev, port, 1))
         return (self.clock(), devices, entries)
 
     def collect(self):
+        with self._lock:
+            return self._collect()
+
+    def _collect(self):
         root = infiniband_dir(self.sysfs_root)
         try:
             listed = os.listdir(root)
         except OSError:
-            self._layout = None
+            self._drop_layout()
             if not os.path.isdir(root):
                 raise NoData(f"{root} does not exist (no RDMA devices on this host)") from None
             listed = []
@@ -138,9 +173,9 @@ class RdmaSysfsCollector(Collector):
             layout = self._layout = self._build_layout(devices)
         families = {}
         vanished = False
-        for path, name, help_text, dev, port, scale in layout[2]:
+        for dir_fd, counter, name, help_text, dev, port, scale in layout[2]:
             try:
-                fd = os.open(path, os.O_RDONLY)
+                fd = os.open(counter, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
             except FileNotFoundError:
                 vanished = True
                 continue
@@ -161,8 +196,16 @@ class RdmaSysfsCollector(Collector):
                 fam = families[name] = CounterMetricFamily(name, help_text, labels=["device", "port"])
             fam.add_metric([dev, port], value * scale)
         if vanished:
-            self._layout = None     # a port or counter went away: list again on the next scrape
+            self._drop_layout()     # a port or counter went away: list again on the next scrape
         return [families[k] for k in sorted(families)]
+
+
+def _close_all(fds):
+    while fds:
+        try:
+            os.close(fds.pop())
+        except OSError:
+            pass
 
 
 def _listdir(path):
