@@ -472,7 +472,12 @@ def cmd_log(args):
     if bad.count:
         print(bad.summary(), file=sys.stderr, flush=True)
     if args.follow:
-        follow(path, show, on_bad=bad)
+        shown = bad.count
+        try:
+            follow(path, show, on_bad=bad)
+        finally:   # Ctrl-C: say how many followed lines were skipped
+            if bad.count > shown:
+                print(bad.summary(), file=sys.stderr, flush=True)
     return 0
 
 
