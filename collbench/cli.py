@@ -16,6 +16,7 @@ COMMAND_MODULES = {
     "ctl": "collbench.ctl.cli",
     "rules": "collbench.rules",
     "dashboard": "collbench.dashboard",
+    "report": "collbench.report.cli",
 }
 
 
