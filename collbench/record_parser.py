@@ -6,7 +6,8 @@ A line is untrusted input: whoever can write the log (or a disk fault, or a torn
 anything in it. `parse_record(line)` returns the record (a dict) when the line is exactly one of
 the documented shapes -- `result`, `failure` or `event`, every known field of its documented
 type and range -- and a `ParseError` with a short reason for anything else. It never raises
-(but for a non-bytes/str argument, a caller's bug) and its cost is bounded by the line length:
+(but TypeError for a non-bytes/str argument, a caller's bug); its cost is bounded by the line
+length:
 
 - at most MAX_LINE_BYTES (1 MiB, the tailer's cap too), strict UTF-8, no lone surrogates;
 - at most MAX_CONTAINERS arrays/objects per line, counted on the text *before* json.loads, so
@@ -70,12 +71,16 @@ class _Reject(ValueError):
 def parse_record(line):
     """The validated record (dict) of one results-log line (bytes or str, with or without its
     newline), or a ParseError saying why it is not one."""
+    if not isinstance(line, (bytes, bytearray, memoryview, str)):
+        raise TypeError(f"parse_record: expected bytes or str, got {type(line).__name__}")
     try:
         return _parse(line)
     except _Reject as e:
         return ParseError(str(e))
-    except (ValueError, RecursionError, MemoryError) as e:   # json's own errors; the others are belt and braces
+    except ValueError as e:      # json's own errors
         return ParseError(f"not JSON: {_short(str(e), 80)}")
+    except Exception as e:       # noqa: BLE001 -- a line must never stop a reader, even through a bug here
+        return ParseError(f"not a valid record ({type(e).__name__} in the validator)")
 
 
 def is_record(value):
@@ -93,14 +98,12 @@ def _parse(line):
             text = bytes(line).decode("utf-8")
         except UnicodeDecodeError as e:
             raise _Reject(f"not UTF-8 (byte {e.start})") from None
-    elif isinstance(line, str):
+    else:
         if len(line) > MAX_LINE_BYTES:
             raise _Reject(f"line longer than {MAX_LINE_BYTES} bytes")
         text = line
         if not text.isascii() and _SURROGATE.search(text):
             raise _Reject("not UTF-8 (a lone surrogate)")
-    else:
-        raise TypeError(f"parse_record: expected bytes or str, got {type(line).__name__}")
     text = text.rstrip("\r\n")
     if not text.strip():
         raise _Reject("empty line")
@@ -301,7 +304,7 @@ SHAPES = {
 
 def _validate(rec):
     t = rec.get("type")
-    if t not in SHAPES:
+    if not isinstance(t, str) or t not in SHAPES:
         raise _Reject(f"type: expected one of {', '.join(RECORD_TYPES)}, got {_what(t)}")
     schema = rec.get("schema")
     if schema != SCHEMA_VERSION or isinstance(schema, bool):
