@@ -148,7 +148,8 @@ class Exporter:
         """(ok, detail): ok while the poll thread runs and completed a poll recently; else the
         detail's `reason` says what is wrong."""
         now = time.monotonic()
-        limit = max(STALL_MIN_SECONDS, STALL_POLLS * self.settings.poll_interval)
+        limit = (getattr(self.settings, "stall_seconds", None)     # settings only (tests): no config key
+                 or max(STALL_MIN_SECONDS, STALL_POLLS * self.settings.poll_interval))
         since = self.last_poll if self.last_poll is not None else self._started_at
         age = None if since is None else now - since
         reason = None
@@ -160,8 +161,7 @@ class Exporter:
             if self.last_poll is None and age < limit:
                 reason = "starting: no poll of the results log has completed yet"
             else:
-                reason = (f"no poll of the results log has completed for {age:.0f} s "
-                          f"(limit {limit:g} s: {STALL_POLLS} poll intervals)")
+                reason = f"no poll of the results log has completed for {age:.1f} s (limit {limit:g} s)"
             if self.poll_error:
                 reason += f"; last error: {self.poll_error}"
         ok = reason is None
