@@ -23,7 +23,7 @@ from collbench.cli import add_config_arg
 from collbench.config import load_config
 from collbench.errors import UserError
 from collbench.report_table import format_latency
-from collbench.stress import processes
+from collbench.stress import processes, slurm_job
 from collbench.stress.results_log import LogFollower, tail_records
 from collbench.stress.state import (CRASHED, RUNNING, STOPPED, AlreadyRunning, StatePaths, daemon_status,
                                     is_daemon, read_state, remove_pid_file, write_json_atomic)
@@ -47,12 +47,12 @@ def register(subparsers):
         v.set_defaults(func=func)
         return v
 
-    v = verb("start", cmd_start, "start the daemon in the background")
+    start = v = verb("start", cmd_start, "start the daemon in the background")
     v.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
                    help="how long to wait for the daemon to come up (default 60)")
     verb("run", cmd_run, "run the daemon in the foreground (what the systemd unit runs)")
-    verb("stop", cmd_stop, "stop the daemon, its MPI job and every process it started")
-    v = verb("status", cmd_status, "running / stopped / crashed, iteration, last result per (op, size)")
+    stop = verb("stop", cmd_stop, "stop the daemon, its MPI job and every process it started")
+    status = v = verb("status", cmd_status, "running / stopped / crashed, iteration, last result per (op, size)")
     v.add_argument("--json", action="store_true", help="machine-readable status")
     v = verb("log", cmd_log, "show recent results, failures and events")
     v.add_argument("-n", "--lines", type=int, default=20, metavar="N", help="records to show (default 20)")
@@ -61,6 +61,8 @@ def register(subparsers):
     v = verb("servers", cmd_servers, "benchmark processes and CPU on the configured hosts")
     v.add_argument("--interval", type=float, default=0.5, metavar="SECONDS", help="CPU sampling interval")
     v.add_argument("--json", action="store_true", help="machine-readable output")
+    slurm_job.add_arguments(start, stop, status)   # --scheduler slurm: the loop as a Slurm job
+    slurm_job.register(verbs, verb)
 
 
 # ---------------------------------------------------------------- config / paths
@@ -102,6 +104,9 @@ def _preflight(cfg, daemon):
 # ---------------------------------------------------------------- start / run
 
 def cmd_start(args):
+    code = slurm_job.dispatch("start", args)
+    if code is not None:
+        return code
     from collbench.stress.daemon import Daemon
     cfg, paths = resolve(args)
     st = daemon_status(paths, scan=True)
@@ -244,6 +249,9 @@ def _sd_notify(message):
 # ---------------------------------------------------------------- stop
 
 def cmd_stop(args):
+    code = slurm_job.dispatch("stop", args)
+    if code is not None:
+        return code
     cfg, paths = resolve(args)
     st = daemon_status(paths, scan=True)
     token = st.info.get("token")
@@ -334,6 +342,9 @@ def _mark_stopped(paths, info, why):
 # ---------------------------------------------------------------- status
 
 def cmd_status(args):
+    code = slurm_job.dispatch("status", args)
+    if code is not None:
+        return code
     cfg, paths = resolve(args)
     st = daemon_status(paths, scan=True)
     info = st.info

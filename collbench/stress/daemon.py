@@ -144,7 +144,7 @@ class Daemon:
             self.results.event_fields = {"pid": self.pid, "run_id": self.ctx.run_id}
             self._write_state("running", force=True)
             self._event("start", f"mode {self.mode}, {len(self.plan)} steps, {self.cfg.ranks} ranks on "
-                                 f"{','.join(self.cfg.placement())}, engine {self.engine}",
+                                 f"{','.join(self.ctx.hosts) or 'the nodes Slurm picks'}, engine {self.engine}",
                         mode=self.mode, steps=len(self.plan), config=self.cfg.source)
             log.info("started pid %d, mode %s, results %s", self.pid, self.mode, self.paths.results_log)
             self._guard = threading.Thread(target=self._guard_loop, name="stress-guard", daemon=True)
