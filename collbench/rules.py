@@ -224,14 +224,20 @@ def build_rules(cfg, to_nodes=None, to_gbps=None):
     ]}
 
 
-def render(cfg, to_nodes=None, to_gbps=None, source_name=None):
-    """The rules file text: a header comment, then the YAML document."""
+def basis_text(cfg, to_nodes=None, to_gbps=None):
+    """The cluster the latency bounds are for, as the header says it."""
     nodes = to_nodes or cfg.alerts.nodes
     gbps = to_gbps or cfg.alerts.link_gbps
     basis = f"{nodes} nodes at {gbps:g} Gb/s"
     if to_nodes or to_gbps:
         basis += (f" (scaled from {cfg.alerts.nodes} nodes at {cfg.alerts.link_gbps:g} Gb/s, "
                   f"bandwidth-bound sizes >= {format_size(BANDWIDTH_BOUND_MIN)} only)")
+    return basis
+
+
+def render(cfg, to_nodes=None, to_gbps=None, source_name=None):
+    """The rules file text: a header comment, then the YAML document."""
+    basis = basis_text(cfg, to_nodes, to_gbps)
     source = f" from {source_name}" if source_name else ""
     body = yaml.safe_dump(build_rules(cfg, to_nodes, to_gbps), sort_keys=False,
                           default_flow_style=False, width=4096, allow_unicode=True)
@@ -243,8 +249,16 @@ def _run(args):
     for flag, value in (("--nodes", args.nodes), ("--link-gbps", args.link_gbps)):
         if value is not None and value <= 0:
             raise UserError(f"{flag}: got {value}, expected a positive number")
+    if args.format == "prometheusrule":   # the same groups in the Prometheus Operator's resource
+        from collbench import prometheus_rule
+        text = prometheus_rule.render(build_rules(cfg, args.nodes, args.link_gbps),
+                                      basis_text(cfg, args.nodes, args.link_gbps), source_name=args.config,
+                                      name=args.name, namespace=args.namespace,
+                                      labels=prometheus_rule.parse_labels(args.label))
+    else:
+        text = render(cfg, args.nodes, args.link_gbps, source_name=args.config)
     # atomically: Prometheus reloading mid-write never sees half a file
-    write_output(args.output, render(cfg, args.nodes, args.link_gbps, source_name=args.config))
+    write_output(args.output, text)
     return 0
 
 
@@ -266,4 +280,12 @@ def register(subparsers):
                    help="rescale the latency bounds from alerts.nodes to N nodes (bandwidth-bound sizes)")
     p.add_argument("--link-gbps", type=float, metavar="G",
                    help="rescale the latency bounds from alerts.link_gbps to G Gb/s (bandwidth-bound sizes)")
+    p.add_argument("--format", choices=("rules", "prometheusrule"), default="rules",
+                   help="rules: a Prometheus rules file (default); prometheusrule: a Prometheus "
+                        "Operator PrometheusRule resource for Kubernetes")
+    p.add_argument("--name", default="collbench", help="prometheusrule: metadata.name (default collbench)")
+    p.add_argument("--namespace", help="prometheusrule: metadata.namespace (default: none, kubectl's)")
+    p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                   help="prometheusrule: a metadata label, e.g. release=prometheus for the "
+                        "Operator's ruleSelector (repeatable)")
     p.set_defaults(func=_run)

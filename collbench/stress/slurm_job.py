@@ -51,6 +51,9 @@ FINAL_REASONS = {
     "FAILED": ("failed", "the job script failing"),
     "COMPLETED": ("exited", "the job script exiting"),
 }
+# squeue's reason while a job completes -> the state it will end in
+REASON_STATES = {"TimeLimit": "TIMEOUT", "NodeDown": "NODE_FAIL", "DeadLine": "DEADLINE",
+                 "OutOfMemory": "OUT_OF_MEMORY"}
 # Slurm's --signal warning may come up to a minute before the requested time (its resolution)
 SIGNAL_RESOLUTION = 60.0
 
@@ -383,8 +386,8 @@ def _reason(cfg, paths, job, info, signal=None, exit_code=None):
     if isinstance(stop_req, dict) and str(stop_req.get("job_id")) == job["job_id"]:
         return "stopped", "`collbench stress stop`"
     state = info["state"] if info else None
-    if info and (info["reason"] == "TimeLimit" or state == "TIMEOUT"):
-        return FINAL_REASONS["TIMEOUT"]
+    if info and state in ("COMPLETING", "RUNNING") and info["reason"] in REASON_STATES:
+        state = REASON_STATES[info["reason"]]   # while completing, the reason says what is ending it
     if state in FINAL_REASONS and state != "COMPLETED":
         return FINAL_REASONS[state]
     if signal and info and _active(info):
