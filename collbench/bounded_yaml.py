@@ -1,5 +1,5 @@
-"""YAML from an untrusted file, with bounds: alias expansion, nesting, number length, no
-duplicate keys.
+"""YAML from an untrusted file, with bounds: node count, alias expansion, nesting, number
+length, no duplicate keys.
 
 yaml.safe_load builds no objects of its own choosing, but it still lets a 400-byte document
 alias its way to millions of items (a "billion laughs": every later walk over the data, or a
@@ -15,6 +15,7 @@ from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
 from collbench.bounded_repr import bounded_repr, bounded_text
 
+MAX_NODES = 10_000         # nodes written out (a config has a few hundred; parsing 10,000 takes ~0.5 s)
 MAX_ALIAS_NODES = 10_000   # nodes that aliases may add, all aliases together
 MAX_DEPTH = 64             # nesting of sequences and mappings
 MAX_NUMBER_CHARS = 100     # characters of one int or float scalar
@@ -43,6 +44,7 @@ class BoundedLoader(yaml.SafeLoader):
 
     def __init__(self, stream):
         super().__init__(stream)
+        self.nodes = 0
         self.alias_nodes = 0
         self.depth = 0
 
@@ -63,9 +65,13 @@ class BoundedLoader(yaml.SafeLoader):
                                       "an alias bomb? write the values out instead", event.start_mark)
             return super().compose_node(parent, index)
         self.depth += 1
+        self.nodes += 1
         try:
             if self.depth > MAX_DEPTH:
                 raise YAMLRefused(f"nested deeper than {MAX_DEPTH} levels", self.peek_event().start_mark)
+            if self.nodes > MAX_NODES:
+                raise YAMLRefused(f"more than {MAX_NODES} values (a config has a few hundred; "
+                                  "long host lists belong in a hostfile)", self.peek_event().start_mark)
             node = super().compose_node(parent, index)
         finally:
             self.depth -= 1
