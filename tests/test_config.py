@@ -15,7 +15,7 @@ import yaml
 
 from collbench.config import load_config
 from collbench.errors import ConfigError
-from collbench.ops import OPS
+from collbench.ops import DATATYPES, OPS
 from collbench.sizes import format_size, parse_size
 from conftest import REPO
 
@@ -88,7 +88,7 @@ CONFIG_CASES = {
                    [f"plan[0].op: got 'allscatter', expected one of: {ALL_OPS}"]),
     "unknown op in thresholds": (with_(thresholds={"latency": {"allscatter": {}}}),
                                  [f"thresholds.latency.allscatter: unknown op (expected one of: {ALL_OPS})"]),
-    "unknown datatype": (with_(datatype="long"), ["datatype: got 'long', expected one of: char, int, float, double"]),
+    "unknown datatype": (with_(datatype="quad"), [f"datatype: got 'quad', expected one of: {', '.join(DATATYPES)}"]),
     "unknown transport": (with_(transport="rdma"), ["transport: got 'rdma', expected one of: shm, ob1-tcp, ucx, ucx-tcp, none"]),
     "unknown engine": (with_(engine="nccl"), ["engine: got 'nccl', expected one of: builtin, osu"]),
     "missing hostfile": (with_(hosts="nohosts.txt"),
@@ -140,7 +140,7 @@ FLAG_CASES = {
     "--np": (["--np", "0"], ["command line: --np: got 0, expected a positive whole number"]),
     "--np type": (["--np", "two"], ["argument --np: invalid int value: 'two'"]),
     "--iterations": (["--iterations", "0"], ["command line: --iterations: got 0, expected a positive whole number"]),
-    "--datatype": (["--datatype", "long"], ["command line: --datatype: got 'long', expected one of: char, int, float, double"]),
+    "--datatype": (["--datatype", "quad"], [f"command line: --datatype: got 'quad', expected one of: {', '.join(DATATYPES)}"]),
     "--datatype double with osu": (["--datatype", "double"], ["cannot run allreduce 1KB with datatype 'double'", "char, int, float"]),
     "--engine": (["--engine", "nccl"], ["argument --engine: invalid choice: 'nccl' (choose from 'builtin', 'osu')"]),
 }
