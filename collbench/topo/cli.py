@@ -1,0 +1,135 @@
+"""`collbench topo map`: a rank order for ring or recursive-doubling allgather from a measured matrix.
+
+Prints every method's predicted cost against the identity order (the matrix's own order) and
+writes the chosen order as an Open MPI rankfile, a hostfile for the sequential mapper, an MPICH
+machinefile, a Slurm hostfile, a `hosts_order:` config snippet and the whole result as JSON
+(topo/order_files.py). Exit 0, or 2 on a bad matrix or flag (nothing is written then).
+"""
+
+import csv
+import io
+import json
+import os
+import sys
+
+from collbench.errors import UserError
+from collbench.topo.mapping import EXACT_MAX, METHODS, map_order
+from collbench.topo.matrix import METRICS, load_matrix
+from collbench.topo.order_files import write_order_files
+from collbench.topo.patterns import PATTERNS
+
+FORMATS = ("table", "csv", "json")
+CSV_COLUMNS = ("method", "chosen", "cost", "cost_unit", "vs_identity", "speedup", "worst_a", "worst_b",
+               "worst_value", "worst_unit", "tie_break_sum", "seconds", "optimal", "note")
+
+
+def register(subparsers):
+    p = subparsers.add_parser("topo", help="topology-aware rank order: map ranks from a measured matrix",
+                              description="Topology-aware rank order (docs/TOPO.md).")
+    verbs = p.add_subparsers(dest="verb", metavar="VERB")
+    verbs.required = True
+    m = verbs.add_parser(
+        "map", help="find a rank order for ring or recursive-doubling allgather",
+        description="Find a rank order that puts the pairs that talk most on the fastest links of a "
+                    "measured latency or bandwidth matrix, compare every method's predicted cost "
+                    "with the matrix's own order, and write the order for mpirun, mpiexec, srun "
+                    "and collbench.",
+        epilog=f"Methods: seed = seed 003's greedy heuristic; exact = the optimum (P <= {EXACT_MAX}); "
+               f"heuristic = greedy + local search (any P); auto = exact when P <= {EXACT_MAX}, else "
+               f"heuristic (default). Files written to --out-dir: PATTERN.rankfile, PATTERN.hostfile, "
+               f"PATTERN.machinefile, PATTERN.slurm_hostfile, PATTERN.hosts_order.yaml, "
+               f"PATTERN.mapping.json. Exit code 2 on a bad matrix or flag.")
+    m.add_argument("--pattern", required=True, choices=PATTERNS, help="the allgather algorithm to map for")
+    m.add_argument("--matrix", required=True, metavar="FILE", help="CSV or JSON matrix (docs/TOPO.md)")
+    m.add_argument("--metric", choices=sorted(METRICS),
+                   help="which matrix of the file (default: its only one; bandwidth when it has both)")
+    m.add_argument("--method", choices=METHODS, default="auto", help="which order to write (default auto)")
+    m.add_argument("--out-dir", default=".", metavar="DIR", help="where to write the order files (default .)")
+    m.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
+    m.add_argument("--time-limit", type=_seconds, default=None, metavar="SECONDS",
+                   help="local search budget of the heuristic (default scales with P, at most 5)")
+    m.set_defaults(func=cmd_map)
+
+
+def _seconds(text):
+    import argparse
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"got {text!r}, expected seconds (a number)") from None
+    if not (0 < v <= 3600):
+        raise argparse.ArgumentTypeError(f"got {text!r}, expected seconds from 0 to 3600")
+    return v
+
+
+def cmd_map(args):
+    matrix = load_matrix(args.matrix, args.metric)
+    result = map_order(matrix, args.pattern, args.method, time_limit=args.time_limit)
+    data = result.to_dict()
+    comment = (f"collbench topo map: {result.pattern} ({result.algorithm}), {matrix.size} ranks, "
+               f"metric {matrix.metric.name}, method {result.chosen}, matrix "
+               f"{os.path.basename(matrix.source)}")
+    files = write_order_files(args.out_dir, result.pattern, result.labels, data, comment)
+    data["files"] = files
+    if args.format == "json":
+        sys.stdout.write(json.dumps(data, indent=1) + "\n")
+    elif args.format == "csv":
+        sys.stdout.write(csv_text(result))
+    else:
+        sys.stdout.write(table_text(result))
+    if args.format == "table":
+        for suffix, path in files.items():
+            print(f"collbench: wrote {path}", file=sys.stderr)
+    return 0
+
+
+def csv_text(result):
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(CSV_COLUMNS)
+    for row in result.rows():
+        a, b = row["worst_pair"] or (None, None)
+        w.writerow([row["method"], int(row["chosen"]), f"{row['cost']:.6g}", row["cost_unit"],
+                    f"{row['vs_identity']:.6g}", f"{row['speedup']:.6g}", a or "", b or "",
+                    "" if row["worst_value"] is None else f"{row['worst_value']:.6g}", row["worst_unit"],
+                    f"{row['tie_break_sum']:.6g}", f"{row['seconds']:.4f}",
+                    "" if row["optimal"] is None else int(row["optimal"]), row["note"]])
+    return out.getvalue()
+
+
+def _num(v):
+    return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.4e}"
+
+
+def table_text(result):
+    m = result.matrix
+    lines = [f"{result.pattern} allgather ({result.algorithm}) over {m.size} ranks, "
+             f"metric {m.metric.name}, matrix {m.source}",
+             f"predicted cost: {'time per MB of per-rank block' if m.metric.higher_is_better else 'time'} "
+             f"in the lockstep model (docs/TOPO.md); speed-up = identity cost / cost"]
+    header = ("", "method", "cost", "vs identity", "speed-up", "slowest pair", "optimal", "time")
+    rows = []
+    for r in result.rows():
+        worst = "-"
+        if r["worst_pair"]:
+            worst = f"{r['worst_pair'][0]}-{r['worst_pair'][1]} {_num(r['worst_value'])} {r['worst_unit']}"
+        opt = "-" if r["optimal"] is None else ("yes" if r["optimal"] else "not proven")
+        rows.append(("*" if r["chosen"] else "", r["method"], f"{_num(r['cost'])} {r['cost_unit']}",
+                     f"{r['vs_identity']:.3f}", f"{r['speedup']:.2f}x", worst, opt, f"{r['seconds']:.2f} s"))
+    widths = [max(len(str(x[i])) for x in [header] + rows) for i in range(len(header))]
+    right = {2, 3, 4, 7}
+
+    def fmt(cells):
+        return "  " + "  ".join(str(c).rjust(w) if i in right else str(c).ljust(w)
+                                for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    lines.append(fmt(header))
+    lines.append("  " + "  ".join("-" * w for w in widths))
+    lines += [fmt(r) for r in rows]
+    notes = [f"  {r['method']}: {r['note']}" for r in result.rows() if r["note"]]
+    if notes:
+        lines.append("notes:")
+        lines += notes
+    shown = result.labels if len(result.labels) <= 64 else result.labels[:64] + ["..."]
+    lines.append(f"order ({result.chosen}), rank 0 first: {' '.join(shown)}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,105 @@
+"""A rank order in the forms users launch with (topo.md §3), each written atomically.
+
+`labels` is the list of matrix labels in new rank order: rank r runs on labels[r] (`host`, or
+`host:N` for the N-th rank on a host; topo/matrix.py). Files, for pattern PAT in the output
+directory:
+
+| file                      | use                                                                 |
+|---------------------------|---------------------------------------------------------------------|
+| PAT.rankfile              | Open MPI 4: `mpirun -np P --rankfile PAT.rankfile ...`              |
+|                           | (Open MPI 5: `--map-by rankfile:file=PAT.rankfile`)                 |
+| PAT.hostfile              | Open MPI sequential mapper, one line per rank:                      |
+|                           | `mpirun -np P --hostfile PAT.hostfile --mca rmaps seq ...` (5: `--map-by seq`) |
+| PAT.machinefile           | MPICH Hydra: `mpiexec -f PAT.machinefile -n P ...`                  |
+| PAT.slurm_hostfile        | Slurm: `SLURM_HOSTFILE=PAT.slurm_hostfile srun --distribution=arbitrary -n P ...` |
+| PAT.hosts_order.yaml      | `hosts_order:` for collbench's config (rank r on entry r)           |
+| PAT.mapping.json          | the whole result: every method's order and predicted cost           |
+"""
+
+import json
+import os
+
+import yaml
+
+from collbench.atomic_file import write_atomic
+from collbench.errors import UserError
+from collbench.topo.matrix import split_label
+
+SUFFIXES = ("rankfile", "hostfile", "machinefile", "slurm_hostfile", "hosts_order.yaml", "mapping.json")
+
+
+def rankfile_text(labels, comment=None):
+    """Open MPI rankfile: `rank r=host slot=N` per rank (N = the label's slot, 0 for a bare host)."""
+    lines = [f"# {comment}"] if comment else []
+    for r, lb in enumerate(labels):
+        host, slot = split_label(lb)
+        lines.append(f"rank {r}={host} slot={slot}")
+    return "\n".join(lines) + "\n"
+
+
+def hostfile_text(labels, comment=None):
+    """Open MPI hostfile for the sequential mapper: one line per rank, in rank order."""
+    lines = [f"# {comment}"] if comment else []
+    lines += [split_label(lb)[0] for lb in labels]
+    return "\n".join(lines) + "\n"
+
+
+def machinefile_text(labels, comment=None):
+    """MPICH Hydra machinefile: `host:k` places k consecutive ranks; runs of one host merged."""
+    lines = [f"# {comment}"] if comment else []
+    hosts = [split_label(lb)[0] for lb in labels]
+    i = 0
+    while i < len(hosts):
+        j = i
+        while j < len(hosts) and hosts[j] == hosts[i]:
+            j += 1
+        lines.append(f"{hosts[i]}:{j - i}")
+        i = j
+    return "\n".join(lines) + "\n"
+
+
+def slurm_hostfile_text(labels):
+    """SLURM_HOSTFILE for --distribution=arbitrary: one host per task, in task order (no comments:
+    Slurm reads every line as a host)."""
+    return "\n".join(split_label(lb)[0] for lb in labels) + "\n"
+
+
+def hosts_order_text(labels, comment=None):
+    """The config snippet: `hosts_order:` listing the host of each rank, rank 0 first."""
+    head = f"# {comment}\n" if comment else ""
+    return head + yaml.safe_dump({"hosts_order": [split_label(lb)[0] for lb in labels]},
+                                 default_flow_style=False, sort_keys=False)
+
+
+def file_paths(out_dir, pattern):
+    return {s: os.path.join(out_dir, f"{pattern}.{s}") for s in SUFFIXES}
+
+
+def write_order_files(out_dir, pattern, labels, result_dict, comment=None):
+    """Write every form into out_dir (created if missing); {suffix: absolute path}.
+
+    UserError (exit 2) naming the directory when it cannot be created or written."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--out-dir {out_dir}: cannot create: {e.strerror}") from None
+    if not os.path.isdir(out_dir):
+        raise UserError(f"--out-dir {out_dir}: not a directory")
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise UserError(f"--out-dir {out_dir}: not writable")
+    texts = {
+        "rankfile": rankfile_text(labels, comment),
+        "hostfile": hostfile_text(labels, comment),
+        "machinefile": machinefile_text(labels, comment),
+        "slurm_hostfile": slurm_hostfile_text(labels),
+        "hosts_order.yaml": hosts_order_text(labels, comment),
+        "mapping.json": json.dumps(result_dict, indent=1) + "\n",
+    }
+    written = {}
+    for suffix, path in file_paths(out_dir, pattern).items():
+        try:
+            written[suffix] = write_atomic(path, [texts[suffix]])
+        except OSError as e:
+            raise UserError(f"--out-dir {out_dir}: cannot write {os.path.basename(path)}: "
+                            f"{e.strerror}") from None
+    return written
