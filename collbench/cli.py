@@ -17,6 +17,7 @@ COMMAND_MODULES = {
     "rules": "collbench.rules",
     "dashboard": "collbench.dashboard",
     "report": "collbench.report.cli",
+    "topo": "collbench.topo.cli",
 }
 
 
