@@ -9,18 +9,30 @@ file with a regular expression per size on every poll), in one run:
   3. start-up time on the 1 GiB log: to the first scrape that shows the latency series (process
      start, imports, backfill), and the backfill alone; also with every record "recent" (the
      backfill then stops at its byte budget);
-  4. scrape latency p50/p99 with 20 concurrent scrapers for 30 s on loopback, four ways:
-     each on its own 1 s interval (20 independent Prometheus servers); the same with every
-     RDMA and ethtool counter moving every 20 ms (copies of the fixtures: the exporter formats
-     again only families that changed, so the static fixtures are its best case and this its
-     worst); all 20 at the same instant every second; and back to back with no pause
-     (saturation: on a 2-core host the 20 scraper processes and the exporter share the CPUs,
-     so that latency is queueing).
+  4. scrape latency p50/p99 with 20 concurrent scrapers for 30 s on loopback: each on its
+     own 1 s interval (20 independent Prometheus servers); all 20 at the same instant every
+     second; and back to back with no pause (saturation: on a 2-core host the 20 scraper
+     processes and the exporter share the CPUs, so that latency is queueing);
+  5. the same interval load with every RDMA counter moving every 20 ms (copies of the sysfs
+     fixtures: the exporter formats again only families that changed, so static fixtures are
+     its best case and this its worst), in a network namespace of the bench's own with two
+     veth pairs whose driver statistics move too (UDP traffic from a peer namespace). The
+     ethtool collector is run four ways, interleaved (`--churn-repeat` rounds) so that other
+     load on the host falls on all of them alike:
+       fixture command -- the captured mlx5 `ethtool -S` text, moving, printed by the fixture
+                          stand-in command: a fork per netdev and refresh (a configured command);
+       fork on veths   -- the real /usr/sbin/ethtool -S forked per veth and refresh (before);
+       ioctl on veths  -- the same statistics by the SIOCETHTOOL ioctl, no fork (the default now);
+       no ethtool      -- the collector left out: the floor.
+     Ratios ioctl / fork are printed per round. (veth statistics have no mlx5 pause names,
+     so the veth rows serve no ethtool series: they compare the reading, the fixture row the
+     formatting of moving ethtool series.) Needs root (`ip netns`).
 
 The log is generated once in /tmp and reused; each run appends a fresh 15-minute window of
 records to it (what a running daemon would have written recently).
 
     .venv/bin/python bench/exporter_bench.py [--log PATH] [--size-gib 1] [--scrape-seconds 30]
+        [--only churn] [--churn-repeat 3]
 """
 
 import argparse
@@ -36,6 +48,7 @@ import statistics
 import subprocess
 import sys
 import time
+import uuid
 from types import SimpleNamespace
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -191,14 +204,15 @@ def get(port, path="/metrics", timeout=10):
         conn.close()
 
 
-def start_exporter(path, extra=(), sysfs=None, ethtool=None):
+def start_exporter(path, extra=(), sysfs=None, ethtool=None, tree=REPO):
     port = free_port()
     fixtures = os.path.join(REPO, "tests", "fixtures")
     cmd = [sys.executable, "-m", "collbench", "exporter", "--listen", f"127.0.0.1:{port}", "--results-log", path,
            "--sysfs-root", sysfs or os.path.join(fixtures, "sysfs-mlx5"), "--ethtool",
            ethtool or os.path.join(fixtures, "ethtool", "fake_ethtool"), "--procfs-root", "/proc", *extra]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # `python -m` imports collbench from the cwd: `tree` may be another checkout (--baseline-tree)
+    proc = subprocess.Popen(cmd, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     while True:
         if proc.poll() is not None:
             raise SystemExit(f"exporter exited: {proc.stderr.read()}")
@@ -280,6 +294,170 @@ def stop_exporter(proc):
     return (int(m.group(1)), float(m.group(2))) if m else (None, None)
 
 
+# ---------------------------------------------------------------- churn rows, in a namespace
+
+TRAFFIC = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+addresses = sys.argv[1].split(",")
+period = float(sys.argv[2])
+while True:
+    for a in addresses:
+        for _ in range(5):
+            s.sendto(b"x" * 200, (a, 9))
+    time.sleep(period)
+"""
+
+
+def ip(*args):
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=60)
+
+
+class VethNamespace:
+    """Two namespaces of the bench's own: `ns` (the exporter's) with the receiving ends of
+    `pairs` veth pairs, and a peer sending them UDP traffic. Receive-side GRO puts veth in
+    NAPI mode, whose per-queue statistics then count the packets: driver statistics that
+    move, as a NIC's do. Removed (with their veths) on exit."""
+
+    def __init__(self, pairs, period):
+        tag = uuid.uuid4().hex[:6]
+        self.ns, self.peer = f"cbbench{tag}", f"cbbench{tag}p"
+        self.netdevs = [f"cbbv{i}{tag}" for i in range(pairs)]
+        self.period = period
+        self.traffic = None
+
+    def __enter__(self):
+        ip("netns", "add", self.ns)
+        try:
+            ip("netns", "add", self.peer)
+            addresses = []
+            for ns in (self.ns, self.peer):
+                ip("netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1",
+                   "net.ipv6.conf.default.disable_ipv6=1")
+                ip("-n", ns, "link", "set", "lo", "up")
+            for i, dev in enumerate(self.netdevs):
+                peer_dev = dev.replace("cbbv", "cbbp")
+                ip("-n", self.ns, "link", "add", dev, "type", "veth", "peer", "name", peer_dev, "netns", self.peer)
+                ip("-n", self.ns, "addr", "add", f"198.19.{100 + i}.2/30", "dev", dev)
+                ip("-n", self.peer, "addr", "add", f"198.19.{100 + i}.1/30", "dev", peer_dev)
+                ip("netns", "exec", self.ns, "ethtool", "-K", dev, "gro", "on")
+                ip("netns", "exec", self.peer, "ethtool", "-K", peer_dev, "tso", "off", "gso", "off")
+                ip("-n", self.ns, "link", "set", dev, "up")
+                ip("-n", self.peer, "link", "set", peer_dev, "up")
+                addresses.append(f"198.19.{100 + i}.2")
+            self.traffic = subprocess.Popen(["ip", "netns", "exec", self.peer, sys.executable, "-c", TRAFFIC,
+                                             ",".join(addresses), str(self.period)])
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        if self.traffic is not None:
+            self.traffic.terminate()
+            self.traffic.wait()
+        for ns in (self.peer, self.ns):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=60)
+
+
+def churn_variants(netdevs, fixture_ethtool, baseline_tree=None):
+    """(key, label, extra exporter flags, --ethtool value, checkout) of the churn rows."""
+    veths = ["--netdevs", ",".join(netdevs)]
+    real = shutil.which("ethtool") or "/usr/sbin/ethtool"
+    rows = []
+    if baseline_tree:
+        rows += [("base-fixture", "baseline code: fixture command (fork), mlx5 series moving", [], fixture_ethtool,
+                  baseline_tree),
+                 ("base-fork", "baseline code: ethtool -S forked on 2 veths", veths, "ethtool", baseline_tree)]
+    return rows + [
+        ("fixture", "ethtool: fixture command (fork), mlx5 series moving", [], fixture_ethtool, REPO),
+        ("fork", "ethtool: ethtool -S forked on 2 veths", veths, real, REPO),
+        ("ioctl", "ethtool: SIOCETHTOOL ioctl on the same veths", veths, "ethtool", REPO),
+        ("none", "no ethtool collector (floor)", ["--collectors", "results,rdma_sysfs,netstat"], None, REPO),
+    ]
+
+
+def churn_child(args):
+    """Runs in the bench's namespace (`ip netns exec`): the churn rows, interleaved over
+    `churn_repeat` rounds; one JSON line per row on stdout."""
+    sysfs, ethtool_cmd = churning_fixtures(os.path.dirname(args.log))
+    mover = multiprocessing.Process(target=churn, args=(sysfs, ethtool_cmd, 1e9, args.churn_period), daemon=True)
+    mover.start()
+    try:
+        for rnd in range(1, args.churn_repeat + 1):
+            for key, label, extra, ethtool, tree in churn_variants(args.churn_child.split(","), ethtool_cmd,
+                                                                   args.baseline_tree):
+                print(f"  round {rnd}: {label} ...", file=sys.stderr, flush=True)
+                proc, port, _ = start_exporter(args.log, extra, sysfs=sysfs, ethtool=ethtool, tree=tree)
+                time.sleep(3)
+                body = get(port)[1]
+                # the row must measure what it says: the ethtool collector read its devices
+                ok = key == "none" or 'collbench_collector_success{collector="ethtool"} 1.0' in body
+                c0 = cpu_seconds(proc.pid)
+                lat, errors = scrape_load(port, args.scrapers, args.scrape_seconds, "interval", args.scrape_interval)
+                cpu = cpu_seconds(proc.pid) - c0
+                stop_exporter(proc)
+                print(json.dumps({"round": rnd, "key": key, "label": label, "p50": statistics.median(lat),
+                                  "p99": pct(lat, 99), "n": len(lat), "errors": errors, "cpu": cpu,
+                                  "ethtool_ok": ok, "lines": body.count("\n"),
+                                  "load": os.getloadavg()[0]}), flush=True)
+    finally:
+        mover.terminate()
+        mover.join()
+
+
+def churn_rows(args):
+    """The churn rows, measured in a namespace with moving veth statistics; list of dicts."""
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("ethtool") is None:
+        raise SystemExit("the churn rows need root, ip and ethtool (a namespace with veth pairs)")
+    with VethNamespace(pairs=2, period=args.churn_period) as ns:
+        cmd = ["ip", "netns", "exec", ns.ns, sys.executable, os.path.abspath(__file__), "--churn-child",
+               ",".join(ns.netdevs), "--log", args.log, "--scrapers", str(args.scrapers),
+               "--scrape-seconds", str(args.scrape_seconds), "--scrape-interval", str(args.scrape_interval),
+               "--churn-period", str(args.churn_period), "--churn-repeat", str(args.churn_repeat)]
+        if args.baseline_tree:
+            cmd += ["--baseline-tree", args.baseline_tree]
+        out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=REPO, check=True).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def churn_table(results, scrapers):
+    rows = []
+    by_round = {}
+    for r in results:
+        by_round.setdefault(r["round"], {})[r["key"]] = r
+    for rnd in sorted(by_round):
+        rs = by_round[rnd]
+        for key in ("base-fixture", "base-fork", "fixture", "fork", "ioctl", "none"):
+            r = rs.get(key)
+            if r is None:
+                continue
+            target = "< 10 ms" if key == "ioctl" else ""
+            rows += [
+                (f"churn {rnd}: {r['label']}", "" if r["ethtool_ok"] else "ETHTOOL COLLECTOR FAILED",
+                 "", None if r["ethtool_ok"] else False),
+                (f"  scrape p50 / p99, {scrapers} scrapers own phase",
+                 f"{r['p50'] * 1e3:.2f} ms / {r['p99'] * 1e3:.2f} ms", target,
+                 r["p99"] < 0.010 if target else None),
+                ("  exporter CPU per scrape (incl. polls, forks)",
+                 f"{r['cpu'] / max(1, r['n']) * 1e3:.2f} ms", "", None),
+                ("  scrapes / errors / lines / host load", f"{r['n']} / {r['errors']} / {r['lines']} / {r['load']:.1f}",
+                 "", r["errors"] == 0),
+            ]
+        if "ioctl" in rs and "fork" in rs:
+            i, f = rs["ioctl"], rs["fork"]
+            rows.append((f"  round {rnd} ratio ioctl / fork: p50, p99, CPU per scrape",
+                         f"{i['p50'] / f['p50']:.2f}, {i['p99'] / f['p99']:.2f}, "
+                         f"{(i['cpu'] / max(1, i['n'])) / max(1e-9, f['cpu'] / max(1, f['n'])):.2f}", "", None))
+        for base, what in (("fixture", "fixture command"), ("base-fork", "baseline code forking"),
+                           ("base-fixture", "baseline code, fixture command")):
+            if "ioctl" in rs and base in rs:
+                i, f = rs["ioctl"], rs[base]
+                rows.append((f"  round {rnd} ratio ioctl / {what}: p50, p99",
+                             f"{i['p50'] / f['p50']:.2f}, {i['p99'] / f['p99']:.2f}", "", None))
+    return rows
+
+
 def scraper(port, seconds, queue, mode, interval, index):
     """One scraper on a keep-alive connection, as Prometheus scrapes. `mode`:
     interval -- every `interval` s from its own random phase (independent Prometheus servers);
@@ -340,10 +518,21 @@ def main():
     ap.add_argument("--scrape-interval", type=float, default=1.0, help="interval/burst modes: seconds between scrapes")
     ap.add_argument("--churn-period", type=float, default=0.02,
                     help="churn run: seconds between updates of every sysfs/ethtool counter (default 0.02)")
+    ap.add_argument("--churn-repeat", type=int, default=1,
+                    help="rounds of the churn rows, interleaved (default 1)")
+    ap.add_argument("--baseline-tree", metavar="DIR",
+                    help="churn rows: also run the exporter of this checkout (the code before a change, "
+                         "e.g. `git archive <commit> | tar -x -C DIR`) on the fixture and the veths")
+    ap.add_argument("--only", choices=("all", "churn"), default="all",
+                    help="churn: only the churn rows (the log still comes first; a small --size-gib will do)")
     ap.add_argument("--prototype-poll", nargs=2, metavar=("LOG", "OUT"), help=argparse.SUPPRESS)
+    ap.add_argument("--churn-child", metavar="NETDEVS", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.prototype_poll:
         prototype_poll(*args.prototype_poll)
+        return 0
+    if args.churn_child:
+        churn_child(args)
         return 0
 
     t0 = time.perf_counter()
@@ -351,6 +540,12 @@ def main():
     print(f"results log {args.log}: {os.path.getsize(args.log) / (1 << 30):.2f} GiB "
           f"({'generated' if made else 'reused'} in {time.perf_counter() - t0:.1f} s)", flush=True)
     append_window(args.log)
+    if args.only == "churn":
+        print(f"churn rows: {args.churn_repeat} round(s) of {6 if args.baseline_tree else 4} x "
+              f"{args.scrape_seconds:.0f} s ...", flush=True)
+        rows = churn_table(churn_rows(args), args.scrapers)
+        print_rows(rows)
+        return 0
 
     print("prototype poll (whole file, one regex per size) ...", flush=True)
     proto = run_prototype(args.log)
@@ -374,21 +569,9 @@ def main():
     series = get(port)[1].count("\n")
     backfilled, backfill_s = stop_exporter(proc)
 
-    print(f"{args.scrapers} scrapers x {args.scrape_seconds:.0f} s, interval, every counter moving "
-          f"every {args.churn_period * 1e3:g} ms ...", flush=True)
-    sysfs, ethtool_cmd = churning_fixtures(os.path.dirname(args.log))
-    mover = multiprocessing.Process(target=churn, args=(sysfs, ethtool_cmd, args.scrape_seconds + 90, args.churn_period))
-    mover.start()
-    try:
-        proc3, port3, _ = start_exporter(args.log, sysfs=sysfs, ethtool=ethtool_cmd)
-        time.sleep(3)
-        c0 = cpu_seconds(proc3.pid)
-        loads["churn"] = scrape_load(port3, args.scrapers, args.scrape_seconds, "interval", args.scrape_interval)
-        cpu["churn"] = cpu_seconds(proc3.pid) - c0
-        stop_exporter(proc3)
-    finally:
-        mover.terminate()
-        mover.join()
+    print(f"churn rows: {args.churn_repeat} round(s) of {6 if args.baseline_tree else 4} x "
+          f"{args.scrape_seconds:.0f} s ...", flush=True)
+    churn_results = churn_rows(args)
 
     print("exporter process: start-up with every record recent (byte budget bound) ...", flush=True)
     proc2, _, ready_worst = start_exporter(args.log, ["--max-age", "1e9"])
@@ -417,10 +600,9 @@ def main():
     ]
     iv = args.scrape_interval
     for mode, what in (("interval", f"each every {iv:g} s, own phase"),
-                       ("churn", "own phase, counters moving"),
                        ("burst", f"all at once every {iv:g} s"), ("flat-out", "back to back (saturation)")):
         lat, errors = loads[mode]
-        target = "< 10 ms" if mode in ("interval", "churn") else ""
+        target = "< 10 ms" if mode == "interval" else ""
         rows += [
             (f"scrape p50, {args.scrapers} scrapers {what}", f"{statistics.median(lat) * 1e3:.2f} ms", "", None),
             ("  exporter CPU per scrape (incl. its polls)", f"{cpu[mode] / max(1, len(lat)) * 1e3:.2f} ms", "", None),
@@ -429,12 +611,18 @@ def main():
             ("  scrapes / errors / lines per scrape",
              f"{len(lat)} ({len(lat) / args.scrape_seconds:.0f}/s) / {errors} / {series}", "", None),
         ]
-    print()
-    print(f"{'measure':56} {'value':40} {'target':9} ok")
-    for name, value, target, ok in rows:
-        print(f"{name:56} {value:40} {target:9} {'' if ok is None else ('yes' if ok else 'NO')}")
-    print(f"\n(host: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; {recs} records polled in process)")
+    rows += churn_table(churn_results, args.scrapers)
+    print_rows(rows)
+    print(f"({recs} records polled in process)")
     return 0
+
+
+def print_rows(rows):
+    print()
+    print(f"{'measure':62} {'value':40} {'target':9} ok")
+    for name, value, target, ok in rows:
+        print(f"{name:62} {value:40} {target:9} {'' if ok is None else ('yes' if ok else 'NO')}")
+    print(f"\n(host: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":
