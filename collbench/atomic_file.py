@@ -11,7 +11,8 @@ from collbench.errors import UserError
 
 
 def write_atomic(path, chunks, keep_existing=False):
-    """Write the str chunks to path atomically; its absolute path. OSError if it cannot be written.
+    """Write the chunks (str, or bytes for binary files) to path atomically; its absolute path.
+    OSError if it cannot be written.
 
     keep_existing: the new file starts with the old one's bytes (and keeps its mode), so chunks
     are appended without ever leaving the old file half-appended.
@@ -30,7 +31,7 @@ def write_atomic(path, chunks, keep_existing=False):
                 if data and not data.endswith(b"\n"):
                     out.write(b"\n")  # a previous writer's torn last line stays on its own line
             for chunk in chunks:
-                out.write(chunk.encode("utf-8"))
+                out.write(chunk if isinstance(chunk, bytes) else chunk.encode("utf-8"))
             out.flush()
             os.fsync(out.fileno())
         os.chmod(tmp, mode if mode is not None else 0o644)
