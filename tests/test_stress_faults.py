@@ -82,6 +82,18 @@ def zombie_children(pid):
     return out
 
 
+def rank_zero(pids):
+    """The pid of MPI rank 0 among pids (OMPI_COMM_WORLD_RANK in its environment), else the first."""
+    for p in pids:
+        try:
+            env = open(f"/proc/{p}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if b"OMPI_COMM_WORLD_RANK=0" in env:
+            return p
+    return pids[0]
+
+
 def signal_pending(pid, signum):
     """True once signum is pending for the (stopped) process pid."""
     with open(f"/proc/{pid}/status") as f:
@@ -250,7 +262,7 @@ def test_failed_rotation_is_an_event_not_a_crash(stress):
     assert results_in([r for r in recs if r["seq"] > first]) or wait_for(
         lambda: results_in([r for r in live(s) if r["seq"] > first]), timeout=60), \
         "no result after the failed rotation"
-    assert pid_alive(pid) and s.run("status").returncode == 0
+    assert pid_alive(pid)
 
     for b in blockers:               # the operator fixes it: the next attempt rotates
         shutil.rmtree(b)
@@ -259,7 +271,7 @@ def test_failed_rotation_is_an_event_not_a_crash(stress):
     both = file_records(blockers[0]) + live(s)
     seqs = [r["seq"] for r in both]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "a record was lost or duplicated"
-    assert pid_alive(pid)
+    assert pid_alive(pid) and s.run("status").returncode == 0
     r = s.run("stop")
     assert r.returncode == 0, r.stdout + r.stderr
     assert events(live(s), "stop")
@@ -333,7 +345,7 @@ def test_killed_ranks_leave_no_zombie_under_the_daemon(stress):
         ranks = wait_for(lambda: [p for p, n in job_processes(pid).items() if n.startswith("collbench-engine")],
                          timeout=60, interval=0.2)
         assert len(ranks) == 2, job_processes(pid)
-        os.kill(ranks[0], signal.SIGKILL)
+        os.kill(rank_zero(ranks), signal.SIGKILL)
         s.wait_for(lambda r: len(events(r, "relaunch")) >= k, timeout=90, what=f"relaunch {k}")
         left = wait_for(lambda: not zombie_children(pid), timeout=10, interval=0.2)
         assert left, f"zombie children of the daemon after killed rank {k}: {zombie_children(pid)}"
@@ -348,8 +360,9 @@ OSU_PLAN = """\
 """
 
 
-def test_killed_rank_in_osu_step_mode_leaves_no_zombie(tmp_path, repo):
-    """One mpirun per step (engine osu): a rank killed mid-step is reaped with its job."""
+def test_killed_mpirun_in_osu_step_mode_leaves_no_zombie(tmp_path, repo):
+    """One mpirun per step (engine osu): mpirun killed while its rank hangs in a step orphans the
+    rank; the daemon (their subreaper) stops it with the job and reaps it at once."""
     top = (f"engine: osu\nosu_path: {repo / 'tests' / 'osu_standin'}\n"
            "env: {OSU_STANDIN_HANG: bcast}\n")
     s = Stress(write_config(tmp_path, top_extra=top, plan=OSU_PLAN, ranks=2), tmp_path / "state")
@@ -357,18 +370,21 @@ def test_killed_rank_in_osu_step_mode_leaves_no_zombie(tmp_path, repo):
         pid = s.start()
         assert s.state()["mode"] == "step"
         for k in range(1, 3):
-            def hanging_ranks():
+            def hanging_step():
                 procs = job_processes(pid)
-                ranks = [p for p in procs if any(a.endswith("/osu_bcast") for a in cmdline(p) or ())]
-                return ranks if len(ranks) == 2 else None
-            ranks = wait_for(hanging_ranks, timeout=120, interval=0.2)
-            assert ranks, f"no hanging bcast ranks; daemon.log:\n{s.daemon_log()}"
-            os.kill(ranks[1], signal.SIGKILL)
+                mpirun = [p for p, name in procs.items() if name == "mpirun"]
+                ranks = [p for p, name in procs.items() if name != "mpirun"
+                         and any(a.endswith("/osu_bcast") for a in cmdline(p) or ())]
+                # rank 1 has returned, rank 0 sleeps after the header: the step hangs
+                return mpirun if mpirun and len(ranks) == 1 and rank_zero(ranks) == ranks[0] else None
+            mpirun = wait_for(hanging_step, timeout=120, interval=0.2)
+            assert mpirun, f"no hanging bcast step; daemon.log:\n{s.daemon_log()}"
+            os.kill(mpirun[0], signal.SIGKILL)   # its hanging rank 0 is orphaned to the daemon
             s.wait_for(lambda r: len(events(r, "relaunch")) >= k, timeout=120, what=f"relaunch {k}")
             assert wait_for(lambda: not zombie_children(pid), timeout=10, interval=0.2), \
                 f"zombie children of the daemon: {zombie_children(pid)}"
         fails = [r for r in s.records() if r["type"] == "failure"]
-        assert len(fails) >= 2 and all(f["op"] == "bcast" for f in fails)
+        assert len(fails) >= 2 and all(f["op"] == "bcast" and f["exit_code"] == -9 for f in fails), fails
         assert pid_alive(pid)
     finally:
         s.cleanup()
