@@ -17,7 +17,9 @@ COMMAND_MODULES = {
     "rules": "collbench.rules",
     "dashboard": "collbench.dashboard",
     "report": "collbench.report.cli",
+    "baseline": "collbench.baseline.cli",
     "topo": "collbench.topo.cli",
+    "nccl": "collbench.nccl.cli",
 }
 
 

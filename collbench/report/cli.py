@@ -63,17 +63,21 @@ def _check_output(path, flag):
     return path
 
 
-def resolve_peak(args):
+def peak_source(args):
+    """A function giving the Peak. Flags and matrix files are checked now, before any input is
+    read; a measured peak is deferred until the input proved usable (it costs an MPI run)."""
     from collbench.report import peak as peak_mod
     if args.no_peak:
-        return peak_mod.no_peak()
-    if args.peak_gbps is not None:
+        peak = peak_mod.no_peak()
+    elif args.peak_gbps is not None:
         if not (math.isfinite(args.peak_gbps) and args.peak_gbps > 0):
             raise UserError(f"--peak-gbps {args.peak_gbps}: expected a number of GB/s > 0")
-        return peak_mod.peak_from_value(float(args.peak_gbps))
-    if args.peak_from:
-        return peak_mod.peak_from_matrix(args.peak_from)
-    return peak_mod.measure_peak(args.config)
+        peak = peak_mod.peak_from_value(float(args.peak_gbps))
+    elif args.peak_from:
+        peak = peak_mod.peak_from_matrix(args.peak_from)
+    else:
+        return lambda: peak_mod.measure_peak(args.config)
+    return lambda: peak
 
 
 def build(paths, peak_fn, title="collbench report", since=None, group_by="auto"):
@@ -110,9 +114,13 @@ def run(args):
     since = parse_since(args.since, time.time()) if args.since else None
     if args.peak_from and not os.path.isfile(args.peak_from):
         raise UserError(f"--peak-from {args.peak_from}: no such file")
+    if args.config:
+        from collbench.config import load_config
+        load_config(args.config)        # a bad config fails now, not after the input was read
+    peak_fn = peak_source(args)
 
-    text, data, figures, peak, source = build(args.results, lambda: resolve_peak(args), title=args.title,
-                                              since=since, group_by=args.group_by)
+    text, data, figures, peak, source = build(args.results, peak_fn, title=args.title, since=since,
+                                              group_by=args.group_by)
     try:
         write_atomic(out, [text])
         if md:

@@ -179,7 +179,7 @@ def peak_from_matrix(path):
         biggest = max(v for v, _, _ in pairs)
         scale, unit_name = (1.0, "B/s") if biggest > 1e5 else (1e9, "GB/s")
         assumed = f" (no unit given: read as {unit_name})"
-    best, i, j = max(pairs)
+    best, i, j = max(pairs, key=lambda p: p[0])    # the first of equal pairs: i < j when symmetric
     values = sorted(v for v, _, _ in pairs)
     med = values[len(values) // 2]
     name = (lambda k: hosts[k]) if hosts else (lambda k: f"#{k}")

@@ -7,10 +7,11 @@ skipped; nothing in a file can crash the reader or make it hold more than one li
 most) in memory at a time. Records are streamed to the caller, who aggregates: a stress log of
 a million records never sits in memory as dicts.
 
-The record check is one function, `check_record`, chosen in one line below.
+Validation is the project's one record check, `collbench.record_parser.parse_record`;
+`slim_record` keeps what the report and baselines read and checks the fields that sweep,
+compare and topo compare add, which that parser passes through unchecked.
 """
 
-import json
 import math
 import os
 import re
@@ -18,30 +19,20 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from collbench.errors import UserError
-from collbench.ops import get_op
+from collbench.record_parser import MAX_LINE_BYTES, is_record, parse_record
 
-MAX_LINE_BYTES = 1 << 20     # a record is well under 4 KB; a longer line is not one
 MAX_EXAMPLES = 20            # bad lines remembered per file (line number + reason)
-_LABEL_CHARS = 200           # label-like strings (run id, host, transport) are cut here
-_TEXT_CHARS = 2000           # error messages
-_TAIL_CHARS = 8000           # stderr tails
-_MAX_HOSTS = 100_000
+_LABEL_CHARS = 200           # extra label fields (algorithm, order) are cut here
 
 
 class BadRecord(ValueError):
     """A line that is not a usable record; the message says which field and why."""
 
 
-# ------------------------------------------------------------------ field checks
+# ------------------------------------------------------------------ record check
 
 def _is_num(v):
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _label(v, key, limit=_LABEL_CHARS):
-    if isinstance(v, str):
-        return v[:limit]
-    raise BadRecord(f"{key}: expected a string, got {_kind(v)}")
 
 
 def _kind(v):
@@ -51,8 +42,7 @@ def _kind(v):
     if isinstance(v, bool):
         return f"boolean {v}".lower()
     if isinstance(v, (int, float)):
-        text = repr(v)
-        return f"number {text[:30]}"
+        return f"number {repr(v)[:30]}"
     if isinstance(v, str):
         return f"string {v[:30]!r}" + ("..." if len(v) > 30 else "")
     if isinstance(v, list):
@@ -62,10 +52,7 @@ def _kind(v):
     return type(v).__name__
 
 
-def _positive(v, key):
-    if not _is_num(v) or v <= 0:
-        raise BadRecord(f"{key}: expected a number > 0, got {_kind(v)}")
-    return float(v)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def _nonneg(v, key):
@@ -74,169 +61,74 @@ def _nonneg(v, key):
     return float(v)
 
 
-def _count(v, key, minimum=0):
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum or v > 1 << 62:
-        raise BadRecord(f"{key}: expected a whole number >= {minimum}, got {_kind(v)}")
-    return v
-
-
-def _signed_int(v, key):
-    if isinstance(v, bool) or not isinstance(v, int) or abs(v) > 1 << 31:
-        raise BadRecord(f"{key}: expected a whole number, got {_kind(v)}")
-    return v
-
-
-_HOSTS_CACHE = {}
-
-
-def _hosts(v, key="hosts"):
-    if not isinstance(v, list) or not v or len(v) > _MAX_HOSTS or not all(isinstance(h, str) for h in v):
-        raise BadRecord(f"{key}: expected a non-empty list of host names, got {_kind(v)}")
-    t = tuple(h[:_LABEL_CHARS] for h in v)
-    # the same host list repeats in every record of a run: keep one copy
-    return _HOSTS_CACHE.setdefault(t, t) if len(_HOSTS_CACHE) < 10_000 else t
-
-
-def _order(v, key="order"):
-    """A rank order (topo compare): a name, or a list of ranks/hosts; kept as a short label."""
-    if isinstance(v, str):
-        return v[:_LABEL_CHARS]
-    if _is_num(v):
-        return str(v)
-    if isinstance(v, list) and all(isinstance(x, (str, int)) and not isinstance(x, bool) for x in v):
-        text = ",".join(str(x) for x in v)
-        return text if len(text) <= _LABEL_CHARS else text[:_LABEL_CHARS - 3] + "..."
-    raise BadRecord(f"{key}: expected a name or a list of ranks, got {_kind(v)}")
-
-
-def _algorithm(v, key="algorithm"):
-    if isinstance(v, str):
+def _label(v, key):
+    if isinstance(v, str) and v and not _CONTROL.search(v):
         return v[:_LABEL_CHARS]
     if isinstance(v, int) and not isinstance(v, bool):
         return str(v)
-    raise BadRecord(f"{key}: expected an algorithm name, got {_kind(v)}")
+    raise BadRecord(f"{key}: expected a name, got {_kind(v)}")
 
 
-# Optional fields: (key, checker). A bad value drops the field and is counted, the record stays.
-_RUN_FIELDS = (
-    ("run_id", _label), ("hosts", _hosts), ("nodes", lambda v, k: _count(v, k, 1)),
-    ("engine", _label), ("mpi", _label), ("transport", _label),
-    ("algorithm", _algorithm), ("order", _order), ("pattern", _label),
-    ("time", _label), ("seq", _count), ("iteration", _count),
-)
-_RESULT_FIELDS = _RUN_FIELDS + (
-    ("datatype", _label), ("size", _label),
-    ("latency_min_us", _nonneg), ("latency_max_us", _nonneg),
-    ("latency_p50_us", _nonneg), ("latency_p90_us", _nonneg), ("latency_p99_us", _nonneg),
-    ("iterations", _count), ("warmup", _count),
-    ("algbw_bytes_per_s", _nonneg), ("busbw_bytes_per_s", _nonneg),
-    ("validation", _label), ("straggler_rank", _count), ("verdict", _label),
-)
-_FAILURE_FIELDS = _RUN_FIELDS + (
-    ("error", lambda v, k: _label(v, k, _TEXT_CHARS)),
-    ("stderr_tail", lambda v, k: _label(v, k, _TAIL_CHARS)),
-    ("size_bytes", _count), ("exit_code", _signed_int),
-)
-_EVENT_FIELDS = (("run_id", _label), ("event", _label), ("detail", lambda v, k: _label(v, k, _TEXT_CHARS)))
+def _order(v, key):
+    """A rank order (topo compare): a name, or a list of ranks/hosts; kept as a short label."""
+    if isinstance(v, list) and v and all(isinstance(x, (str, int)) and not isinstance(x, bool) for x in v):
+        text = ",".join(str(x) for x in v)
+        if _CONTROL.search(text):
+            raise BadRecord(f"{key}: control character in a rank order")
+        return text if len(text) <= _LABEL_CHARS else text[:_LABEL_CHARS - 3] + "..."
+    return _label(v, key)
 
 
-def _optional(obj, out, fields, problems):
-    for key, check in fields:
-        v = obj.get(key)
-        if v is None:
-            continue
-        try:
-            out[key] = check(v, key)
-        except BadRecord as e:
-            problems.append(str(e))
+# Fields the shared parser does not know (it passes unknown fields through unchecked) but the
+# report reads: written by sweep (percentiles), compare (algorithm), topo compare (order,
+# pattern). A bad one is dropped and counted; the record stays.
+EXTRA_FIELDS = (("algorithm", _label), ("order", _order), ("pattern", _label),
+                ("latency_p50_us", _nonneg), ("latency_p90_us", _nonneg), ("latency_p99_us", _nonneg))
+_RUN_KEYS = ("run_id", "nodes", "ranks", "engine", "mpi", "transport", "time", "seq", "iteration")
+_RESULT_KEYS = _RUN_KEYS + ("op", "datatype", "size", "size_bytes", "latency_avg_us", "latency_min_us",
+                            "latency_max_us", "iterations", "warmup", "algbw_bytes_per_s", "busbw_bytes_per_s",
+                            "validation", "straggler_rank", "verdict")
+_FAILURE_KEYS = _RUN_KEYS + ("op", "size_bytes", "exit_code", "error", "stderr_tail")
+_EVENT_KEYS = ("run_id", "event", "detail")
+_KEYS = {"result": _RESULT_KEYS, "failure": _FAILURE_KEYS, "event": _EVENT_KEYS}
+_HOSTS_CACHE = {}
 
 
-def _op_name(v):
-    try:
-        return get_op(v).name if isinstance(v, str) else None
-    except KeyError:
-        return None
-
-
-def _check_record(obj):
-    """(record, field problems) from one parsed JSON value; BadRecord when it is not usable.
-
-    The record is a new dict holding only checked fields with the types LOG_FORMAT.md gives
-    (`hosts` a tuple). Fatal: not an object, an unknown `type`, a result without a known op,
-    size, positive latency or rank count. A bad optional field is dropped and named in problems.
-    Records of other types (`event`, future ones) are returned with `type` only, for counting.
-    """
-    if not isinstance(obj, dict):
-        raise BadRecord(f"not a JSON object but {_kind(obj)}")
-    rtype = obj.get("type")
-    if not isinstance(rtype, str):
-        raise BadRecord(f"type: expected a string, got {_kind(rtype)}")
+def slim_record(rec):
+    """(record, problems) from a record the shared parser validated: only the fields the report
+    and baselines read, `hosts` as a tuple (one shared copy per distinct list), the extra
+    fields checked here. A result with a zero latency has no place on a log scale: BadRecord."""
+    t = rec["type"]
+    out = {"type": t, "ts": rec["ts"]}
+    for k in _KEYS[t]:
+        v = rec.get(k)
+        if v is not None:
+            out[k] = v
+    if t == "result" and not rec["latency_avg_us"] > 0:
+        raise BadRecord("latency_avg_us: 0 (no time measured)")
+    hosts = rec.get("hosts")
+    if hosts is not None and t != "event":
+        h = tuple(hosts)
+        out["hosts"] = _HOSTS_CACHE.setdefault(h, h) if len(_HOSTS_CACHE) < 10_000 else h
     problems = []
-    out = {"type": rtype[:40]}
-    ts = obj.get("ts")
-    if ts is not None:
-        if _is_num(ts) and ts >= 0:
-            out["ts"] = float(ts)
-        else:
-            problems.append(f"ts: expected Unix seconds, got {_kind(ts)}")
-    if rtype == "result":
-        op = _op_name(obj.get("op"))
-        if op is None:
-            raise BadRecord(f"op: expected a known op, got {_kind(obj.get('op'))}")
-        out["op"] = op
-        out["size_bytes"] = _count(obj.get("size_bytes"), "size_bytes")
-        out["latency_avg_us"] = _positive(obj.get("latency_avg_us"), "latency_avg_us")
-        out["ranks"] = _count(obj.get("ranks"), "ranks", 1)
-        _optional(obj, out, _RESULT_FIELDS, problems)
-    elif rtype == "failure":
-        op = obj.get("op")
-        if op is not None:
-            name = _op_name(op)
-            if name is None:
-                problems.append(f"op: expected a known op or null, got {_kind(op)}")
-            else:
-                out["op"] = name
-        ranks = obj.get("ranks")
-        if ranks is not None:
-            try:
-                out["ranks"] = _count(ranks, "ranks", 1)
-            except BadRecord as e:
-                problems.append(str(e))
-        _optional(obj, out, _FAILURE_FIELDS, problems)
-    elif rtype == "event":
-        _optional(obj, out, _EVENT_FIELDS, problems)
+    if t != "event":
+        for key, check in EXTRA_FIELDS:
+            v = rec.get(key)
+            if v is not None:
+                try:
+                    out[key] = check(v, key)
+                except BadRecord as e:
+                    problems.append(str(e))
     return out, problems
 
 
-# The one place the record check is chosen: when the shared check (collbench/record_parser.py)
-# lands, this becomes `from collbench.record_parser import <its check> as check_record` (or a
-# two-line adapter to the (record, problems) / BadRecord contract above).
-check_record = _check_record
-
-
-# ------------------------------------------------------------------ reading files
-
-def _reject_constant(name):
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
-
-
-def parse_line(line):
-    """One line (bytes, newline stripped) -> the parsed JSON value; BadRecord if not JSON."""
-    if not line.strip():
-        raise BadRecord("blank line")
-    try:
-        text = line.decode("utf-8")
-    except UnicodeDecodeError:
-        raise BadRecord("not UTF-8") from None
-    try:
-        return _DECODER.decode(text)
-    except RecursionError:
-        raise BadRecord("not JSON: nested too deeply") from None
-    except ValueError as e:  # JSONDecodeError, NaN/Infinity, an integer too long to convert
-        raise BadRecord(f"not JSON: {str(e)[:80]}") from None
+def check_line(line):
+    """(record, problems) of one line; BadRecord with the reason when it is not a record.
+    Validation is the shared one (collbench.record_parser); the slimming and extras are ours."""
+    rec = parse_record(line)
+    if not is_record(rec):
+        raise BadRecord(rec.reason)
+    return slim_record(rec)
 
 
 @dataclass
@@ -310,7 +202,7 @@ def expand_inputs(paths, flag="RESULTS"):
 
 
 def read_file(path, stats, since=None):
-    """Yield the usable records of one file (see check_record); stats counts everything else.
+    """Yield the usable records of one file (see check_line); stats counts everything else.
 
     since: keep only records with ts >= since (others are counted in stats.filtered).
     """
@@ -343,7 +235,7 @@ def read_file(path, stats, since=None):
                 stats.bad_line(lineno, "incomplete last line (still being written?)")
                 return
             try:
-                rec, problems = check_record(parse_line(line[:-1]))
+                rec, problems = check_line(line)
             except BadRecord as e:
                 stats.bad_line(lineno, str(e))
                 continue
