@@ -1,0 +1,235 @@
+"""Where the log bytes come from: files, directories (recursively), gzip, stdin; read in blocks
+that end at a line boundary, with a cap on line length so that no input can exhaust memory.
+
+Named files must be NCCL-ish text: a binary file, an unreadable file or a broken gzip header is a
+`LogInputError` (exit 2) naming the file. Inside a directory such files are skipped with a warning,
+because a job's log directory holds other things too. stdin is spooled to a temporary file while
+it is read, so that a second pass (locating a desync) can read it again.
+"""
+
+import gzip
+import os
+import sys
+import tempfile
+import zlib
+
+from collbench.errors import UserError
+
+BLOCK = 4 << 20             # bytes per read; a block is processed as one unit
+MAX_LINE = 64 << 10         # longer lines are cut here (the rest of the line is dropped and counted)
+SNIFF = 8192                # NUL bytes in the first SNIFF bytes mean a binary file
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+class LogInputError(UserError):
+    """A named input cannot be read as a log."""
+
+
+class Source:
+    """One input: `name` for messages, `open()` returns a binary file object (decompressed)."""
+
+    def __init__(self, name, path=None, explicit=True):
+        self.name = name
+        self.path = path                # None for stdin
+        self.explicit = explicit        # named on the command line (errors) or found in a directory (warnings)
+        self.spool = None               # stdin's copy, after the first pass
+        self.compressed = False
+
+    def open(self):
+        if self.path is None:
+            if self.spool is not None:
+                return open(self.spool, "rb")
+            return _StdinSpool(self)
+        raw = open(self.path, "rb")
+        try:
+            head = raw.read(2)
+            raw.seek(0)
+        except OSError:
+            raw.close()
+            raise
+        if head == GZIP_MAGIC:
+            self.compressed = True
+            return gzip.GzipFile(fileobj=raw, mode="rb")
+        return raw
+
+    def cleanup(self):
+        if self.spool is not None:
+            try:
+                os.unlink(self.spool)
+            except OSError:
+                pass
+            self.spool = None
+
+
+class _StdinSpool:
+    """stdin (gunzipped when it starts with the gzip magic), copied to a temporary file as read."""
+
+    def __init__(self, source):
+        self.source = source
+        self.stream = sys.stdin.buffer
+        fd, path = tempfile.mkstemp(prefix="collbench-nccl-stdin.", suffix=".log")
+        self.copy = os.fdopen(fd, "wb")
+        source.spool = path
+        self.inflate = None
+        self.first = True
+
+    def read(self, n):
+        data = self.stream.read(n)
+        if self.first:
+            self.first = False
+            if data[:2] == GZIP_MAGIC:
+                self.source.compressed = True
+                self.inflate = zlib.decompressobj(wbits=31)
+        if self.inflate is not None:
+            data = self._gunzip(data, n)
+        self.copy.write(data)
+        return data
+
+    def _gunzip(self, data, n):
+        out = []
+        while True:
+            if data:
+                out.append(self.inflate.decompress(data))
+            if self.inflate.eof and self.inflate.unused_data:   # concatenated gzip members
+                rest = self.inflate.unused_data
+                self.inflate = zlib.decompressobj(wbits=31)
+                data = rest
+                continue
+            if out and any(out) or not data:
+                break
+            data = self.stream.read(n)          # the compressed bytes so far gave no output yet
+            if not data:
+                break
+        return b"".join(out)
+
+    def close(self):
+        self.copy.close()
+
+
+def expand_paths(paths, warnings):
+    """Sources for the command-line paths: `-` is stdin, directories are walked in name order."""
+    sources = []
+    stdin_seen = False
+    for arg in paths:
+        if arg == "-":
+            if stdin_seen:
+                raise LogInputError("-: stdin given twice")
+            stdin_seen = True
+            sources.append(Source("<stdin>"))
+            continue
+        if os.path.isdir(arg):
+            found = []
+            for root, dirs, files in os.walk(arg, onerror=lambda e: warnings.append(
+                    f"{e.filename}: cannot list directory: {e.strerror}")):
+                dirs.sort()
+                for name in sorted(files):
+                    path = os.path.join(root, name)
+                    if os.path.isfile(path):
+                        found.append(Source(path, path, explicit=False))
+            if not found:
+                raise LogInputError(f"{arg}: directory contains no files")
+            sources.extend(found)
+        elif os.path.exists(arg):
+            if not os.path.isfile(arg):
+                raise LogInputError(f"{arg}: not a regular file or directory")
+            sources.append(Source(arg, arg))
+        else:
+            raise LogInputError(f"{arg}: no such file or directory")
+    return sources
+
+
+class SourceStats:
+    """What reading one source found (bytes, lines, cut lines, why it was skipped)."""
+
+    __slots__ = ("bytes", "lines", "overlong", "skipped", "error")
+
+    def __init__(self):
+        self.bytes = 0
+        self.lines = 0
+        self.overlong = 0
+        self.skipped = None     # reason the whole source was not read (binary, unreadable)
+        self.error = None       # reason reading stopped early (corrupt gzip, I/O error)
+
+
+def read_blocks(source, stats, warnings, block=BLOCK, max_line=MAX_LINE):
+    """Yield blocks of complete lines (each ending in b'\\n') from a source.
+
+    A line longer than max_line is cut to max_line bytes (counted in stats.overlong). A binary
+    source, or one that cannot be opened, raises LogInputError when named on the command line
+    and is skipped with a warning when found in a directory. A read error part-way (a truncated
+    gzip, an I/O error) ends the source with a warning: the lines before it count.
+    """
+    try:
+        f = source.open()
+    except OSError as e:
+        _refuse(source, stats, warnings, f"cannot open: {e.strerror or e}")
+        return
+    try:
+        carry = b""
+        skipping = False        # inside the dropped rest of an overlong line
+        first = True
+        while True:
+            try:
+                data = f.read(block)
+            except (OSError, EOFError, zlib.error) as e:
+                why = "corrupt or truncated gzip data" if source.compressed else "read error"
+                msg = f"{source.name}: {why} after {stats.bytes} bytes ({e}); using the lines before it"
+                if first:
+                    _refuse(source, stats, warnings, f"{why}: {e}")
+                    return
+                stats.error = msg
+                warnings.append(msg)
+                break
+            if not data:
+                break
+            if first:
+                first = False
+                if b"\0" in data[:SNIFF]:
+                    _refuse(source, stats, warnings, "binary file (NUL bytes near the start), not a text log")
+                    return
+            stats.bytes += len(data)
+            if skipping:
+                nl = data.find(b"\n")
+                if nl < 0:
+                    continue
+                data = data[nl + 1:]
+                skipping = False
+            if carry:
+                data = carry + data
+                carry = b""
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                if len(data) > max_line:
+                    stats.overlong += 1
+                    stats.lines += 1
+                    yield data[:max_line] + b"\n"
+                    skipping = True
+                else:
+                    carry = data
+                continue
+            carry = data[cut + 1:]
+            chunk = data[:cut + 1]
+            stats.lines += chunk.count(b"\n")
+            yield chunk
+            if len(carry) > max_line:
+                stats.overlong += 1
+                stats.lines += 1
+                yield carry[:max_line] + b"\n"
+                carry = b""
+                skipping = True
+        if carry and not skipping:
+            stats.lines += 1
+            yield carry + b"\n"
+    finally:
+        try:
+            f.close()
+        except Exception:       # closing a half-read gzip can raise again; the data is already used
+            pass
+
+
+def _refuse(source, stats, warnings, reason):
+    stats.skipped = reason
+    if source.explicit:
+        raise LogInputError(f"{source.name}: {reason}")
+    warnings.append(f"{source.name}: skipped: {reason}")
+

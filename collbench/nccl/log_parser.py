@@ -1,0 +1,419 @@
+"""Parse one NCCL/RCCL debug-log line (bytes) into a typed record.
+
+Lines that matter (formats: shared/research/nccl.md §1, §3.3, §3.4):
+- COLL:   `<prefix> NCCL INFO <Op>: opCount <hex> sendbuff <p> recvbuff <p> [acc <p>] count <n>
+           [size <n>] datatype <d> op <r> [root <r>] comm <p> [nranks=<n>] stream <p>
+           [task <t> globalrank <g>] [devRedOp <d> isPtr <i> scaler <x>]`  (NCCL 2.4-2.30, RCCL 4.x-7.x)
+- INIT:   `[<func> ]comm <p> rank <r> nranks <n> ... [busId <x>] [commId 0x<x>] ... - Init COMPLETE`
+- kernel: RCCL's `## [<t>] [<rank>:<block>] <opcount> KL HWID <x> <kernel> ... busId <x> nRanks <n>`
+- TUNING: `[<Op>: ]<n> Bytes -> Algo <a> proto <p> ...`  (numeric ids before 2.24, names after)
+
+`<prefix>` is `host:pid:tid [cudaDev]`, optionally preceded by anything a wrapper adds (a timestamp,
+Ray's `(RayTrainWorker pid=.., ip=..)`, mpirun's `[1,0]<stdout>:`), so it is parsed from the right.
+Nothing here raises on any input: a line is a record, a `Malformed` with its reason, or None.
+
+`normalize_chunk` is the census' fast path: it rewrites the per-call parts of every COLL line in a
+block (opCount and buffer pointers) into an in-place marker, with a few C-level passes, so that the
+lines of one rank's repeated calls become byte-identical and can be counted by dictionary lookup.
+`parse_coll` understands both the raw and the normalized form.
+"""
+
+import re
+from itertools import repeat
+from typing import NamedTuple, Optional
+
+from collbench.nccl.formats import (ALGORITHMS, DATATYPES, KERNEL_ALGOS, KERNEL_PROTOS, KERNEL_TYPES,
+                                    PROTOCOLS, RECV, SEND, NcclOp, canonical_op, redop_name)
+
+COLL_MARK = b": opCount "       # every COLL line has it; cheap `in` pre-filter
+INFO_MARK = b"NCCL INFO "
+MAX_TEXT = 300                  # characters of a bad line kept for the -v report
+
+
+class CollLine(NamedTuple):
+    host: Optional[str]         # None when the line has no host:pid:tid prefix (stripped or garbled)
+    pid: Optional[int]
+    tid: Optional[int]
+    dev: Optional[int]          # cudaDev at log time, not a rank
+    op: NcclOp
+    op_name: str                # as logged (mscclFuncAllReduce, AllToAllPivot, ...)
+    opcount: Optional[int]      # None in the normalized form
+    inplace: bool
+    count: int
+    datatype: str
+    type_size: int
+    redop: Optional[str]        # None for ops that do not reduce
+    redop_value: int
+    root: int                   # Send/Recv: the peer
+    comm: str
+    nranks: int
+    stream: str
+    task: Optional[int]         # RCCL 6.x: index inside the group
+    globalrank: Optional[int]   # RCCL 6.x: the rank in this communicator
+
+
+class InitLine(NamedTuple):
+    host: Optional[str]
+    pid: Optional[int]
+    comm: str
+    rank: int
+    nranks: int
+    comm_id: Optional[str]      # NCCL >= 2.16
+    bus_id: Optional[str]
+    cuda_dev: Optional[int]
+    func: Optional[str]         # ncclCommInitRank, ncclCommSplit, ... (NCCL >= 2.21)
+    parent: Optional[str]
+
+
+class KernelLine(NamedTuple):
+    host: Optional[str]
+    pid: Optional[int]
+    record: str                 # KL (launch), KE (end), CE, PE, CL, Abort, ...
+    rank: int                   # comm->rank
+    opcount: int
+    p2p: bool                   # head `%06x-%06x` (p2p opCounts)
+    kernel: Optional[str]       # KL only: the kernel function name
+    coll: Optional[NcclOp]      # from the kernel name (None for SendRecv and unknown names)
+    algorithm: Optional[str]
+    protocol: Optional[str]
+    datatype: Optional[str]     # element type of the kernel, mapped onto our datatype names
+    bus_id: Optional[str]
+    nranks: Optional[int]
+
+
+class TuningLine(NamedTuple):
+    host: Optional[str]
+    pid: Optional[int]
+    op: Optional[NcclOp]        # None for the 2.20-2.22 / RCCL form without an op name
+    nbytes: int
+    algorithm: str
+    protocol: str
+
+
+class Malformed(NamedTuple):
+    reason: str
+    text: str
+
+
+def clip_text(line):
+    """A bad line for humans: decoded whatever the bytes, capped, no control characters."""
+    text = line[:MAX_TEXT].decode("utf-8", "backslashreplace")
+    text = "".join(c if c.isprintable() else "\\x%02x" % ord(c) if ord(c) < 256 else "?" for c in text)
+    return text + ("..." if len(line) > MAX_TEXT else "")
+
+
+def _text(b):
+    return b.decode("utf-8", "backslashreplace")
+
+
+def split_prefix(line):
+    """(host, pid, tid, dev, message) of a `... host:pid:tid [dev] NCCL INFO message` line.
+
+    None when there is no `NCCL INFO`. host/pid/tid are None when the part before it is not a
+    prefix NCCL wrote (stripped by a tool, or the tail of another process's cut line). The last
+    `NCCL INFO` wins: stdout shared by many ranks can glue a cut line in front of a whole one.
+    """
+    i = line.rfind(INFO_MARK)
+    if i < 0:
+        return None
+    msg = line[i + len(INFO_MARK):]
+    pre = line[:i].rstrip()
+    dev = None
+    k = pre.rfind(b" ")
+    tok = pre[k + 1:]
+    if tok[:1] == b"[" and tok[-1:] == b"]" and tok[1:-1].isdigit():
+        dev = int(tok[1:-1])
+        pre = pre[:k] if k >= 0 else b""
+        k = pre.rfind(b" ")
+        tok = pre[k + 1:]
+    parts = tok.rsplit(b":", 3)
+    host = pid = tid = None
+    if len(parts) >= 3 and parts[-1].isdigit() and parts[-2].isdigit() and parts[-3]:
+        host, pid, tid = _text(parts[-3]), int(parts[-2]), int(parts[-1])
+    if msg[:1] == b"[":             # `NCCL INFO [2] AllReduce:` (seen in NVIDIA/nccl#1352)
+        j = msg.find(b"] ")
+        if 0 < j < 8 and msg[1:j].isdigit():
+            msg = msg[j + 2:]
+    return host, pid, tid, dev, msg
+
+
+_COLL = re.compile(
+    rb"([A-Za-z_][A-Za-z0-9_]*): opCount "
+    rb"(?:([0-9a-fA-F]+) sendbuff (\S+) recvbuff (\S+) (?:acc \S+ )?|([=~]) )"
+    rb"count (\d+) (?:size \d+ )?datatype (-?\d+) op (-?\d+) (?:root (-?\d+) )?"
+    rb"comm (\S+) \[nranks=(\d+)\] stream (\S+)"
+    rb"((?: task -?\d+ globalrank -?\d+| devRedOp -?\d+ isPtr -?\d+ scaler [0-9a-fA-F]+)*)\s*\Z")
+_TASK = re.compile(rb" task (-?\d+) globalrank (-?\d+)")
+_OFFSET_OPS = ("AllGather", "ReduceScatter")
+
+
+def _pointer(text):
+    if text == b"(nil)":
+        return 0
+    try:
+        return int(text, 16)
+    except ValueError:
+        return None
+
+
+def offset_inplace(op_name, diff, unit, nranks):
+    """AllGather is in place when sendbuff = recvbuff + rank*count*size, ReduceScatter when
+    recvbuff = sendbuff + rank*count*size (NCCL's definition); diff = sendbuff - recvbuff."""
+    if op_name == "ReduceScatter":
+        diff = -diff
+    return unit > 0 and diff >= 0 and diff % unit == 0 and diff // unit < nranks
+
+
+def parse_coll(line):
+    """A COLL line (raw or normalized) -> CollLine, or Malformed saying what is wrong."""
+    if line.count(COLL_MARK) != 1:
+        return Malformed("garbled: several COLL lines run together", clip_text(line))
+    pre = split_prefix(line)
+    if pre is None:             # no `NCCL INFO` at all: the prefix was stripped (NVIDIA/nccl#783)
+        host = pid = tid = dev = None
+        j = line.find(COLL_MARK)
+        k = max(line.rfind(b" ", 0, j), line.rfind(b"\t", 0, j))
+        msg = line[k + 1:]
+    else:
+        host, pid, tid, dev, msg = pre
+    m = _COLL.match(msg)
+    if m is None:
+        return Malformed(_coll_problem(msg), clip_text(line))
+    (name, opcount, send, recv, marker, count, dtype, redop, root, comm, nranks, stream,
+     extra) = m.groups()
+    op_name = _text(name)
+    op = canonical_op(op_name)
+    if op is None:
+        return Malformed(f"unknown op name {op_name!r}", clip_text(line))
+    dt = DATATYPES.get(int(dtype))
+    if dt is None:
+        return Malformed(f"unknown datatype {int(dtype)} (expected 0-11)", clip_text(line))
+    redop_value = int(redop)
+    if redop_value < 0:
+        return Malformed(f"negative reduction op {redop_value}", clip_text(line))
+    nranks = int(nranks)
+    if nranks < 1:
+        return Malformed("nranks=0", clip_text(line))
+    root = int(root) if root is not None else 0
+    if op.rooted and not 0 <= root < nranks:
+        what = "peer" if op.kind in (SEND, RECV) else "root"
+        return Malformed(f"{what} {root} outside 0..{nranks - 1}", clip_text(line))
+    count = int(count)
+    unit = count * dt[1]
+    inplace = False
+    if op.kind not in (SEND, RECV):
+        if marker is not None:
+            inplace = marker == b"="
+        elif send == recv:
+            inplace = True
+        elif op.name in _OFFSET_OPS:
+            s, r = _pointer(send), _pointer(recv)
+            inplace = s is not None and r is not None and offset_inplace(op.name, s - r, unit, nranks)
+    task = grank = None
+    if extra:
+        t = _TASK.search(extra)
+        if t:
+            task, grank = int(t.group(1)), int(t.group(2))
+    return CollLine(host, pid, tid, dev, op, op_name, int(opcount, 16) if opcount else None, inplace,
+                    count, dt[0], dt[1], redop_name(redop_value) if op.reduction else None, redop_value,
+                    root if op.rooted else 0, _text(comm), nranks, _text(stream), task, grank)
+
+
+_FIELDS = (b"sendbuff ", b"recvbuff ", b"count ", b"datatype ", b"op ", b"comm ", b"[nranks=", b"stream ")
+
+
+def _coll_problem(msg):
+    """Why a line with `: opCount ` is not a COLL line, in words (for the -v report)."""
+    if not re.match(rb"[A-Za-z_]\w*: opCount ", msg):
+        return "no op name before opCount (NCCL < 2.3.7 or a cut line)"
+    for field in _FIELDS:
+        if field not in msg:
+            return f"truncated: no {field.decode().strip(' [=')!r} field"
+    return "unexpected field values or trailing text"
+
+
+_INIT = re.compile(rb"(?:([A-Za-z_]\w*) )?comm (\S+) rank (-?\d+) nranks (\d+) (.*?)- Init COMPLETE")
+_INIT_EXTRA = {key: re.compile(rb"\b" + key + rb" (\S+)") for key in (b"cudaDev", b"busId", b"commId", b"parent")}
+
+
+def parse_init(line):
+    pre = split_prefix(line)
+    if pre is None:
+        return None
+    host, pid, _tid, _dev, msg = pre
+    m = _INIT.match(msg)
+    if m is None:
+        return Malformed("Init COMPLETE line without comm/rank/nranks", clip_text(line))
+    func, comm, rank, nranks, extra = m.groups()
+    rank, nranks = int(rank), int(nranks)
+    if nranks < 1 or not 0 <= rank < nranks:
+        return Malformed(f"Init COMPLETE with rank {rank} of nranks {nranks}", clip_text(line))
+    got = {}
+    for key, rx in _INIT_EXTRA.items():
+        e = rx.search(extra)
+        got[key] = _text(e.group(1)) if e else None
+    cuda = got[b"cudaDev"]
+    return InitLine(host, pid, _text(comm), rank, nranks, got[b"commId"], got[b"busId"],
+                    int(cuda) if cuda and cuda.isdigit() else None, _text(func) if func else None,
+                    got[b"parent"])
+
+
+_KERNEL = re.compile(rb"## \[\s*[0-9.]+\] \[(\d+):(\d+)\] ([0-9a-fA-F]+)(-[0-9a-fA-F]+)? (\S+)(.*)")
+_KL = re.compile(rb" HWID\s+[0-9a-fA-F]+ (\S+)")
+_BUSID = re.compile(rb" busId ([0-9a-fA-F]+)")
+_NRANKS = re.compile(rb" nRanks (\d+)")
+KERNEL_PREFIXES = ("ncclDevFunc_", "ncclFunction_", "ncclKernel_")
+
+
+def parse_kernel_name(name):
+    """(coll op or None, algorithm, protocol, datatype) of `ncclDevFunc_<Coll>_<ALGO>_<PROTO>_<RedOp>_<type>`
+    (RCCL 6.2 names; 6.1's ncclFunction_; develop's short types and unroll suffix), or None."""
+    for prefix in KERNEL_PREFIXES:
+        if name.startswith(prefix):
+            rest = name[len(prefix):]
+            break
+    else:
+        return None
+    coll, _, rest = rest.partition("_")
+    algo = next((a for a in KERNEL_ALGOS if rest.startswith(a + "_")), None)
+    if algo is None:
+        return None
+    rest = rest[len(algo) + 1:]
+    proto = next((p for p in KERNEL_PROTOS if rest.startswith(p + "_") or rest == p), None)
+    if proto is None:
+        return None
+    rest = rest[len(proto) + 1:]
+    _redop, _, ctype = rest.partition("_")
+    dtype = KERNEL_TYPES.get(ctype)
+    if dtype is None and "_" in ctype:      # develop appends the unroll factor
+        dtype = KERNEL_TYPES.get(ctype.rsplit("_", 1)[0])
+    return canonical_op(coll), algo, proto, dtype
+
+
+def parse_kernel(line):
+    pre = split_prefix(line)
+    if pre is None:
+        return None
+    host, pid, _tid, _dev, msg = pre
+    m = _KERNEL.match(msg)
+    if m is None:
+        return Malformed("kernel-trace line without [rank:block] opCount", clip_text(line))
+    rank, _block, opc, opc2, record, rest = m.groups()
+    kernel = coll = algo = proto = dtype = None
+    if record == b"KL":
+        k = _KL.match(rest)
+        if k:
+            kernel = _text(k.group(1))
+            parsed = parse_kernel_name(kernel)
+            if parsed:
+                coll, algo, proto, dtype = parsed
+    bus = _BUSID.search(rest)
+    nr = _NRANKS.search(rest)
+    return KernelLine(host, pid, _text(record), int(rank), int(opc, 16), opc2 is not None, kernel, coll,
+                      algo, proto, dtype, _text(bus.group(1)) if bus else None,
+                      int(nr.group(1)) if nr else None)
+
+
+_TUNING = re.compile(rb"(?:([A-Za-z_]\w*): )?(\d+) Bytes -> Algo (\S+) proto (\S+)")
+
+
+def _tuning_name(token, table):
+    text = _text(token)
+    return table.get(int(text), text) if text.isdigit() else text
+
+
+def parse_tuning(line):
+    pre = split_prefix(line)
+    if pre is None:
+        return None
+    host, pid, _tid, _dev, msg = pre
+    m = _TUNING.match(msg)
+    if m is None:
+        return Malformed("TUNING line without '<n> Bytes -> Algo <a> proto <p>'", clip_text(line))
+    name, nbytes, algo, proto = m.groups()
+    op = canonical_op(_text(name)) if name else None
+    if name and op is None:
+        return None             # another subsystem's line that happens to look alike
+    return TuningLine(host, pid, op, int(nbytes), _tuning_name(algo, ALGORITHMS), _tuning_name(proto, PROTOCOLS))
+
+
+INIT_MARK = b"Init COMPLETE"
+KERNEL_MARK = b"NCCL INFO ## ["
+TUNING_MARK = b" Bytes -> Algo "
+
+
+def parse_line(line):
+    """Any line -> CollLine | InitLine | KernelLine | TuningLine | Malformed, or None (not ours)."""
+    if not isinstance(line, bytes):
+        line = str(line).encode("utf-8", "surrogateescape")
+    line = line.rstrip(b"\r\n")
+    if COLL_MARK in line:
+        return parse_coll(line)
+    if INFO_MARK not in line:
+        return None
+    if INIT_MARK in line:
+        return parse_init(line)
+    if KERNEL_MARK in line:
+        return parse_kernel(line)
+    if TUNING_MARK in line:
+        return parse_tuning(line)
+    return None
+
+
+# --- fast path -----------------------------------------------------------------------------------
+
+_SPLIT = re.compile(rb" opCount [0-9a-fA-F]+ sendbuff (\S+) recvbuff (\S+) (?:acc \S+ )?")
+_MARKS = {True: b" opCount = ", False: b" opCount ~ "}
+_OFFSET_SUFFIXES = tuple(name.encode() + b":" for name in _OFFSET_OPS)
+
+
+def _offset_inplace_piece(op_suffix, diff, after):
+    """In-place test of an AllGather/ReduceScatter line from sendbuff-recvbuff and the text after its
+    pointers (`count <n> datatype <d> ... [nranks=<n>] ...`)."""
+    if (diff < 0) if op_suffix == _OFFSET_SUFFIXES[0] else (diff > 0):
+        return False            # the wrong direction: out of place whatever the unit
+    f = after.split(b" ", 4)
+    k = after.find(b"[nranks=")
+    if len(f) < 5 or f[0] != b"count" or f[2] != b"datatype" or k < 0:
+        return False
+    try:
+        count, dtype = int(f[1]), int(f[3])
+        nranks = int(after[k + 8:after.index(b"]", k)])
+    except ValueError:
+        return False
+    dt = DATATYPES.get(dtype)
+    name = _OFFSET_OPS[0] if op_suffix == _OFFSET_SUFFIXES[0] else _OFFSET_OPS[1]
+    return dt is not None and offset_inplace(name, diff, count * dt[1], nranks)
+
+
+def normalize_chunk(chunk):
+    """The block with every COLL line's `opCount <hex> sendbuff <p> recvbuff <p> [acc <p>]` replaced
+    by `opCount =` (in place) or `opCount ~` (not). In place is sendbuff == recvbuff, except for
+    AllGather/ReduceScatter, whose in-place buffers are offset by rank*count (NCCL's definition).
+    Everything else is left as it was; the line count does not change."""
+    parts = _SPLIT.split(chunk)
+    n = len(parts) // 3
+    if not n:
+        return chunk
+    pieces = parts[0::3]
+    sends, recvs = parts[1::3], parts[2::3]
+    marks = list(map(_MARKS.__getitem__, map(bytes.__eq__, sends, recvs)))
+    offset_ops = list(map(bytes.endswith, pieces[:n], repeat(_OFFSET_SUFFIXES)))
+    if True in offset_ops:
+        out_mark, in_mark = _MARKS[False], _MARKS[True]
+        i = offset_ops.index(True)
+        while True:
+            if marks[i] is out_mark:
+                s, r = _pointer(sends[i]), _pointer(recvs[i])
+                if s is not None and r is not None:
+                    suffix = _OFFSET_SUFFIXES[0] if pieces[i].endswith(_OFFSET_SUFFIXES[0]) else _OFFSET_SUFFIXES[1]
+                    if _offset_inplace_piece(suffix, s - r, pieces[i + 1]):
+                        marks[i] = in_mark
+            try:
+                i = offset_ops.index(True, i + 1)
+            except ValueError:
+                break
+    out = [b""] * (2 * n + 1)
+    out[0::2] = pieces
+    out[1::2] = marks
+    return b"".join(out)

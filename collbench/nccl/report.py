@@ -1,0 +1,139 @@
+"""Render a Census: a readable table (default), CSV of the configuration groups, or the JSON document."""
+
+import csv
+import io
+import json
+
+
+TABLE_ROWS = 40             # rows per section without -v
+GROUP_CSV_FIELDS = ("op", "count", "datatype", "type_size", "redop", "nranks", "inplace", "rank_calls",
+                    "calls", "bytes_per_call", "total_bytes", "share", "roots", "op_names", "ranks", "hosts",
+                    "algorithms", "collbench_op")
+_UNITS = (("TB", 1 << 40), ("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10))
+
+
+def human_bytes(n):
+    """Binary units as the rest of collbench (1MB = 1048576 B): 512MB exact, 28.2MB otherwise."""
+    for unit, mult in _UNITS:
+        if n >= mult:
+            return f"{n // mult}{unit}" if n % mult == 0 else f"{n / mult:.1f}{unit}"
+    return f"{n}B"
+
+
+def algorithm_text(algorithms):
+    if not algorithms:
+        return "-"
+    total = sum(a.count for a in algorithms)
+    top = algorithms[0]
+    text = f"{top.algorithm}/{top.protocol}"
+    if len(algorithms) > 1:
+        text += f" {100.0 * top.count / total:.0f}% +{len(algorithms) - 1}"
+    return text
+
+
+def _table(headers, rows, right):
+    widths = [len(h) for h in headers]
+    for r in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, r)]
+
+    def fmt(cells):
+        return "  ".join(c.rjust(w) if h in right else c.ljust(w)
+                         for c, w, h in zip(cells, widths, headers)).rstrip()
+    return [fmt(headers)] + [fmt(r) for r in rows]
+
+
+def _cut(rows, verbose, what):
+    if verbose or len(rows) <= TABLE_ROWS:
+        return rows, []
+    return rows[:TABLE_ROWS], [f"... {len(rows) - TABLE_ROWS} more {what} (-v shows all; --format json has them)"]
+
+
+def render_table(census, verbose=False):
+    t = census.totals
+    n_in = len(census.inputs)
+    out = [f"NCCL census of {n_in} input{'s' if n_in != 1 else ''}: {t['lines']} lines, "
+           f"{t['collective_lines']} collective lines, {t['malformed_lines']} malformed"
+           + (f", {t['overlong_lines']} over-long" if t["overlong_lines"] else ""), ""]
+
+    rows = []
+    for g in census.groups:
+        rows.append([g.op, str(g.count), g.datatype, g.redop or "-", str(g.nranks), "yes" if g.inplace else "no",
+                     str(g.rank_calls), str(g.calls), human_bytes(g.bytes_per_call), human_bytes(g.total_bytes),
+                     f"{100 * g.share:.1f}%", algorithm_text(g.algorithms)])
+    rows, more = _cut(rows, verbose, "configurations")
+    out.append(f"Configurations ({len(census.groups)}), largest share of bytes first "
+               f"(calls = per rank, rank lines = summed over ranks):")
+    out += _table(("op", "count", "datatype", "redop", "nranks", "in-place", "rank lines", "calls", "bytes/call",
+                   "total bytes", "share", "algorithm"), rows,
+                  {"count", "nranks", "rank lines", "calls", "bytes/call", "total bytes", "share"}) + more
+
+    sets = census.sets
+    by_commid = sum(1 for s in sets if s["source"] == "commId")
+    out += ["", f"Communicators: {len(census.communicators)} rank handles in {len(sets)} communicators "
+                f"({by_commid} by commId, {len(sets) - by_commid} inferred):"]
+    rows = [[s["key"], s["source"], str(s["nranks"]), str(s["members"]), s["status"], s["note"]] for s in sets]
+    rows, more = _cut(rows, verbose, "communicators")
+    out += _table(("communicator", "from", "nranks", "ranks seen", "status", "note"), rows,
+                  {"nranks", "ranks seen"}) + more
+    if verbose:
+        out += ["", "Rank handles:"]
+        rows = [[f"{c['host'] or '?'}:{c['pid'] if c['pid'] is not None else '?'}", c["comm"],
+                 "-" if c["rank"] is None else str(c["rank"]), str(c["nranks"]), c["comm_id"] or "-", c["set"],
+                 str(c["collectives"]), str(c["p2p"]), human_bytes(c["bytes"])] for c in census.communicators]
+        out += _table(("host:pid", "comm", "rank", "nranks", "commId", "communicator", "collectives", "p2p",
+                       "bytes"), rows, {"rank", "nranks", "collectives", "p2p", "bytes"})
+
+    rows = [[h["host"] or "?", str(h["processes"]), str(h["communicators"]), str(h["collective_lines"]),
+             human_bytes(h["bytes"])] for h in census.hosts]
+    rows, more = _cut(rows, verbose, "hosts")
+    out += ["", "Hosts:"] + _table(("host", "processes", "rank handles", "collective lines", "bytes"), rows,
+                                   {"processes", "rank handles", "collective lines", "bytes"}) + more
+
+    out.append("")
+    if census.desync:
+        out.append(f"DESYNC: {len(census.desync)} finding{'s' if len(census.desync) != 1 else ''}:")
+        out += [f"  - {f['message']}" for f in census.desync]
+    else:
+        checked = sum(1 for s in sets if s["status"] != "unchecked")
+        out.append(f"Desync: none found ({checked} of {len(sets)} communicators had two or more ranks to compare).")
+    if census.warnings:
+        out += ["", "Warnings:"] + [f"  - {w}" for w in census.warnings]
+    if census.malformed and verbose:
+        out += ["", f"Malformed lines (first {len(census.malformed)}):"]
+        out += [f"  {m['source']}:{m['line']}: {m['reason']}: {m['text']}" for m in census.malformed]
+    elif t["malformed_lines"]:
+        reasons = "; ".join(f"{r} ({n})" for r, n in list(t["malformed_reasons"].items())[:3])
+        out += ["", f"{t['malformed_lines']} malformed COLL lines: {reasons} (-v shows them)"]
+    return "\n".join(out) + "\n"
+
+
+def render_csv(census):
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(GROUP_CSV_FIELDS)
+    for g in census.groups:
+        row = []
+        for name in GROUP_CSV_FIELDS:
+            v = getattr(g, name)
+            if name == "algorithms":
+                v = " ".join(f"{a.algorithm}/{a.protocol}:{a.count}" for a in v)
+            elif name in ("roots", "op_names"):
+                v = " ".join(str(x) for x in v)
+            elif name == "share":
+                v = f"{v:.6f}"
+            elif name == "redop":
+                v = v or ""
+            elif name == "inplace":
+                v = int(v)
+            row.append(v)
+        w.writerow(row)
+    return buf.getvalue()
+
+
+def render_json(census):
+    return json.dumps(census.document(), indent=1, sort_keys=False) + "\n"
+
+
+def desync_summary(census):
+    """Findings as lines for stderr, where CSV output has no place for them."""
+    return [f"collbench: desync: {f['message']}" for f in census.desync]
