@@ -20,7 +20,6 @@ COMMAND_MODULES = {
     "baseline": "collbench.baseline.cli",
     "topo": "collbench.topo.cli",
     "nccl": "collbench.nccl.cli",
-    "nccl": "collbench.nccl.cli",
 }
 
 
