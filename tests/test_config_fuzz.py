@@ -565,12 +565,12 @@ def run_main(argv, capsys):
 
 
 def test_seeded_fuzz_over_keys_and_value_types(tmp_path, capsys):
-    """2000 generated configs through `rules` in-process: exit 0 or 2, a bounded message, never a
+    """1200 generated configs through `rules` in-process: exit 0 or 2, a bounded message, never a
     traceback (an exception escaping main() fails here with the seed and the text)."""
     rng = random.Random(9)
     path = tmp_path / "fuzz.yaml"
     seen = {0: 0, 2: 0}
-    for case in range(2000):
+    for case in range(1200):
         text = fuzz_text(rng)
         path.write_text(text, errors="surrogatepass")
         try:
@@ -582,7 +582,7 @@ def test_seeded_fuzz_over_keys_and_value_types(tmp_path, capsys):
             assert err.startswith("collbench: error: ") and len(err) <= MAX_MESSAGE, (case, err[:2000])
             assert str(path) in err, (case, err[:500])
         seen[code] += 1
-    assert seen[0] > 20 and seen[2] > 500, seen   # both outcomes really occur
+    assert seen[0] > 10 and seen[2] > 500, seen   # both outcomes really occur
 
 
 def test_seeded_fuzz_through_the_real_cli(tmp_path, control_cpu):
