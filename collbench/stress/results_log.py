@@ -225,6 +225,19 @@ _BLOCK = 64 * 1024
 _OVERLONG = f"line longer than {MAX_LINE_BYTES} bytes"
 
 
+def _open_log(path):
+    """`path` opened for reading if it is a regular file, else None (missing, a directory, a
+    FIFO: O_NONBLOCK, so a FIFO in the log's place cannot block a reader in open(2))."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")
+
+
 class _LineSplitter:
     """Complete lines out of a stream of chunks, as (offset, bytes) -- or (offset, ParseError)
     for an over-long line, whose bytes are dropped as they come."""
@@ -336,14 +349,11 @@ def _last_seq_of_file(path):
     """The highest seq among the valid records of the last _TAIL_WINDOW bytes; further back
     (one pass, bounded memory) only when that window holds no valid record at all -- a burst of
     garbage must not make the daemon reuse old sequence numbers."""
-    try:
-        f = open(path, "rb")
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+    f = _open_log(path)
+    if f is None:
         return None
     best = None
     with f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            return None
         size = os.fstat(f.fileno()).st_size
         for offset, line in _lines_backwards(f, size):
             if best is not None and size - offset > _TAIL_WINDOW:
@@ -361,7 +371,10 @@ def read_records(path, rotate_keep=64, on_bad=None):
         files.append(path)
     out = []
     for p in files:
-        with open(p, "rb") as f:
+        f = _open_log(p)
+        if f is None:
+            continue
+        with f:
             splitter = _LineSplitter()
             while True:
                 data = f.read(_BLOCK)
@@ -395,7 +408,10 @@ def _tail_file(path, count, on_bad=None, budget=None):
         return []
     recs = []
     bad = []
-    with open(path, "rb") as f:
+    f = _open_log(path)
+    if f is None:
+        return []
+    with f:
         size = os.fstat(f.fileno()).st_size
         for offset, line in _lines_backwards(f, size):
             if budget is not None and budget[0] is not None and budget[0] - (size - offset) < 0:
@@ -442,9 +458,8 @@ class LogFollower:
             self._open(path, seek_end=not from_start)
 
     def _open(self, path, seek_end=False, expect_ino=None):
-        try:
-            f = open(path, "rb")
-        except FileNotFoundError:
+        f = _open_log(path)
+        if f is None:
             return False
         ino = os.fstat(f.fileno()).st_ino
         if expect_ino is not None and ino != expect_ino:
@@ -496,7 +511,10 @@ class LogFollower:
 
     def _first_seq(self, path):
         try:
-            with open(path, "rb") as f:
+            f = _open_log(path)
+            if f is None:
+                return None
+            with f:
                 rec = parse_record(f.readline(MAX_LINE_BYTES + 1))
         except OSError:
             return None
