@@ -12,7 +12,7 @@ import sys
 import threading
 from types import SimpleNamespace
 
-from collbench.config import EXPORTER_SCHEMA, POS_FLOAT, _Loader, load_config
+from collbench.config import EXPORTER_SCHEMA, POS_FLOAT, POS_INT, _Loader, load_config
 from collbench.errors import ConfigError, UserError
 from collbench.stress.state import StatePaths
 
@@ -35,6 +35,8 @@ def register(subparsers):
     p.add_argument("--max-age", metavar="SECONDS", type=float,
                    help="drop result series older than this (default 900)")
     p.add_argument("--poll-interval", metavar="SECONDS", type=float, help="results log poll period (default 1)")
+    p.add_argument("--max-series", metavar="N", type=int,
+                   help="result series kept per metric family; results of more are dropped and counted (default 10000)")
     p.add_argument("--legacy-metrics", action="store_const", const=True, default=None,
                    help="also serve the seed prototype's mpi_* metric names")
     p.add_argument("--collectors", metavar="LIST",
@@ -82,6 +84,8 @@ def exporter_settings(args):
         ex["max_age"] = loader.value("--max-age", POS_FLOAT, args.max_age)
     if args.poll_interval is not None:
         ex["poll_interval"] = loader.value("--poll-interval", POS_FLOAT, args.poll_interval)
+    if args.max_series is not None:
+        ex["max_series"] = loader.value("--max-series", POS_INT, args.max_series)
     if args.collectors is not None:
         ex["collectors"] = _comma(args.collectors)
     if args.netdevs is not None:
