@@ -23,9 +23,14 @@ TINY_STEPS = [("allreduce", 1024), ("allreduce", 16384), ("bcast", 4096), ("allt
 
 
 def write_config(tmp_path, stress_extra="", top_extra="", plan=TINY_PLAN, ranks=4):
-    """A local config (shared memory, 4 ranks) with a tiny stress plan; returns its path."""
+    """A local config (shared memory, 4 ranks) with a tiny stress plan; returns its path.
+
+    stress_extra's keys replace the defaults (the config refuses duplicate keys)."""
+    given = {line.split(":")[0].strip() for line in stress_extra.splitlines() if ":" in line}
+    defaults = "".join(f"  {k}: {v}\n" for k, v in (("backoff_initial", 0.5), ("backoff_max", 2),
+                                                      ("stop_grace", 5)) if k not in given)
     text = (f"ranks: {ranks}\ntransport: shm\nstep_timeout: 60s\n{top_extra}"
-            f"stress:\n  backoff_initial: 0.5\n  backoff_max: 2\n  stop_grace: 5\n{stress_extra}{plan}")
+            f"stress:\n{defaults}{stress_extra}{plan}")
     path = tmp_path / "collbench.yaml"
     path.write_text(text)
     return path

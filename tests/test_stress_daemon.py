@@ -182,7 +182,7 @@ def test_stop_after_crash_cleans_up_and_reports_stopped(stress):
 
 
 def test_rotation_under_fast_plan_keeps_every_record_once(stress):
-    s = stress("  rotate_bytes: 24KB\n  rotate_keep: 10000\n")
+    s = stress("  rotate_bytes: 24KB\n  rotate_keep: 1000\n")
     s.start()
     out_path = s.state_dir.parent / "followed.jsonl"
     with open(out_path, "w") as out_file:   # a file, not a pipe: nothing blocks the follower
