@@ -4,6 +4,7 @@ page looks the same on an air-gapped laptop and can never call out. Every string
 from a results file is escaped (and "//" defused: no text from a record reads as a URL)."""
 
 import html
+import os
 import time
 from datetime import datetime, timezone
 
@@ -37,7 +38,7 @@ th{background:#eef1f5;font-weight:600}
 td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .sw{display:inline-block;width:11px;height:11px;border-radius:2px;margin-right:6px;vertical-align:-1px}
 .plot{width:100%;height:auto;background:#fff;border:1px solid #dde1e7;border-radius:6px}
-.pct-hi{color:#1a7f37;font-weight:600}.pct-mid{color:#9a6700}.pct-lo{color:#b42318}
+.pct-hi{color:#1a7f37;font-weight:600}.pct-over{color:#6b7385;font-style:italic}.nw{white-space:nowrap}.pct-mid{color:#9a6700}.pct-lo{color:#b42318}
 details{margin:4px 0}
 pre{white-space:pre-wrap;background:#f6f8fa;border:1px solid #e1e4ea;padding:8px;font-size:12px;margin:4px 0}
 code{font-size:12px}
@@ -67,6 +68,8 @@ def _us(v):
 def _pct(p):
     if p is None:
         return "-"
+    if p > 110:   # above the peak: the peak is wrong (see the peak note), not a great result
+        return f'<span class="pct-over" title="above the point-to-point peak">{p:.0f}% ?</span>'
     cls = "pct-hi" if p >= 70 else "pct-mid" if p >= 40 else "pct-lo"
     return f'<span class="{cls}">{p:.0f}%</span>'
 
@@ -98,8 +101,8 @@ def _span(first, last):
         return "-"
     a, b = iso(first), iso(last if last is not None else first)
     if a[:10] == b[:10]:
-        return esc(f"{a[:19]} → {b[11:19]} UTC")
-    return esc(f"{a[:19]} → {b[:19]} UTC")
+        return f'<span class=nw>{esc(a[:10])}</span><br><span class=nw>{esc(a[11:19])} → {esc(b[11:19])}</span>'
+    return f'<span class=nw>{esc(a[:19])} →</span><br><span class=nw>{esc(b[:19])}</span>
 
 
 def _runs_section(data):
@@ -113,7 +116,8 @@ def _runs_section(data):
         if by_setup:
             ids = ", ".join(esc(r) for r in s.run_ids[:3])
             row.append(ids + (f" <span class=muted>+{len(s.run_ids) - 3} more</span>" if len(s.run_ids) > 3 else ""))
-        files = "<br>".join(esc(f) for f in s.files[:3]) + (" …" if len(s.files) > 3 else "")
+        files = "<br>".join(f'<span title="{esc(f)}">{esc(os.path.basename(f))}</span>' for f in s.files[:4]) + (
+            f" <span class=muted>+{len(s.files) - 4}</span>" if len(s.files) > 4 else "")
         row += [_span(s.first_ts, s.last_ts),
                 f"{_hosts(a.get('hosts'))}<br><span class=muted>{esc(a.get('ranks') or '?')} ranks on "
                 f"{esc(a.get('nodes') or '?')} node(s)</span>",
@@ -321,7 +325,7 @@ def render(data, figures, peak, stats, title, sources, build_seconds=None):
         f"<title>{esc(title)}</title><style>{CSS}</style></head><body><main>",
         f"<h1>{esc(title)}</h1>",
         f"<p class=sub>collbench {esc(__version__)} report, generated {esc(iso(time.time()))} from "
-        f"{len(sources)} file(s): {esc(', '.join(sources[:5]))}{' …' if len(sources) > 5 else ''}</p>",
+        f"{len(sources)} file(s): {esc(', '.join(sources[:3]))}{' …' if len(sources) > 3 else ''}</p>",
         f"<div class=cards>{card_html}</div>",
         _peak_note(peak, data),
     ]

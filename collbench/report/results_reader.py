@@ -159,7 +159,7 @@ class FileStats:
                 "filtered": self.filtered, "incomplete_tail": self.incomplete_tail}
 
 
-_NUM_RE = re.compile(r"(?<![A-Za-z])\d+")
+_NUM_RE = re.compile(r"(?<![\w-])\d+(?:\.\d+)?")
 
 
 def _reason_class(reason):
