@@ -772,6 +772,12 @@ def _path_or_none(ld, value):
     return None if value is None else ld.path(value)
 
 
+def check_flag(flag, kind, value):
+    """A command-line value checked as the config key it overrides (kind: POS_INT, POS_FLOAT,
+    POS_SECONDS ...); ConfigError naming the flag."""
+    return _Loader("command line", os.getcwd()).value(flag, kind, value)
+
+
 _INT_FLAG_RE = re.compile(r"^\s*[+-]?[0-9]{1,30}\s*$")
 
 

@@ -12,9 +12,10 @@ import re
 import yaml
 
 from collbench.atomic_file import write_output
+from collbench.bounded_repr import bounded_repr
 from collbench.cli import add_config_arg
-from collbench.config import load_config
-from collbench.errors import ConfigError, UserError
+from collbench.config import POS_FLOAT, POS_INT, check_flag, int_flag, load_config
+from collbench.errors import ConfigError
 from collbench.ops import get_op
 from collbench.sizes import format_size
 
@@ -246,9 +247,9 @@ def render(cfg, to_nodes=None, to_gbps=None, source_name=None):
 
 def _run(args):
     cfg = load_config(args.config)
-    for flag, value in (("--nodes", args.nodes), ("--link-gbps", args.link_gbps)):
-        if value is not None and value <= 0:
-            raise UserError(f"{flag}: got {value}, expected a positive number")
+    for flag, kind, value in (("--nodes", POS_INT, args.nodes), ("--link-gbps", POS_FLOAT, args.link_gbps)):
+        if value is not None:
+            check_flag(flag, kind, value)   # as alerts.nodes / alerts.link_gbps: finite, in range
     if args.format == "prometheusrule":   # the same groups in the Prometheus Operator's resource
         from collbench import prometheus_rule
         text = prometheus_rule.render(build_rules(cfg, args.nodes, args.link_gbps),
@@ -264,9 +265,9 @@ def _run(args):
 
 def _positive_int(text):
     try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"got {text!r}, expected a whole number of nodes") from None
+        return int_flag(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"got {bounded_repr(text)}, expected a whole number of nodes") from None
 
 
 def register(subparsers):

@@ -83,9 +83,10 @@ def test_every_alert_is_unit_tested_firing_and_silent():
 def test_unit_tests_fail_against_rules_with_other_thresholds(tmp_path):
     """The unit tests measure the bounds: rules from doubled thresholds must fail them."""
     promtool = require_tool("promtool")
-    latency = "\n".join(
-        f"    {op}:\n      {size}: {{warning: {w * 2:g}us, critical: {c * 2:g}us}}"
-        for op, _b, size, w, c in Thresholds().items())
+    by_op = {}   # one mapping per op: a repeated op key is a duplicate-key error
+    for op, _b, size, w, c in Thresholds().items():
+        by_op.setdefault(op, []).append(f"      {size}: {{warning: {w * 2:g}us, critical: {c * 2:g}us}}")
+    latency = "\n".join(f"    {op}:\n" + "\n".join(lines) for op, lines in by_op.items())
     cfg = write_config(tmp_path / "c.yaml",
                        f"thresholds:\n  seed_defaults: false\n  ecn_rate: {{warning: 200, critical: 1000}}\n"
                        f"  latency:\n{latency}\n")
