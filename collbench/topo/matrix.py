@@ -283,7 +283,7 @@ class _Unparsed:
 def _parse_json(path, text):
     try:
         doc = json.loads(text, parse_constant=_Unparsed,
-                         parse_int=lambda s: float(s) if len(s) <= 300 else _Unparsed(s))
+                         parse_int=lambda s: int(s) if len(s) <= 300 else _Unparsed(s))
     except RecursionError:
         raise MatrixError(path, None, "JSON nested too deeply (expected an object of matrices)") from None
     except ValueError as e:
