@@ -33,7 +33,7 @@ MAX_SECONDS = 365 * 86400.0    # a duration setting: a year (sleep/wait overflow
 MAX_NUMBER = 1e9               # any other positive number (link speed, packet rates)
 MAX_STRING = 4096              # a string or path setting (PATH_MAX)
 MAX_ENV_VALUE = 32768
-MAX_ROTATE_KEEP = 1000         # rotated results logs kept (readers look at each in turn)
+MAX_ROTATE_KEEP = 10000        # rotated results logs kept (readers look for each in turn)
 MAX_CONFIG_BYTES = 256 << 10   # a config is a few KB
 MAX_HOSTFILE_BYTES = 1 << 20   # ~40,000 hosts
 
