@@ -102,7 +102,7 @@ def _span(first, last):
     a, b = iso(first), iso(last if last is not None else first)
     if a[:10] == b[:10]:
         return f'<span class=nw>{esc(a[:10])}</span><br><span class=nw>{esc(a[11:19])} → {esc(b[11:19])}</span>'
-    return f'<span class=nw>{esc(a[:19])} →</span><br><span class=nw>{esc(b[:19])}</span>
+    return f'<span class=nw>{esc(a[:19])} →</span><br><span class=nw>{esc(b[:19])}</span>'
 
 
 def _runs_section(data):
