@@ -225,6 +225,9 @@ class Scanner:
         if rec.host is None:
             self.no_prefix += 1
         m = self._member(rec)
+        if m.rank is None and rec.globalrank is not None and 0 <= rec.globalrank < rec.nranks:
+            m.rank = rec.globalrank     # MSCCL lines have no globalrank; the rank's other lines do
+            self.by_rank.setdefault((m.host, m.pid, m.rank, m.nranks), []).append(m)
         rid = self._rid(rec)
         if fast:
             if len(self.cache) >= CACHE_MAX:
@@ -274,7 +277,9 @@ class Scanner:
             m.func, m.parent = init.func, init.parent
         elif c.globalrank is not None and 0 <= c.globalrank < c.nranks:
             m.rank = c.globalrank
-        if m.comm_id:
+        if c.host is None:
+            skey, source = f"no host:pid prefix, nranks={c.nranks}", "unattributed"
+        elif m.comm_id:
             skey, source = f"commId {m.comm_id}", "commId"
         else:
             # the k-th communicator of this size in the process (per rank, or per device when the
@@ -472,7 +477,9 @@ def _desync(sources, scanner, block):
     for cset in sets:
         if cset.nranks == 1:
             cset.status, cset.note = "unchecked", "nranks=1: nothing to compare"
-    checked = [c for c in sets if c.nranks > 1]
+        elif cset.source == "unattributed":
+            cset.status, cset.note = "unchecked", "lines without host:pid:tid cannot be told apart by rank"
+    checked = [c for c in sets if c.status != "unchecked"]
     pending, pairs = desync.plan(checked)
     if not pending and not pairs:
         return []

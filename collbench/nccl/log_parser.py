@@ -219,14 +219,15 @@ def parse_coll(line):
                     root if op.rooted else 0, _text(comm), nranks, _text(stream), task, grank)
 
 
-_FIELDS = (b"sendbuff ", b"recvbuff ", b"count ", b"datatype ", b"op ", b"comm ", b"[nranks=", b"stream ")
+_FIELDS = (b" sendbuff ", b" recvbuff ", b" count ", b" datatype ", b" op ", b" comm ", b" [nranks=", b" stream ")
 
 
 def _coll_problem(msg):
     """Why a line with `: opCount ` is not a COLL line, in words (for the -v report)."""
     if not re.match(rb"[A-Za-z_]\w*: opCount ", msg):
         return "no op name before opCount (NCCL < 2.3.7 or a cut line)"
-    for field in _FIELDS:
+    normalized = re.match(rb"[A-Za-z_]\w*: opCount [=~] ", msg) is not None
+    for field in _FIELDS[2:] if normalized else _FIELDS:
         if field not in msg:
             return f"truncated: no {field.decode().strip(' [=')!r} field"
     return "unexpected field values or trailing text"
