@@ -37,8 +37,8 @@ def render(matrix, fmt="png", title=None, outliers=None):
     finite = [v for row in matrix.values for v in row if v is not None]
     lo, hi = min(finite), max(finite)
     norm = colors.LogNorm(vmin=lo, vmax=hi) if hi / lo > 20 else colors.Normalize(vmin=lo, vmax=hi)
-    cmap = matplotlib.colormaps["viridis" if matrix.metric.higher_is_better else "viridis_r"].copy()
-    cmap.set_bad("#bbbbbb")
+    cmap = matplotlib.colormaps["viridis" if matrix.metric.higher_is_better else "viridis_r"]
+    cmap = cmap.with_extremes(bad="#bbbbbb")
 
     side = min(16.0, max(5.0, 3.0 + p * 0.18))
     fig = Figure(figsize=(side + 1.5, side))
