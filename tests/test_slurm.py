@@ -311,3 +311,44 @@ def test_lab_down_is_idempotent_and_leaves_nothing(tmp_path):
     again = run([LAB, "down", directory], timeout=60)
     assert again.returncode == 0 and "nothing to remove" in again.stderr
     assert shutil.which("munged")   # what the lab needs is installed (scripts/install.sh)
+
+
+def test_status_survives_a_damaged_job_file_and_a_job_slurm_never_knew(cluster, tmp_path):
+    config = stress_config(cluster, tmp_path, "damaged.yaml")
+    state = tmp_path / "state-damaged.yaml"
+    state.mkdir()
+    (state / "slurm-job.json").write_text(json.dumps({"job_id": "999999", "ended": "garbage", "argv": 7}))
+    st = stress(cluster, config, "status")
+    assert st.returncode == 1 and "ended by an end nobody recorded" in st.stdout, st.stdout + st.stderr
+    (rec,) = read_records(str(state / "results.jsonl"))
+    assert (rec["event"], rec["reason"], rec["job_id"], rec["recorded_by"]) == \
+        ("job_end", "unknown", "999999", "collbench stress status")
+    again = stress(cluster, config, "status")       # recorded once, not on every status
+    assert again.returncode == 1 and len(read_records(str(state / "results.jsonl"))) == 1
+    (state / "slurm-job.json").write_text("{not json")
+    st = stress(cluster, config, "status")           # not a job file: the local daemon's status
+    assert st.returncode == 3 and "Slurm" not in st.stdout, st.stdout + st.stderr
+
+
+def test_hostlists_srun_options_and_time_limits(monkeypatch, tmp_path):
+    from collbench import slurm
+    from collbench.config import build_config
+    assert slurm.expand_hostlist("n[1-3,05],gpu7,r[1-2]c[1-2]") == \
+        ["n1", "n2", "n3", "n05", "gpu7", "r1c1", "r1c2", "r2c1", "r2c2"]
+    assert slurm.expand_hostlist("cbslm-ab12-h[01-02]") == ["cbslm-ab12-h01", "cbslm-ab12-h02"]
+    for bad in ("n[1-", "n]1[", "n[3-1]", "n[a-b]", "n[1-9999999]"):
+        with pytest.raises(ValueError):
+            slurm.expand_hostlist(bad)
+    assert [slurm.time_option(s) for s in (1, 60, 61, 3600)] == ["1", "1", "2", "60"]
+    cfg = build_config({"launcher": "srun", "launcher_path": "true", "ranks": 4,
+                        "slurm": {"partition": "p1", "account": "a1", "time_limit": "90s", "nodes": 8,
+                                  "srun_args": ["--exclusive"]}}, "<t>", str(tmp_path))
+    for k in ("SLURM_JOB_ID", "SLURM_JOBID"):
+        monkeypatch.delenv(k, raising=False)
+    outside = slurm.srun_options(cfg, 4)
+    assert outside == ["--mpi=pmix", "--kill-on-bad-exit=1", "--nodes", "4", "--partition", "p1",
+                       "--account", "a1", "--time", "2", "--exclusive"]
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "x[1-3]")
+    assert slurm.srun_options(cfg, 4) == ["--mpi=pmix", "--kill-on-bad-exit=1", "--exclusive"]
+    assert slurm.planned_hosts(cfg, 2) == ["x1", "x2"]

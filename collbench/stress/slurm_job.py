@@ -107,7 +107,11 @@ def read_job(state_dir):
             data = json.load(f)
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and str(data.get("job_id", "")).isdigit() else None
+    if not isinstance(data, dict) or not isinstance(data.get("job_id"), str) or not data["job_id"].isdigit():
+        return None
+    if not isinstance(data.get("ended"), dict):   # a damaged file: its job's end is not known yet
+        data["ended"] = None
+    return data
 
 
 def _write_job(state_dir, job):
@@ -308,7 +312,11 @@ def _wait_inactive(job, cfg, timeout):
 def status(args, cfg, paths, job):
     from collbench.stress.cli import last_results, render_status
     from collbench.stress.processes import format_duration
-    info = _query(job, cfg)
+    try:
+        info = _query(job, cfg)
+    except UserError as e:   # slurmctld down or unreachable: say so, record nothing
+        print(f"collbench stress: Slurm job {job['job_id']}: state unknown: {e}", file=sys.stderr)
+        return 4
     state_file = read_state(paths) or {}
     if not _active(info) and not job.get("ended"):
         job = dict(job, ended=_record_end(cfg, paths, job, info, by="collbench stress status"))
@@ -333,14 +341,15 @@ def status(args, cfg, paths, job):
         lines = [f"collbench stress: {state} as Slurm job {job['job_id']} ({info['state']}"
                  + (f", {info['reason']}" if info["reason"] not in ("None", "") else "")
                  + f"; nodes {info['nodes'] or '-'}, {info['time_used']} of {info['time_limit']})"]
-        if state == "running" and state_file.get("updated"):
+        if state == "running" and isinstance(state_file.get("updated"), (int, float)):
             lines.append(f"  daemon (state file): {state_file.get('status', '?')}, iteration "
                          f"{state_file.get('iteration', 0)}, mode {state_file.get('mode')}, relaunches "
                          f"{state_file.get('relaunches', 0)}, updated {format_duration(now - state_file['updated'])} ago")
     else:
         lines = [f"collbench stress: {'stopped' if state == 'stopped' else 'ended'}: Slurm job "
                  f"{job['job_id']} ended by {ended.get('detail')}"]
-        lines.append(f"  recorded {format_duration(now - ended.get('time', now))} ago by {ended.get('by')}; "
+        when = ended.get("time") if isinstance(ended.get("time"), (int, float)) else now
+        lines.append(f"  recorded {format_duration(now - when)} ago by {ended.get('by')}; "
                      f"Slurm state {ended.get('slurm_state') or 'unknown (no longer in squeue)'}; daemon last at "
                      f"iteration {state_file.get('iteration', 0)} ({state_file.get('status', '?')})")
     st = DaemonStatus("running" if state == "running" else "stopped", state_file.get("pid"), "", state_file)
