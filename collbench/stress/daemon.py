@@ -288,6 +288,8 @@ class Daemon:
 
     def _run_job(self):
         """Run one job (the whole daemon life in loop mode). True if it ended healthy."""
+        with self._io_lock:
+            self._check_state_dir()   # the job's plan file goes there: repair it before launching
         t0 = time.monotonic()
         try:
             if self.mode == "step":
