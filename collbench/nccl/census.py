@@ -27,7 +27,7 @@ from typing import NamedTuple, Optional
 from collbench.errors import UserError
 from collbench.nccl import desync
 from collbench.nccl.formats import COLL, DATATYPE_SIZES, OPS, RECV, SEND, same_kernel_type
-from collbench.nccl.log_input import BLOCK, LogInputError, SourceStats, expand_paths, read_blocks
+from collbench.nccl.log_input import BLOCK, MAX_LINE, LogInputError, SourceStats, expand_paths, read_blocks
 from collbench.nccl.log_parser import (COLL_MARK, INFO_MARK, INIT_MARK, KERNEL_MARK, TUNING_MARK, CollLine,
                                        Malformed, clip_text, normalize_chunk, parse_coll, parse_init,
                                        parse_kernel, parse_line, parse_tuning)
@@ -151,6 +151,9 @@ class Scanner:
         self.info_lines = self.warn_lines = self.init_lines = 0
         self.kernel_lines = self.kernel_attributed = self.tuning_lines = 0
         self.no_prefix = 0
+        self.overlong = 0
+        self.overlong_by_source = {}
+        self.detailed = False           # kernel-trace input: parse every line, keep opCounts
         self.collect_coll, self.collect_p2p = collect if collect else ({}, set())
         self.collected_coll, self.collected_p2p = {}, {}
         self._source = ""
@@ -164,7 +167,8 @@ class Scanner:
     def feed(self, chunk, source_name, first_line):
         """One block of complete lines from source_name, whose first line is number first_line."""
         self._source, self._lineno, self._search, self._raw = source_name, first_line, 0, chunk
-        if KERNEL_MARK in chunk:
+        if self.detailed or KERNEL_MARK in chunk:
+            self.detailed = True        # from here on, COLL lines keep their opCount for kernel lines
             lines = chunk.split(b"\n")
             lines.pop()
             self._lines = lines
@@ -188,6 +192,11 @@ class Scanner:
         return len(lines)
 
     def _slow(self, line, fast):
+        if len(line) > MAX_LINE:        # lines longer than a block are cut by the reader, these here
+            self.overlong += 1
+            self.overlong_by_source[self._source] = self.overlong_by_source.get(self._source, 0) + 1
+            line = line[:MAX_LINE]
+            fast = False
         if COLL_MARK in line:
             self._coll(line, fast)
         elif INFO_MARK in line:
@@ -402,6 +411,8 @@ def _scan(sources, scanner, stats, warnings, block):
     for src in sources:
         st = stats.setdefault(src.name, SourceStats())
         lineno = 1
+        if not scanner.detailed and src.sniff(KERNEL_MARK):
+            scanner.detailed = True     # decided before the first block, whatever the block size
         for chunk in read_blocks(src, st, warnings, block=block):
             lineno += scanner.feed(chunk, src.name, lineno)
 
@@ -575,7 +586,7 @@ def _build(scanner, sources, stats, findings, warnings):
     for src in sources:
         st = stats[src.name]
         inputs.append({"path": src.name, "bytes": st.bytes, "lines": st.lines, "compressed": src.compressed,
-                       "overlong_lines": st.overlong, "skipped": st.skipped, "error": st.error})
+                       "overlong_lines": st.overlong + scanner.overlong_by_source.get(src.name, 0), "skipped": st.skipped, "error": st.error})
     if scanner.no_prefix:
         warnings.append(f"{scanner.no_prefix} COLL lines had no host:pid:tid prefix (stripped, or glued to "
                         f"another rank's cut line): their ranks are guessed from the comm pointer alone")
@@ -590,7 +601,7 @@ def _build(scanner, sources, stats, findings, warnings):
         "bytes_read": sum(st.bytes for st in stats.values()),
         "collective_lines": sum(m.lines for m in scanner.members),
         "malformed_lines": scanner.malformed,
-        "overlong_lines": sum(st.overlong for st in stats.values()),
+        "overlong_lines": sum(st.overlong for st in stats.values()) + scanner.overlong,
         "nccl_info_lines": scanner.info_lines,
         "nccl_warn_lines": scanner.warn_lines,
         "init_lines": scanner.init_lines,

@@ -7,7 +7,6 @@ because a job's log directory holds other things too. stdin is spooled to a temp
 it is read, so that a second pass (locating a desync) can read it again.
 """
 
-import gzip
 import os
 import sys
 import tempfile
@@ -49,8 +48,21 @@ class Source:
             raise
         if head == GZIP_MAGIC:
             self.compressed = True
-            return gzip.GzipFile(fileobj=raw, mode="rb")
+            return Gunzip(raw)
         return raw
+
+    def sniff(self, marker, size=1 << 20):
+        """Whether marker occurs in the first `size` bytes (False for stdin and unreadable files)."""
+        if self.path is None and self.spool is None:
+            return False
+        try:
+            f = self.open()
+            try:
+                return marker in f.read(size)
+            finally:
+                f.close()
+        except (OSError, EOFError, zlib.error):
+            return False
 
     def cleanup(self):
         if self.spool is not None:
@@ -61,46 +73,76 @@ class Source:
             self.spool = None
 
 
+class Gunzip:
+    """Streaming gunzip with read(n) that keeps every byte before a cut or corrupt point.
+
+    gzip.GzipFile raises at a truncated end and drops what it decompressed in that call; a log
+    compressed while it was still written ends like that. Here the output before the cut is
+    returned, then EOF, and `truncated` says what happened. Concatenated members are read on;
+    non-gzip bytes after a member (padding) end the stream.
+    """
+
+    def __init__(self, raw):
+        self.raw = raw
+        self.inflate = zlib.decompressobj(wbits=31)
+        self.pending = b""          # compressed bytes not yet fed
+        self.in_member = False
+        self.done = False
+        self.truncated = False
+
+    def read(self, n):
+        while not self.done:
+            data = self.pending or self.raw.read(n)
+            self.pending = b""
+            if not data:
+                self.truncated = self.in_member
+                self.done = True
+                break
+            self.in_member = True
+            out = self.inflate.decompress(data, n)
+            self.pending = self.inflate.unconsumed_tail
+            if self.inflate.eof:
+                rest = self.inflate.unused_data
+                self.inflate = zlib.decompressobj(wbits=31)
+                self.in_member = False
+                if rest[:2] == GZIP_MAGIC:
+                    self.pending = rest
+                elif rest.strip(b"\0") or self.raw.read(1):
+                    self.done = True        # trailing non-gzip bytes: the log is what came before
+            if out:
+                return out
+        return b""
+
+    def close(self):
+        self.raw.close()
+
+
 class _StdinSpool:
     """stdin (gunzipped when it starts with the gzip magic), copied to a temporary file as read."""
 
     def __init__(self, source):
         self.source = source
-        self.stream = sys.stdin.buffer
+        stream = sys.stdin.buffer
+        try:
+            head = stream.peek(2)[:2]
+        except (AttributeError, OSError, ValueError):
+            head = b""
+        if head == GZIP_MAGIC:
+            source.compressed = True
+            stream = Gunzip(stream)
+        self.stream = stream
         fd, path = tempfile.mkstemp(prefix="collbench-nccl-stdin.", suffix=".log")
         self.copy = os.fdopen(fd, "wb")
         source.spool = path
-        self.inflate = None
-        self.first = True
+
+    @property
+    def truncated(self):
+        return getattr(self.stream, "truncated", False)
 
     def read(self, n):
         data = self.stream.read(n)
-        if self.first:
-            self.first = False
-            if data[:2] == GZIP_MAGIC:
-                self.source.compressed = True
-                self.inflate = zlib.decompressobj(wbits=31)
-        if self.inflate is not None:
-            data = self._gunzip(data, n)
         self.copy.write(data)
         return data
-
-    def _gunzip(self, data, n):
-        out = []
-        while True:
-            if data:
-                out.append(self.inflate.decompress(data))
-            if self.inflate.eof and self.inflate.unused_data:   # concatenated gzip members
-                rest = self.inflate.unused_data
-                self.inflate = zlib.decompressobj(wbits=31)
-                data = rest
-                continue
-            if out and any(out) or not data:
-                break
-            data = self.stream.read(n)          # the compressed bytes so far gave no output yet
-            if not data:
-                break
-        return b"".join(out)
 
     def close(self):
         self.copy.close()
@@ -220,6 +262,9 @@ def read_blocks(source, stats, warnings, block=BLOCK, max_line=MAX_LINE):
         if carry and not skipping:
             stats.lines += 1
             yield carry + b"\n"
+        if getattr(f, "truncated", False):
+            stats.error = f"{source.name}: gzip data cut short after {stats.bytes} bytes; using the lines before the cut"
+            warnings.append(stats.error)
     finally:
         try:
             f.close()
