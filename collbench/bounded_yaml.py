@@ -55,7 +55,7 @@ class BoundedLoader(yaml.SafeLoader):
             node = self.anchors.get(event.anchor)
             if node is not None:   # an undefined alias is the composer's own error
                 size = getattr(node, "expanded_nodes", None)
-                name = bounded_repr(event.anchor, 40)
+                name = bounded_text(event.anchor, 40)
                 if size is None:   # its anchor's node is still being composed: it contains itself
                     raise YAMLRefused(f"alias *{name} is inside the node it refers to "
                                       "(a recursive structure)", event.start_mark)
