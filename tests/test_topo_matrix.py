@@ -79,7 +79,7 @@ CSV_CASES = [
     ("underscore", "latency_us,a,b\na,,1_000\nb,1,\n", "got '1_000'"),
     ("missing", "latency_us,a,b\na,,\nb,1,\n", "line 2 column 3 (a -> b): missing value"),
     ("unicode_digits", "latency_us,a,b\na,,\u0661\u0662\nb,1,\n", "line 2 column 3 (a -> b): got"),
-    ("long_cell", "latency_us,a,b\na,,0." + "0" * 70 + "1\nb,1,\n", "72-character cell"),
+    ("long_cell", "latency_us,a,b\na,,0." + "0" * 70 + "1\nb,1,\n", "73-character cell"),
     ("bad_diagonal", "latency_us,a,b\na,x,1\nb,1,\n", "line 2 column 2 (a -> a): got 'x'"),
     ("huge_value", "latency_us,a,b\na,,1e300\nb,1,\n", "got 1e+300, expected a positive number from"),
     ("huge_cell", "latency_us,a,b\na,," + "1" * 100 + "\nb,1,\n", "100-character cell"),
