@@ -235,6 +235,11 @@ def _number(lo, hi=float(MAX_INT)):
     return check
 
 
+def _boolean(key, v):
+    if not isinstance(v, bool):
+        raise _Reject(f"{key}: expected true or false, got {_what(v)}")
+
+
 def _nullable(check):
     def nullable(key, v):
         if v is not None:
@@ -286,7 +291,12 @@ SHAPES = {
                 "straggler_rank": _nullable(_COUNT),
                 "verdict": _nullable(_choice("Good", "Warning", "Critical")),
                 "status": _choice("ok")},
-               {"seq": _integer(1, MAX_SEQ), "iteration": _integer(1), "t_start": _UNIX, "t_end": _UNIX}),
+               {"seq": _integer(1, MAX_SEQ), "iteration": _integer(1), "t_start": _UNIX, "t_end": _UNIX,
+                # set only by runs that use them (records.OPTIONAL_RESULT_FIELDS)
+                "algorithm": _string(128), "inplace": _boolean, "root": _COUNT,
+                "timing": _choice("osu", "sustained"),
+                "latency_p50_us": _LATENCY, "latency_p90_us": _LATENCY, "latency_p99_us": _LATENCY,
+                "latency_pmax_us": _LATENCY}),
     "failure": ({**COMMON, **RUN,
                  "status": _choice("failed"), "error": _string(65536, line=False),
                  "stderr_tail": _string(262144, line=False), "op": _nullable(_OP),
