@@ -298,3 +298,34 @@ def test_map_order_two_ranks_and_all_equal():
     costs = {r.primary for r in res.results.values()}
     assert len(costs) == 1                   # no order is better than another
     assert res.chosen == "exact"             # a proven optimum is preferred on ties
+
+
+# ------------------------------------------------------------------------------ shared uplinks
+
+def test_shared_uplink_model_by_hand():
+    """Hosts 0, 1 in one rack, 2, 3 in the other; intra 1, inter 5. The ring 0 2 1 3 crosses on all
+    four links: two flows leave each rack per step, 2 * 5 = 10 per step. The ring 0 1 2 3 crosses
+    twice: one flow each way, 5 per step."""
+    from collbench.topo.patterns import evaluate_shared
+    c = [[0, 1, 5, 5], [1, 0, 5, 5], [5, 5, 0, 1], [5, 5, 1, 0]]
+    group = [0, 0, 1, 1]
+    rn = rounds("ring", 4, "bandwidth")
+    assert evaluate_shared([0, 2, 1, 3], c, rn, group) == 3 * 10
+    assert evaluate_shared([0, 1, 2, 3], c, rn, group) == 3 * 5
+    # recursive doubling exchanges (both ways): the round whose two pairs cross carries 2 * 5 each way
+    rd = rounds("recursive-doubling", 4, "bandwidth")
+    assert evaluate_shared([0, 2, 1, 3], c, rd, group) == 1 * 10 + 2 * 1
+    assert evaluate_shared([0, 1, 2, 3], c, rd, group) == 1 * 1 + 2 * 10
+
+
+def test_map_order_reports_the_shared_uplink_speedup_on_racks():
+    c, rack = rack_cost(8, 4, seed=6)          # two racks, interleaved: every identity ring link crosses
+    res = map_order(from_cost(c, "bandwidth"), "ring")
+    assert res.groups is not None and sorted(set(res.groups)) == [0, 1]
+    assert all((res.groups[i] == res.groups[j]) == (rack[i] == rack[j]) for i in range(8) for j in range(8))
+    assert 3.5 < res.shared_speedup("exact") < 4.5
+    assert res.speedup("exact") < 1.2                 # the independent-links model sees little
+    assert [set(g) for g in res.to_dict()["groups"]] == [
+        {f"h{i}" for i in range(8) if rack[i] == rack[k]} for k in (0, 1)]
+    latency = map_order(from_cost(c, "latency"), "ring")
+    assert latency.groups is None and latency.shared_speedup("exact") is None

@@ -20,7 +20,7 @@ from collbench.topo.patterns import PATTERNS
 
 FORMATS = ("table", "csv", "json")
 CSV_COLUMNS = ("method", "chosen", "cost", "cost_unit", "vs_identity", "speedup", "worst_a", "worst_b",
-               "worst_value", "worst_unit", "tie_break_sum", "seconds", "optimal", "note")
+               "worst_value", "worst_unit", "tie_break_sum", "shared_speedup", "seconds", "optimal", "note")
 
 
 def register(subparsers):
@@ -92,7 +92,9 @@ def csv_text(result):
         w.writerow([row["method"], int(row["chosen"]), f"{row['cost']:.6g}", row["cost_unit"],
                     f"{row['vs_identity']:.6g}", f"{row['speedup']:.6g}", a or "", b or "",
                     "" if row["worst_value"] is None else f"{row['worst_value']:.6g}", row["worst_unit"],
-                    f"{row['tie_break_sum']:.6g}", f"{row['seconds']:.4f}",
+                    f"{row['tie_break_sum']:.6g}",
+                    "" if row["shared_speedup"] is None else f"{row['shared_speedup']:.6g}",
+                    f"{row['seconds']:.4f}",
                     "" if row["optimal"] is None else int(row["optimal"]), row["note"]])
     return out.getvalue()
 
@@ -107,7 +109,9 @@ def table_text(result):
              f"metric {m.metric.name}, matrix {m.source}",
              f"predicted cost: {'time per MB of per-rank block' if m.metric.higher_is_better else 'time'} "
              f"in the lockstep model (docs/TOPO.md); speed-up = identity cost / cost"]
-    header = ("", "method", "cost", "vs identity", "speed-up", "slowest pair", "optimal", "time")
+    shared = result.groups is not None
+    header = ("", "method", "cost", "vs identity", "speed-up", "slowest pair", "optimal", "time") + (
+        ("shared uplinks",) if shared else ())
     rows = []
     for r in result.rows():
         worst = "-"
@@ -115,9 +119,10 @@ def table_text(result):
             worst = f"{r['worst_pair'][0]}-{r['worst_pair'][1]} {_num(r['worst_value'])} {r['worst_unit']}"
         opt = "-" if r["optimal"] is None else ("yes" if r["optimal"] else "not proven")
         rows.append(("*" if r["chosen"] else "", r["method"], f"{_num(r['cost'])} {r['cost_unit']}",
-                     f"{r['vs_identity']:.3f}", f"{r['speedup']:.2f}x", worst, opt, f"{r['seconds']:.2f} s"))
+                     f"{r['vs_identity']:.3f}", f"{r['speedup']:.2f}x", worst, opt, f"{r['seconds']:.2f} s")
+                    + ((f"{r['shared_speedup']:.2f}x",) if shared else ()))
     widths = [max(len(str(x[i])) for x in [header] + rows) for i in range(len(header))]
-    right = {2, 3, 4, 7}
+    right = {2, 3, 4, 7, 8}
 
     def fmt(cells):
         return "  " + "  ".join(str(c).rjust(w) if i in right else str(c).ljust(w)
@@ -130,6 +135,9 @@ def table_text(result):
     if notes:
         lines.append("notes:")
         lines += notes
+    if shared:
+        lines.append(f"shared uplinks: speed-up if the links between the {max(result.groups) + 1} host "
+                     f"groups found (racks) share one uplink per group (docs/TOPO.md)")
     shown = result.labels if len(result.labels) <= 64 else result.labels[:64] + ["..."]
     lines.append(f"order ({result.chosen}), rank 0 first: {' '.join(shown)}")
     return "\n".join(lines) + "\n"

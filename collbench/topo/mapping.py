@@ -18,8 +18,9 @@ import time
 from collbench.errors import UserError
 from collbench.topo import exact as exact_mod
 from collbench.topo import local_search
-from collbench.topo.patterns import (PATTERNS, algorithm_name, bottleneck, evaluate, is_power_of_two,
-                                     round_maxima, rounds)
+from collbench.topo.outliers import host_groups
+from collbench.topo.patterns import (PATTERNS, algorithm_name, bottleneck, evaluate, evaluate_shared,
+                                     is_power_of_two, round_maxima, rounds)
 from collbench.topo.seed_heuristics import seed_recursive_doubling, seed_ring
 
 METHODS = ("seed", "exact", "heuristic", "auto")
@@ -46,18 +47,20 @@ class MethodResult:
         self.seconds = seconds
         self.optimal = optimal
         self.note = note
+        self.shared = None              # cost under the shared-uplink model (bandwidth, racks found)
 
 
 class MapResult:
     """All methods' results for one (matrix, pattern, metric); `chosen` names the order to use."""
 
-    def __init__(self, matrix, pattern, rnds, results, chosen):
+    def __init__(self, matrix, pattern, rnds, results, chosen, groups=None):
         self.matrix = matrix
         self.pattern = pattern
         self.metric = matrix.metric
         self.rounds = rnds
         self.results = results          # {method name: MethodResult}, identity first
         self.chosen = chosen
+        self.groups = groups            # group index per matrix rank when the shared model applies
 
     @property
     def order(self):
@@ -82,6 +85,14 @@ class MapResult:
         r = self.ratio(method)
         return 1.0 / r if r > 0 else 1.0
 
+    def shared_speedup(self, method):
+        """Predicted speed-up over the identity order if the racks' links share one uplink (None
+        when the model does not apply: latency metric, or no rack structure found)."""
+        mine, base = self.results[method].shared, self.results["identity"].shared
+        if mine is None or base is None or mine <= 0:
+            return None
+        return base / mine
+
     def worst_value(self, method):
         """The slowest pair in the metric's own unit (us, or GB/s for bandwidth)."""
         return self.metric.value_of_cost(self.results[method].worst_cost)
@@ -103,6 +114,8 @@ class MapResult:
                 "worst_value": self.worst_value(name) if a is not None else None,
                 "worst_unit": self.metric.unit,
                 "tie_break_sum": r.secondary,
+                "shared_cost": r.shared,
+                "shared_speedup": self.shared_speedup(name),
                 "seconds": r.seconds,
                 "optimal": r.optimal,
                 "note": r.note,
@@ -121,6 +134,9 @@ class MapResult:
             "order": self.order,
             "hosts_order": self.labels,
             "methods": self.rows(),
+            "groups": None if self.groups is None else
+            [[self.matrix.labels[h] for h in range(self.matrix.size) if self.groups[h] == g]
+             for g in range(max(self.groups) + 1)],
             "rounds": [{"weight": w, "worst_cost": c} for w, c, _ in
                        round_maxima(self.order, self.matrix.cost(), self.rounds)],
         }
@@ -204,6 +220,13 @@ def map_order(matrix, pattern, method="auto", time_limit=None, exact_time_limit=
             if not ex.optimal:
                 results["exact"].note = (f"branch and bound stopped at its limit "
                                          f"({exact_time_limit:g} s): best found, not proven")
+    groups = None
+    if matrix.metric.higher_is_better:
+        found = host_groups(matrix)
+        if max(found) > 0:
+            groups = found
+            for r in results.values():
+                r.shared = evaluate_shared(r.order, cost, rnds, groups)
     if method == "auto":
         chosen = min(results, key=lambda m: (results[m].primary, results[m].secondary, _PREFERENCE.index(m)))
         # a strictly-better-by-rounding order does not displace a proven optimum
@@ -214,4 +237,4 @@ def map_order(matrix, pattern, method="auto", time_limit=None, exact_time_limit=
                 chosen = "exact"
     else:
         chosen = method
-    return MapResult(matrix, pattern, rnds, results, chosen)
+    return MapResult(matrix, pattern, rnds, results, chosen, groups)

@@ -296,3 +296,26 @@ def _groups(p, pairs, cls, labels):
     for h in range(p):
         comps.setdefault(find(h), []).append(labels[h])
     return sorted(comps.values(), key=lambda g: (-len(g), g[0]))
+
+
+def host_groups(matrix, gap_ratio=DEFAULT_GAP_RATIO, min_class=None):
+    """Group index per matrix rank: the hosts joined by fastest-class links (the racks), by the
+    classes of step 1 alone (no outlier passes: cheap enough for P = 1024). All 0 when the pairs
+    form a single class."""
+    p = matrix.size
+    cost = matrix.cost()
+    pairs = [(i, j) for i in range(p) for j in range(i + 1, p)]
+    if p < 3:
+        return [0] * p
+    logs = [math.log(cost[i][j]) for i, j in pairs]
+    cls, ncls = _classes(logs, min_class or max(3, p), math.log(gap_ratio))
+    if ncls < 2:
+        return [0] * p
+    labels = list(range(p))
+    comps = _groups(p, pairs, cls, labels)
+    group = [0] * p
+    for g, members in enumerate(comps):
+        for h in members:
+            group[h] = g
+    return group
+

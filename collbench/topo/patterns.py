@@ -31,11 +31,12 @@ PATTERNS = ("ring", "recursive-doubling")
 
 
 class Round:
-    __slots__ = ("weight", "pairs")
+    __slots__ = ("weight", "pairs", "exchange")
 
-    def __init__(self, weight, pairs):
+    def __init__(self, weight, pairs, exchange=False):
         self.weight = weight
-        self.pairs = pairs          # list of (rank a, rank b)
+        self.pairs = pairs          # list of (rank a, rank b): a sends to b
+        self.exchange = exchange    # True: b sends to a as well (sendrecv with the same partner)
 
     def __repr__(self):
         return f"Round(weight={self.weight}, pairs={self.pairs})"
@@ -66,7 +67,7 @@ def rounds(pattern, p, metric="latency"):
     if is_power_of_two(p):
         while dist < p:
             pairs = [(r, r ^ dist) for r in range(p) if r < r ^ dist]
-            out.append(Round(dist if bandwidth else 1, pairs))
+            out.append(Round(dist if bandwidth else 1, pairs, exchange=True))
             dist <<= 1
     else:
         while dist < p:
@@ -115,3 +116,39 @@ def bottleneck(order, cost, rnds):
             if c > worst[0]:
                 worst = (c, a, b)
     return worst
+
+
+def evaluate_shared(order, cost, rnds, group):
+    """Predicted cost when the links between groups of hosts (the racks) share one uplink per
+    group and direction, each carrying its flows one after another at their measured pair cost:
+
+        round time = max(slowest pair, max over groups and directions of the sum of the costs of
+                         the round's flows leaving / entering the group)
+
+    weighted and summed as in `evaluate`. group: group index per matrix rank (outliers.host_groups).
+    An informational model for a fabric with oversubscribed inter-rack links (the testbed's shaped
+    link); the methods optimise `evaluate`."""
+    total = 0.0
+    for rd in rnds:
+        worst = 0.0
+        out_load = {}
+        in_load = {}
+        for a, b in rd.pairs:
+            ha, hb = order[a], order[b]
+            c = cost[ha][hb]
+            if c > worst:
+                worst = c
+            ga, gb = group[ha], group[hb]
+            if ga != gb:
+                out_load[ga] = out_load.get(ga, 0.0) + c
+                in_load[gb] = in_load.get(gb, 0.0) + c
+                if rd.exchange:
+                    out_load[gb] = out_load.get(gb, 0.0) + c
+                    in_load[ga] = in_load.get(ga, 0.0) + c
+        for load in (out_load, in_load):
+            for v in load.values():
+                if v > worst:
+                    worst = v
+        total += rd.weight * worst
+    return total
+
