@@ -9,7 +9,7 @@ import math
 import os
 import re
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import yaml
@@ -71,6 +71,8 @@ class Step:
     timing: str = "osu"          # "osu" | "sustained"
     samples: bool = False        # per-iteration times: p50/p90/p99 in the record
     algorithm: str = None        # the MPI's collective algorithm to force (None: its own choice)
+    # the config's plan step set `iterations` (else OSU's count for the size): --sizes keeps it
+    iterations_set: bool = field(default=False, compare=False)
 
     @property
     def size_label(self):
@@ -338,6 +340,7 @@ EXPORTER_SCHEMA = {
     "device_exclude": (STR, None),
     "collectors": (STR_LIST, ["results", "rdma_sysfs", "ethtool", "netstat"]),
     "max_series": (POS_INT, 10000),          # result series kept per metric family; more are dropped and counted
+    "baseline": (STR, None),                 # baseline NAME (in state_dir) or PATH.json: collbench_baseline_* series
 }
 MASTER_SCHEMA = {
     "host": (STR, None),                     # address or ~/.ssh/config alias; unset = act locally
@@ -361,6 +364,9 @@ ALERTS_SCHEMA = {
     "nodes": (POS_INT, 8),                   # the cluster size the thresholds are for
     "link_gbps": (POS_FLOAT, 25.0),          # the link speed the thresholds are for
     "job": (STR, "collbench"),               # Prometheus job name of the exporter's scrape
+    "regression_ratio": (POS_FLOAT, 1.5),    # CollbenchLatencyRegression: live / baseline above this
+    "regression_k": (NONNEG_FLOAT, 3.0),     # ... and above the baseline median + k x its sigma
+    "regression_for": (STR, "10m"),          # ... for this long
 }
 # launcher: srun, and the stress loop as a Slurm job (collbench/stress/slurm_job.py)
 SLURM_SCHEMA = {
@@ -517,7 +523,7 @@ class _Loader:
                 iters = self.value(f"{k}.iterations", ITERATIONS, item["iterations"]) if "iterations" in item else osu_iters
                 warmup = self.value(f"{k}.warmup", WARMUP, item["warmup"]) if "warmup" in item else (
                     osu_warmup if "iterations" not in item else max(1, iters // 10))
-                steps.append(Step(op.name, size, iters, warmup, dt))
+                steps.append(Step(op.name, size, iters, warmup, dt, iterations_set="iterations" in item))
         return steps
 
     def thresholds(self, v):
@@ -828,8 +834,10 @@ def apply_overrides(cfg, np=None, ops=None, sizes=None, iterations=None, datatyp
             op = get_op(op_name)
             first = next(s for s in plan if s.op == op_name)
             for size in (size_list if op.has_size else [0]):
+                # OSU's count for each size, unless the config's plan set one (the built-in
+                # default plan's fixed counts are for its own sizes, not configured ones)
                 it, wu = osu_default_iterations(size)
-                if first.iterations != osu_default_iterations(first.size_bytes)[0]:
+                if first.iterations_set:
                     it, wu = first.iterations, first.warmup
                 new.append(Step(op_name, size, it, wu, first.datatype))
         plan = new

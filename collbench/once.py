@@ -44,8 +44,12 @@ def register(subparsers):
     add_config_arg(p)
     p.add_argument("--np", type=int_flag, metavar="N", help="number of MPI ranks (default: the config's ranks)")
     p.add_argument("--ops", metavar="LIST", help="only these ops, e.g. allreduce,bcast")
-    p.add_argument("--sizes", metavar="LIST", help="only these sizes (bytes per rank), e.g. 1KB,1MB")
-    p.add_argument("--iterations", type=int_flag, metavar="N", help="timed iterations per step")
+    p.add_argument("--sizes", metavar="LIST",
+                   help="only these sizes (bytes per rank), e.g. 1KB,1MB; each size gets OSU's iteration "
+                        "count (1000 + 100 warm-up up to 8KB, 100 + 10 above) unless --iterations or the "
+                        "config's plan step sets one")
+    p.add_argument("--iterations", type=int_flag, metavar="N",
+                   help="timed iterations per step (default: the plan's; OSU's rule for --sizes)")
     p.add_argument("--datatype", metavar="TYPE", help="char, int, float or double (reductions default to float)")
     p.add_argument("--validate", action="store_true", default=None,
                    help="check every result element (on untimed calls)")
