@@ -123,19 +123,23 @@ def test_keys_separate_transport_ranks_algorithm_and_missing_new(tmp_path):
             f.write(json.dumps(_rec("allgather", 1 << 20, 500.0, "c", 1.0 + i, algorithm="ring")) + "\n")
             f.write(json.dumps(_rec("allgather", 1 << 20, 700.0, "c", 1.0 + i, algorithm="recursive_doubling"))
                     + "\n")
+            f.write(json.dumps(_rec("allreduce", 1 << 20, 150.0, "s", 1.0 + i, timing="sustained")) + "\n")
     assert collbench("baseline", "save", str(tmp_path / "b.json"), "--from", str(tmp_path / "base.jsonl")).returncode == 0
     with open(tmp_path / "cur.jsonl", "w") as f:
         # the tcp transport at the ucx speed is fine; ring at recursive doubling's speed is a regression
         f.write(json.dumps(_rec("allreduce", 1 << 20, 880.0, "d", 1.0, transport="ob1-tcp")) + "\n")
         f.write(json.dumps(_rec("allgather", 1 << 20, 700.0, "d", 1.0, algorithm="ring")) + "\n")
         f.write(json.dumps(_rec("allreduce", 1 << 20, 300.0, "d", 1.0, ranks=2)) + "\n")
+        # sustained timing is its own key: 160 is fine against its 150, not "2x faster" than OSU's 300
+        f.write(json.dumps(_rec("allreduce", 1 << 20, 160.0, "d", 1.0, timing="sustained")) + "\n")
     p = collbench("baseline", "compare", str(tmp_path / "b.json"), str(tmp_path / "cur.jsonl"), "--format", "csv")
     assert p.returncode == 1, p.stderr
-    rows = {(r["op"], r["transport"], r["algorithm"], r["ranks"]): r["verdict"]
+    rows = {(r["op"], r["transport"], r["algorithm"], r["variant"], r["ranks"]): r["verdict"]
             for r in csv.DictReader(io.StringIO(p.stdout))}
-    assert rows == {("allreduce", "ucx", "-", "4"): "missing", ("allreduce", "ob1-tcp", "-", "4"): "ok",
-                    ("allreduce", "ucx", "-", "2"): "new", ("allgather", "ucx", "ring", "4"): "regression",
-                    ("allgather", "ucx", "recursive_doubling", "4"): "missing"}
+    assert rows == {("allreduce", "ucx", "-", "-", "4"): "missing", ("allreduce", "ob1-tcp", "-", "-", "4"): "ok",
+                    ("allreduce", "ucx", "-", "-", "2"): "new", ("allgather", "ucx", "ring", "-", "4"): "regression",
+                    ("allgather", "ucx", "recursive_doubling", "-", "4"): "missing",
+                    ("allreduce", "ucx", "-", "sustained", "4"): "ok"}
     # missing alone fails only when asked
     (tmp_path / "ok.jsonl").write_text(json.dumps(_rec("allreduce", 1 << 20, 300.0, "e", 1.0)) + "\n")
     p = collbench("baseline", "compare", str(tmp_path / "b.json"), str(tmp_path / "ok.jsonl"))

@@ -158,12 +158,13 @@ def test_compare_and_sweep_fields_make_lines_and_p99(tmp_path):
                 recs.append(_result(run_id="cmp1", op="allgather", size=size, lat=lat, ts=1795400000.0 + i,
                                     algorithm=alg, order=order, latency_p50_us=lat, latency_p90_us=lat * 1.3,
                                     latency_p99_us=lat * 2))
+    recs.append(_result(run_id="cmp1", op="allgather", size=1 << 10, lat=7.0, algorithm="ring", order={"bad": 1}))
     recs.append(_result(run_id="cmp1", op="allgather", size=1 << 10, lat=7.0, algorithm={"bad": 1}))
     path = _write(tmp_path / "cmp.jsonl", recs)
     out = tmp_path / "r.html"
     p = collbench("report", str(path), "-o", str(out), "--peak-gbps", "12.5")
     assert p.returncode == 0, p.stderr
-    assert "1 record(s) with a bad field dropped" in p.stderr
+    assert "1 record(s) with a bad field dropped" in p.stderr and "1 bad line(s) skipped" in p.stderr
     text = out.read_text()
     for label in ("algorithm ring · order original", "algorithm ring · order mapped",
                   "algorithm recursive_doubling · order original", "algorithm recursive_doubling · order mapped"):

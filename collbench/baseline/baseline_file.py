@@ -1,4 +1,4 @@
-"""The baseline file: per (op, size, ranks, nodes, transport, engine, algorithm) the median and
+"""The baseline file: per (op, size, ranks, nodes, transport, engine, algorithm, variant) the median and
 spread of a cluster's own latency, saved once ("this is how fast we are") and compared against
 after every change. Format (docs/REPORTS.md):
 
@@ -9,7 +9,7 @@ after every change. Format (docs/REPORTS.md):
                 "run_ids": [...]},
      "entries": [
        {"op": "allreduce", "size": "1MB", "size_bytes": 1048576, "ranks": 16, "nodes": 2,
-        "transport": "ucx", "engine": "builtin", "algorithm": null, "datatype": "float",
+        "transport": "ucx", "engine": "builtin", "algorithm": null, "variant": "", "datatype": "float",
         "n": 5,
         "latency_avg_us": {"median": 303.0, "mad": 1.2, "sigma": 1.78, "q1": 302.1, "q3": 304.0,
                            "min": 301.0, "max": 309.9},
@@ -52,6 +52,7 @@ class BaselineKey:
     transport: str
     engine: str
     algorithm: str
+    variant: str = ""             # non-default timing options: "sustained", "inplace", "root=3", joined by ","
 
     @property
     def size(self):
@@ -59,21 +60,36 @@ class BaselineKey:
 
     def labels(self):
         """Prometheus-style labels (all strings; "" for unknown), e.g. for the exporter's
-        baseline series: op, size, size_bytes, nodes, ranks, transport, engine, algorithm."""
+        baseline series: op, size, size_bytes, nodes, ranks, transport, engine, algorithm, variant."""
         return {"op": self.op, "size": self.size, "size_bytes": str(self.size_bytes),
                 "nodes": "" if self.nodes is None else str(self.nodes), "ranks": str(self.ranks),
                 "transport": self.transport or "", "engine": self.engine or "",
-                "algorithm": self.algorithm or ""}
+                "algorithm": self.algorithm or "", "variant": self.variant or ""}
 
     def sort_key(self):
         return (list(OPS).index(self.op), self.ranks, self.nodes or 0, self.transport or "", self.engine or "",
-                self.algorithm or "", self.size_bytes)
+                self.algorithm or "", self.variant or "", self.size_bytes)
 
 
 def key_of(rec):
     """The BaselineKey of a checked result record (results_reader)."""
     return BaselineKey(op=rec["op"], size_bytes=rec["size_bytes"], ranks=rec["ranks"], nodes=rec.get("nodes"),
-                       transport=rec.get("transport"), engine=rec.get("engine"), algorithm=rec.get("algorithm"))
+                       transport=rec.get("transport"), engine=rec.get("engine"), algorithm=rec.get("algorithm"),
+                       variant=variant_of(rec))
+
+
+def variant_of(rec):
+    """How a record was timed when not OSU's way: sustained timing (no barrier between
+    iterations), MPI_IN_PLACE, a root other than 0. Such numbers differ systematically from the
+    plain ones, so they are kept apart; "" for a plain record."""
+    parts = []
+    if rec.get("timing") not in (None, "osu"):
+        parts.append(str(rec["timing"]))
+    if rec.get("inplace"):
+        parts.append("inplace")
+    if rec.get("root"):
+        parts.append(f"root={rec['root']}")
+    return ",".join(parts)
 
 
 @dataclass
@@ -98,7 +114,8 @@ class Entry:
     def as_dict(self):
         k = self.key
         return {"op": k.op, "size": k.size, "size_bytes": k.size_bytes, "ranks": k.ranks, "nodes": k.nodes,
-                "transport": k.transport, "engine": k.engine, "algorithm": k.algorithm, "datatype": self.datatype,
+                "transport": k.transport, "engine": k.engine, "algorithm": k.algorithm, "variant": k.variant,
+                "datatype": self.datatype,
                 "n": self.n, "latency_avg_us": self.latency, "busbw_bytes_per_s": self.busbw,
                 "first_ts": self.first_ts, "last_ts": self.last_ts}
 
@@ -159,6 +176,21 @@ class Collector:
             m[2] = ts if m[2] is None else max(m[2], ts)
         if rec.get("run_id"):
             self.run_ids[rec["run_id"]] = None
+
+    def merge(self, other):
+        """Add another Collector's measurements (one part of a parallel read)."""
+        for mine, theirs in ((self.values, other.values), (self.busbw, other.busbw)):
+            for k, v in theirs.items():
+                mine.setdefault(k, []).extend(v)
+        for k, (dt, first, last) in other.meta.items():
+            m = self.meta.setdefault(k, [dt, first, last])
+            if first is not None:
+                m[1] = first if m[1] is None else min(m[1], first)
+            if last is not None:
+                m[2] = last if m[2] is None else max(m[2], last)
+        self.run_ids.update(other.run_ids)
+        self.failures = (self.failures + other.failures)[:20]
+        self.failure_count += other.failure_count
 
     def summaries(self):
         """key -> stats.summarize(latency values)."""
@@ -291,7 +323,7 @@ def from_dict(data, path="<baseline>"):
         key = BaselineKey(op=op, size_bytes=c.count(e, "size_bytes", where), ranks=c.count(e, "ranks", where, 1),
                           nodes=c.count(e, "nodes", where, 1, required=False),
                           transport=c.text(e, "transport", where), engine=c.text(e, "engine", where),
-                          algorithm=c.text(e, "algorithm", where))
+                          algorithm=c.text(e, "algorithm", where), variant=c.text(e, "variant", where) or "")
         if key in entries:
             c.fail(where, f"a second entry for {key.op} {key.size} ranks {key.ranks} (each key once)")
         lat = e.get("latency_avg_us")

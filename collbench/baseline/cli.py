@@ -123,15 +123,15 @@ def measure(collector, runs, once_args, config, label):
               f"({time.monotonic() - started:.1f}s)", file=sys.stderr)
 
 
-def _read(paths, collector, since):
+def _read(paths, since):
+    """(Collector, ResultsInput) of the records in paths; the read summary on stderr."""
     source = ResultsInput(paths, since=since)
-    for rec in source:
-        collector.add(rec)
+    collector = source.consume(bf.Collector)
     print(f"collbench: {source.summary_line()}", file=sys.stderr)
     for s in source.stats:
         for reason, n in s.reasons.most_common(3):
             print(f"collbench:   {s.path}: {n} line(s): {reason}", file=sys.stderr)
-    return source
+    return collector, source
 
 
 def _check_runs(runs):
@@ -163,16 +163,17 @@ def _csv(headers, rows):
 
 
 def _key_cells(k, with_alg):
+    """with_alg: the algorithm and variant columns are shown (some key has one)."""
     return [k.op, k.size, str(k.ranks), "-" if k.nodes is None else str(k.nodes), k.transport or "-",
-            k.engine or "-"] + ([k.algorithm or "-"] if with_alg else [])
+            k.engine or "-"] + ([k.algorithm or "-", k.variant or "-"] if with_alg else [])
 
 
 def render_entries(baseline, fmt):
     entries = baseline.sorted_entries()
     if fmt == "json":
         return json.dumps(baseline.as_dict(), indent=1) + "\n"
-    with_alg = any(e.key.algorithm for e in entries)
-    headers = ["op", "size", "ranks", "nodes", "transport", "engine"] + (["algorithm"] if with_alg else []) + \
+    with_alg = any(e.key.algorithm or e.key.variant for e in entries)
+    headers = ["op", "size", "ranks", "nodes", "transport", "engine"] + (["algorithm", "variant"] if with_alg else []) + \
               ["median", "sigma", "q1", "q3", "n", "busbw GB/s"]
     if fmt == "csv":
         headers = [h.replace(" GB/s", "_GBps") for h in headers]
@@ -199,8 +200,8 @@ def render_comparison(baseline, comparisons, fmt, threshold, k, extra=None):
                "rows": [c.as_dict() for c in comparisons], "summary": tally}
         out.update(extra or {})
         return json.dumps(out, indent=1) + "\n"
-    with_alg = any(c.key.algorithm for c in comparisons)
-    headers = ["op", "size", "ranks", "nodes", "transport", "engine"] + (["algorithm"] if with_alg else []) + \
+    with_alg = any(c.key.algorithm or c.key.variant for c in comparisons)
+    headers = ["op", "size", "ranks", "nodes", "transport", "engine"] + (["algorithm", "variant"] if with_alg else []) + \
               ["baseline", "sigma", "n", "current", "n", "ratio", "bound", "verdict"]
     rows = []
     for c in comparisons:
@@ -237,17 +238,17 @@ def cmd_save(args):
     path = bf.resolve_path(args.name, state_dir(args))
     if os.path.exists(path) and not args.force:
         raise UserError(f"baseline {path} exists: use --force to replace it (or another name)")
-    collector = bf.Collector()
     if args.sources:
         if any(getattr(args, f) is not None for f in ("np", "ops", "sizes", "iterations")):
             raise UserError("--np/--ops/--sizes/--iterations apply to --runs, not to --from")
         since = parse_since(args.since, time.time()) if args.since else None
-        _read(args.sources, collector, since)
+        collector, _ = _read(args.sources, since)
         source = {"kind": "results", "files": [os.path.abspath(p) for p in args.sources]}
     else:
         if args.since:
             raise UserError("--since applies to --from")
         runs = args.runs or DEFAULT_SAVE_RUNS
+        collector = bf.Collector()
         once_args = []
         for flag, value in (("--np", args.np), ("--ops", args.ops), ("--sizes", args.sizes),
                             ("--iterations", args.iterations)):
@@ -305,8 +306,7 @@ def cmd_compare(args):
         if args.runs is not None or args.iterations is not None:
             raise UserError("--runs/--iterations measure now: give them without RESULTS")
         since = parse_since(args.since, time.time()) if args.since else None
-        collector = bf.Collector()
-        source = _read(args.results, collector, since)
+        collector, source = _read(args.results, since)
         extra["input"] = [s.as_dict() for s in source.stats]
     else:
         if args.since:

@@ -59,7 +59,7 @@ class Comparison:
         k = self.key
         b, c = self.baseline, self.current
         return {"op": k.op, "size": k.size, "size_bytes": k.size_bytes, "ranks": k.ranks, "nodes": k.nodes,
-                "transport": k.transport, "engine": k.engine, "algorithm": k.algorithm,
+                "transport": k.transport, "engine": k.engine, "algorithm": k.algorithm, "variant": k.variant,
                 "baseline_median_us": b.median_us if b else None, "baseline_sigma_us": b.sigma_us if b else None,
                 "baseline_n": b.n if b else None,
                 "current_median_us": c["median"] if c else None, "current_n": c["n"] if c else None,

@@ -18,8 +18,8 @@ from collbench.ops import OPS
 from collbench.report.stats import median, quantile
 
 # What makes two records belong to different lines, in the order labels show them.
-SERIES_FIELDS = ("run_id", "algorithm", "order", "pattern", "hosts", "nodes", "ranks", "transport",
-                 "engine", "mpi")
+SERIES_FIELDS = ("run_id", "algorithm", "order", "pattern", "timing", "inplace", "root", "hosts", "nodes",
+                 "ranks", "transport", "engine", "mpi")
 SETUP_FIELDS = tuple(f for f in SERIES_FIELDS if f != "run_id")
 AUTO_MAX_SERIES = 10   # group-by auto: more runs than this -> one line per setup
 
@@ -178,6 +178,19 @@ class Aggregate:
         elif rtype == "event" and rec.get("run_id"):
             self._events.setdefault(rec["run_id"], Counter())[rec.get("event")] += 1
 
+    def merge(self, other):
+        """Add another Aggregate's records (one part of a parallel read)."""
+        for mine, theirs, make in ((self._series, other._series, _SeriesAcc), (self._points, other._points, _PointAcc),
+                                   (self._failures, other._failures, _FailureAcc)):
+            for key, acc in theirs.items():
+                if key in mine:
+                    mine[key].merge(acc)
+                else:
+                    mine[key] = acc
+        for run_id, events in other._events.items():
+            self._events.setdefault(run_id, Counter()).update(events)
+        self.types.update(other.types)
+
     @property
     def run_count(self):
         return len(self._series)
@@ -254,6 +267,12 @@ def _hosts_text(hosts, limit=3):
 
 
 def _field_text(name, value):
+    if name == "timing":
+        return "sustained timing" if value == "sustained" else "OSU timing"
+    if name == "inplace":
+        return "in place" if value else "not in place"
+    if name == "root":
+        return f"root {value or 0}"
     if value is None:
         return f"no {name}" if name in ("algorithm", "order", "pattern") else f"{name} ?"
     if name == "run_id":
@@ -274,7 +293,7 @@ def _label(attrs, varying, acc):
     if varying:
         return " · ".join(_field_text(f, attrs.get(f)) for f in varying)
     parts = [_field_text("ranks", attrs.get("ranks")), _field_text("nodes", attrs.get("nodes"))]
-    for f in ("transport", "engine", "algorithm", "order", "pattern"):
+    for f in ("transport", "engine", "algorithm", "order", "pattern", "timing", "inplace", "root"):
         if attrs.get(f) is not None:
             parts.append(str(attrs[f]) if f in ("transport", "engine") else _field_text(f, attrs[f]))
     if attrs.get("run_id"):

@@ -87,9 +87,7 @@ def build(paths, peak_fn, title="collbench report", since=None, group_by="auto")
     from collbench.report.html_report import render
     started = time.monotonic()
     source = ResultsInput(paths, since=since)
-    agg = Aggregate()
-    for rec in source:
-        agg.add(rec)
+    agg = source.consume(Aggregate)
     if not agg.types.get("result") and not agg.types.get("failure"):
         detail = f" ({source.summary_line()})"
         raise UserError(f"no result or failure records in {', '.join(paths)}{detail}")

@@ -8,8 +8,8 @@ most) in memory at a time. Records are streamed to the caller, who aggregates: a
 a million records never sits in memory as dicts.
 
 Validation is the project's one record check, `collbench.record_parser.parse_record`;
-`slim_record` keeps what the report and baselines read and checks the fields that sweep,
-compare and topo compare add, which that parser passes through unchecked.
+`slim_record` makes host lists hashable and checks the fields topo compare adds, which that
+parser passes through unchecked.
 """
 
 import math
@@ -55,12 +55,6 @@ def _kind(v):
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
-def _nonneg(v, key):
-    if not _is_num(v) or v < 0:
-        raise BadRecord(f"{key}: expected a number >= 0, got {_kind(v)}")
-    return float(v)
-
-
 def _label(v, key):
     if isinstance(v, str) and v and not _CONTROL.search(v):
         return v[:_LABEL_CHARS]
@@ -79,47 +73,35 @@ def _order(v, key):
     return _label(v, key)
 
 
-# Fields the shared parser does not know (it passes unknown fields through unchecked) but the
-# report reads: written by sweep (percentiles), compare (algorithm), topo compare (order,
-# pattern). A bad one is dropped and counted; the record stays.
-EXTRA_FIELDS = (("algorithm", _label), ("order", _order), ("pattern", _label),
-                ("latency_p50_us", _nonneg), ("latency_p90_us", _nonneg), ("latency_p99_us", _nonneg))
-_RUN_KEYS = ("run_id", "nodes", "ranks", "engine", "mpi", "transport", "time", "seq", "iteration")
-_RESULT_KEYS = _RUN_KEYS + ("op", "datatype", "size", "size_bytes", "latency_avg_us", "latency_min_us",
-                            "latency_max_us", "iterations", "warmup", "algbw_bytes_per_s", "busbw_bytes_per_s",
-                            "validation", "straggler_rank", "verdict")
-_FAILURE_KEYS = _RUN_KEYS + ("op", "size_bytes", "exit_code", "error", "stderr_tail")
-_EVENT_KEYS = ("run_id", "event", "detail")
-_KEYS = {"result": _RESULT_KEYS, "failure": _FAILURE_KEYS, "event": _EVENT_KEYS}
+# Fields the shared parser does not know yet (it passes unknown fields through unchecked) but the
+# report reads: topo compare's rank order and pattern. A bad one is dropped and counted; the
+# record stays. (algorithm, timing, inplace, root and the sweep percentiles are documented
+# optional fields: the shared parser checks them.)
+EXTRA_FIELDS = (("order", _order), ("pattern", _label))
 _HOSTS_CACHE = {}
 
 
 def slim_record(rec):
-    """(record, problems) from a record the shared parser validated: only the fields the report
-    and baselines read, `hosts` as a tuple (one shared copy per distinct list), the extra
-    fields checked here. A result with a zero latency has no place on a log scale: BadRecord."""
+    """(record, problems) from a record the shared parser validated, changed in place: `hosts`
+    a tuple (one shared copy per distinct list: it keys the report's series), the extra fields
+    checked (a bad one removed and named in problems). A result with a zero latency has no
+    place on a log scale: BadRecord."""
     t = rec["type"]
-    out = {"type": t, "ts": rec["ts"]}
-    for k in _KEYS[t]:
-        v = rec.get(k)
-        if v is not None:
-            out[k] = v
     if t == "result" and not rec["latency_avg_us"] > 0:
         raise BadRecord("latency_avg_us: 0 (no time measured)")
-    hosts = rec.get("hosts")
-    if hosts is not None and t != "event":
-        h = tuple(hosts)
-        out["hosts"] = _HOSTS_CACHE.setdefault(h, h) if len(_HOSTS_CACHE) < 10_000 else h
     problems = []
     if t != "event":
+        h = tuple(rec["hosts"])
+        rec["hosts"] = _HOSTS_CACHE.setdefault(h, h) if len(_HOSTS_CACHE) < 10_000 else h
         for key, check in EXTRA_FIELDS:
             v = rec.get(key)
             if v is not None:
                 try:
-                    out[key] = check(v, key)
+                    rec[key] = check(v, key)
                 except BadRecord as e:
+                    del rec[key]
                     problems.append(str(e))
-    return out, problems
+    return rec, problems
 
 
 def check_line(line):
@@ -150,6 +132,18 @@ class FileStats:
         self.reasons[_reason_class(reason)] += 1
         if len(self.examples) < MAX_EXAMPLES:
             self.examples.append((lineno, reason))
+
+    def merge(self, other):
+        """Add the counts of another part of the same file (parallel reading)."""
+        self.lines += other.lines
+        self.records.update(other.records)
+        self.bad += other.bad
+        self.reasons.update(other.reasons)
+        self.examples = sorted(self.examples + other.examples)[:MAX_EXAMPLES]
+        self.field_problems += other.field_problems
+        self.field_reasons.update(other.field_reasons)
+        self.filtered += other.filtered
+        self.incomplete_tail = self.incomplete_tail or other.incomplete_tail
 
     def as_dict(self):
         return {"path": self.path, "lines": self.lines, "records": dict(self.records), "bad_lines": self.bad,
@@ -201,18 +195,23 @@ def expand_inputs(paths, flag="RESULTS"):
     return out
 
 
-def read_file(path, stats, since=None):
+def read_file(path, stats, since=None, start=0, end=None, first_lineno=1):
     """Yield the usable records of one file (see check_line); stats counts everything else.
 
     since: keep only records with ts >= since (others are counted in stats.filtered).
+    start, end: a byte range whose start is a line start (parallel reading); a line that starts
+    before `end` is read whole. first_lineno: the line number at `start`.
     """
     try:
         f = open(path, "rb")
     except OSError as e:
         raise UserError(f"{path}: cannot read: {e.strerror}") from None
     with f:
-        lineno = 0
-        while True:
+        if start:
+            f.seek(start)
+        pos = start
+        lineno = first_lineno - 1
+        while end is None or pos < end:
             try:
                 line = f.readline(MAX_LINE_BYTES + 1)
             except OSError as e:
@@ -220,12 +219,14 @@ def read_file(path, stats, since=None):
                 return
             if not line:
                 return
+            pos += len(line)
             lineno += 1
             stats.lines += 1
             if not line.endswith(b"\n"):
                 if len(line) > MAX_LINE_BYTES:
                     while True:   # skip the rest of an oversized line without holding it
                         rest = f.readline(MAX_LINE_BYTES)
+                        pos += len(rest)
                         if not rest or rest.endswith(b"\n"):
                             break
                     stats.bad_line(lineno, f"line longer than {MAX_LINE_BYTES} bytes")
@@ -253,8 +254,62 @@ def read_file(path, stats, since=None):
             yield rec
 
 
+# Parallel reading: the shared record check costs ~30 us a line, so a 100,000-record log is CPU
+# bound; byte ranges of the files go to one process per core. Below this size a process pool
+# costs more than it saves.
+PARALLEL_MIN_BYTES = 4 << 20
+_CHUNK = 1 << 20
+
+
+def _align(f, offset, size):
+    """The first line start at or after offset."""
+    if offset <= 0:
+        return 0
+    f.seek(offset - 1)
+    if f.read(1) == b"\n":
+        return offset
+    pos = offset
+    while pos < size:
+        chunk = f.read(_CHUNK)
+        if not chunk:
+            break
+        i = chunk.find(b"\n")
+        if i >= 0:
+            return pos + i + 1
+        pos += len(chunk)
+    return size
+
+
+def _ranges(path, parts):
+    """[(start, end, first line number)] splitting a file into about `parts` ranges at line starts."""
+    size = os.path.getsize(path)
+    if parts <= 1 or size < 2 * _CHUNK:
+        return [(0, None, 1)]
+    with open(path, "rb") as f:
+        cuts = sorted({_align(f, size * k // parts, size) for k in range(1, parts)} - {0, size})
+        bounds = [0] + cuts + [None]
+        out, lineno, pos = [], 1, 0
+        f.seek(0)
+        for a, b in zip(bounds, bounds[1:]):
+            while pos < a:   # count the lines before this range's start
+                chunk = f.read(min(_CHUNK, a - pos))
+                if not chunk:
+                    break
+                lineno += chunk.count(b"\n")
+                pos += len(chunk)
+            out.append((a, b, lineno))
+    return out
+
+
+def _read_part(path, start, end, first_lineno, since, make_consumer):
+    consumer, stats = make_consumer(), FileStats(path)
+    for rec in read_file(path, stats, since, start, end, first_lineno):
+        consumer.add(rec)
+    return consumer, stats
+
+
 class ResultsInput:
-    """Several input files read in turn; `stats` has one FileStats per file, in order."""
+    """Several input files; `stats` has one FileStats per file, in order, once read."""
 
     def __init__(self, paths, since=None, flag="RESULTS"):
         self.paths = expand_inputs(paths, flag)
@@ -266,6 +321,36 @@ class ResultsInput:
             stats = FileStats(path)
             self.stats.append(stats)
             yield from read_file(path, stats, self.since)
+
+    def consume(self, make_consumer, workers=None, min_bytes=PARALLEL_MIN_BYTES):
+        """Read everything into make_consumer() objects (with add(record) and merge(other)) and
+        return one, merged. Inputs of min_bytes or more are read by a process per core (or
+        `workers`) over byte ranges."""
+        workers = workers or os.cpu_count() or 1
+        total = sum(os.path.getsize(p) for p in self.paths)
+        if workers < 2 or total < min_bytes:
+            consumer = make_consumer()
+            for rec in self:
+                consumer.add(rec)
+            return consumer
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        parts = []
+        for path in self.paths:
+            share = max(1, round(2 * workers * os.path.getsize(path) / total))
+            parts += [(path, a, b, n) for a, b, n in _ranges(path, share)]
+        with ProcessPoolExecutor(max_workers=min(workers, len(parts)),
+                                 mp_context=multiprocessing.get_context("fork")) as pool:
+            futures = [pool.submit(_read_part, path, a, b, n, self.since, make_consumer)
+                       for path, a, b, n in parts]
+            results = [f.result() for f in futures]
+        merged = make_consumer()
+        by_path = {p: FileStats(p) for p in self.paths}
+        for consumer, stats in results:
+            merged.merge(consumer)
+            by_path[stats.path].merge(stats)
+        self.stats = [by_path[p] for p in self.paths]
+        return merged
 
     @property
     def bad_lines(self):
