@@ -170,15 +170,14 @@ class EthtoolCollector(Collector):
         stats = {}
         forked = []
         for n in netdevs:
-            if self.reader is not None:
-                try:
-                    s = self._read_ioctl(n)
-                except IoctlUnavailable as e:
-                    self._log_once(logging.INFO, "ethtool statistics of %s: ioctl not possible (%s): "
-                                   "running %s -S instead", n, e, self.argv[0])
-                    forked.append(n)
-                    continue
-            else:
+            if self.reader is None:
+                forked.append(n)
+                continue
+            try:
+                s = self._read_ioctl(n)
+            except IoctlUnavailable as e:
+                self._log_once(logging.INFO, "ethtool statistics of %s: ioctl not possible (%s): "
+                               "running %s -S instead", n, e, self.argv[0])
                 forked.append(n)
                 continue
             if s is not None:
