@@ -48,6 +48,9 @@ def register(subparsers):
     m.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     m.add_argument("--time-limit", type=_seconds, default=None, metavar="SECONDS",
                    help="local search budget of the heuristic (default scales with P, at most 5)")
+    m.add_argument("--raw-costs", action="store_true",
+                   help="judge orders by the values as measured (default: pairs within measurement "
+                        "noise of their class median count at the median, docs/TOPO.md)")
     m.set_defaults(func=cmd_map)
 
 
@@ -64,7 +67,7 @@ def _seconds(text):
 
 def cmd_map(args):
     matrix = load_matrix(args.matrix, args.metric)
-    result = map_order(matrix, args.pattern, args.method, time_limit=args.time_limit)
+    result = map_order(matrix, args.pattern, args.method, time_limit=args.time_limit, raw_costs=args.raw_costs)
     data = result.to_dict()
     comment = (f"collbench topo map: {result.pattern} ({result.algorithm}), {matrix.size} ranks, "
                f"metric {matrix.metric.name}, method {result.chosen}, matrix "
@@ -135,6 +138,9 @@ def table_text(result):
     if notes:
         lines.append("notes:")
         lines += notes
+    if result.snapped:
+        lines.append(f"{result.snapped} of {m.size * (m.size - 1) // 2} pairs lie within measurement noise of "
+                     f"their class median and count at it (--raw-costs: as measured)")
     if shared:
         lines.append(f"shared uplinks: speed-up if the links between the {max(result.groups) + 1} host "
                      f"groups found (racks) share one uplink per group (docs/TOPO.md)")

@@ -18,7 +18,7 @@ import time
 from collbench.errors import UserError
 from collbench.topo import exact as exact_mod
 from collbench.topo import local_search
-from collbench.topo.outliers import host_groups
+from collbench.topo.outliers import host_groups, snap_noise
 from collbench.topo.patterns import (PATTERNS, algorithm_name, bottleneck, evaluate, evaluate_shared,
                                      is_power_of_two, round_maxima, rounds)
 from collbench.topo.seed_heuristics import seed_recursive_doubling, seed_ring
@@ -61,6 +61,8 @@ class MapResult:
         self.results = results          # {method name: MethodResult}, identity first
         self.chosen = chosen
         self.groups = groups            # group index per matrix rank when the shared model applies
+        self.cost = None                # the cost matrix the orders were judged by (map_order sets it)
+        self.snapped = 0                # pairs counted at their class median (measurement noise)
 
     @property
     def order(self):
@@ -138,18 +140,29 @@ class MapResult:
             [[self.matrix.labels[h] for h in range(self.matrix.size) if self.groups[h] == g]
              for g in range(max(self.groups) + 1)],
             "rounds": [{"weight": w, "worst_cost": c} for w, c, _ in
-                       round_maxima(self.order, self.matrix.cost(), self.rounds)],
+                       round_maxima(self.order, self.cost, self.rounds)],
+            "pairs_at_class_median": self.snapped,
         }
 
 
-def predict(matrix, pattern, order, cost=None):
+def effective_cost(matrix, raw_costs=False):
+    """(cost matrix the methods judge orders by, pairs snapped): the measured costs with the noise
+    of tight classes taken out (outliers.snap_noise), or as measured with raw_costs."""
+    cost = matrix.cost()
+    return (cost, 0) if raw_costs else snap_noise(matrix, cost)
+
+
+def predict(matrix, pattern, order, cost=None, groups=None, raw_costs=False):
     """The cost model for one order (for `topo compare`): {'cost', 'tie_break_sum', 'worst_cost',
-    'cost_unit'}; cost is the predicted time in us (latency) or us per MB of block (bandwidth)."""
-    cost = cost if cost is not None else matrix.cost()
+    'cost_unit', 'shared_cost'}; cost is the predicted time in us (latency) or us per MB of block
+    (bandwidth); shared_cost the shared-uplink model's when groups (outliers.host_groups) are given.
+    cost: the matrix to judge by (default: effective_cost(matrix, raw_costs), as map_order)."""
+    cost = cost if cost is not None else effective_cost(matrix, raw_costs)[0]
     rnds = rounds(pattern, matrix.size, matrix.metric.name)
     prim, sec = evaluate(order, cost, rnds)
     return {"cost": prim, "tie_break_sum": sec, "worst_cost": bottleneck(order, cost, rnds)[0],
-            "cost_unit": matrix.metric.cost_unit}
+            "cost_unit": matrix.metric.cost_unit,
+            "shared_cost": None if groups is None else evaluate_shared(order, cost, rnds, groups)}
 
 
 def _check_order(order, p):
@@ -157,11 +170,11 @@ def _check_order(order, p):
         raise AssertionError(f"internal error: not a permutation of {p} ranks: {order}")
 
 
-def map_order(matrix, pattern, method="auto", time_limit=None, exact_time_limit=30.0):
+def map_order(matrix, pattern, method="auto", time_limit=None, exact_time_limit=30.0, raw_costs=False):
     """Compute the orders for one pattern; returns a MapResult.
 
     method picks `chosen` (see the module doc); every method that applies is computed so the
-    table can compare them. time_limit: seconds for the heuristic's local search (default scales
+    table can compare them. The orders are judged by effective_cost(matrix, raw_costs). time_limit: seconds for the heuristic's local search (default scales
     with P, 8 s at most). exact_time_limit: the recursive-doubling branch and bound's budget.
     """
     if pattern not in PATTERNS:
@@ -172,7 +185,7 @@ def map_order(matrix, pattern, method="auto", time_limit=None, exact_time_limit=
     if method == "exact" and p > EXACT_MAX:
         raise UserError(f"--method exact: {p} ranks; the exact search is limited to {EXACT_MAX} "
                         f"(use heuristic or auto)")
-    cost = matrix.cost()
+    cost, snapped = effective_cost(matrix, raw_costs)
     rnds = rounds(pattern, p, matrix.metric.name)
     if time_limit is None:
         time_limit = min(5.0, 0.5 + p / 250.0)
@@ -237,4 +250,7 @@ def map_order(matrix, pattern, method="auto", time_limit=None, exact_time_limit=
                 chosen = "exact"
     else:
         chosen = method
-    return MapResult(matrix, pattern, rnds, results, chosen, groups)
+    res = MapResult(matrix, pattern, rnds, results, chosen, groups)
+    res.cost = cost
+    res.snapped = snapped
+    return res

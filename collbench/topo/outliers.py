@@ -298,15 +298,15 @@ def _groups(p, pairs, cls, labels):
     return sorted(comps.values(), key=lambda g: (-len(g), g[0]))
 
 
-def host_groups(matrix, gap_ratio=DEFAULT_GAP_RATIO, min_class=None):
+def host_groups(matrix, gap_ratio=DEFAULT_GAP_RATIO, min_class=None, cost=None):
     """Group index per matrix rank: the hosts joined by fastest-class links (the racks), by the
     classes of step 1 alone (no outlier passes: cheap enough for P = 1024). All 0 when the pairs
     form a single class."""
     p = matrix.size
-    cost = matrix.cost()
-    pairs = [(i, j) for i in range(p) for j in range(i + 1, p)]
     if p < 3:
         return [0] * p
+    cost = cost if cost is not None else matrix.cost()
+    pairs = [(i, j) for i in range(p) for j in range(i + 1, p)]
     logs = [math.log(cost[i][j]) for i, j in pairs]
     cls, ncls = _classes(logs, min_class or max(3, p), math.log(gap_ratio))
     if ncls < 2:
@@ -318,4 +318,40 @@ def host_groups(matrix, gap_ratio=DEFAULT_GAP_RATIO, min_class=None):
         for h in members:
             group[h] = g
     return group
+
+
+TIGHT_SPREAD = 0.10     # a class whose robust spread is at most ~10 % is one speed plus noise
+SNAP_DEVIATIONS = 3.0
+
+
+def snap_noise(matrix, cost=None, gap_ratio=DEFAULT_GAP_RATIO, min_class=None):
+    """The cost matrix with measurement noise taken out of tight classes: a pair whose cost lies
+    in a class of robust spread <= 10 % and within 3 spreads of the class median costs the median.
+
+    Without it a few per cent of noise on the slowest link decide the bottleneck, and a ring
+    over racks may cross between them more often than it must to save 3 % on one link (each
+    crossing loads the shared inter-rack uplink, which the pairwise matrix cannot show). A wide
+    class (a matrix without structure) is left as measured, and so is a link clearly slower than
+    its class (a slow cable stays slow). Returns (cost matrix, number of pairs snapped)."""
+    p = matrix.size
+    cost = cost if cost is not None else matrix.cost()
+    if p < 3:
+        return cost, 0
+    pairs = [(i, j) for i in range(p) for j in range(i + 1, p)]
+    logs = [math.log(cost[i][j]) for i, j in pairs]
+    cls, ncls = _classes(logs, min_class or max(3, p), math.log(gap_ratio))
+    members = [[] for _ in range(ncls)]
+    for k, c in enumerate(cls):
+        members[c].append(logs[k])
+    centre = [_median(m) for m in members]
+    spread = [_spread(m) for m in members]
+    out = [row[:] for row in cost]
+    snapped = 0
+    for k, (i, j) in enumerate(pairs):
+        c = cls[k]
+        if spread[c] <= TIGHT_SPREAD and abs(logs[k] - centre[c]) <= SNAP_DEVIATIONS * max(spread[c], 1e-3):
+            v = math.exp(centre[c])
+            out[i][j] = out[j][i] = v
+            snapped += 1
+    return out, snapped
 
