@@ -174,8 +174,9 @@ def map_order(matrix, pattern, method="auto", time_limit=None, exact_time_limit=
     """Compute the orders for one pattern; returns a MapResult.
 
     method picks `chosen` (see the module doc); every method that applies is computed so the
-    table can compare them. The orders are judged by effective_cost(matrix, raw_costs). time_limit: seconds for the heuristic's local search (default scales
-    with P, 8 s at most). exact_time_limit: the recursive-doubling branch and bound's budget.
+    table can compare them. The orders are judged by effective_cost(matrix, raw_costs).
+    time_limit: seconds for the heuristic's local search (default 0.5 + P/250, 5 s at most).
+    exact_time_limit: the recursive-doubling branch and bound's budget.
     """
     if pattern not in PATTERNS:
         raise UserError(f"--pattern: got {pattern!r}, expected one of {', '.join(PATTERNS)}")
