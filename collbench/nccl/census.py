@@ -38,6 +38,7 @@ RECENT_MAX = 1024           # per-rank opCount -> call map for kernel-trace attr
 SAMPLES_MAX = 50            # malformed lines kept for -v / JSON
 ROOTS_MAX = 16              # distinct roots listed per configuration
 TUNING_KEYS_MAX = 100_000
+PAIRS_MAX = 200_000         # (rank, direction, peer) p2p digests; beyond, p2p lines are only counted
 KIND_CODE = {COLL: 0, SEND: 1, RECV: 2}     # anything else (RMA) is 3: counted, not checked
 
 NO_COLL_HINT = ("collective lines come from NCCL_DEBUG=INFO with COLL in NCCL_DEBUG_SUBSYS "
@@ -73,18 +74,21 @@ class Member:
     """One rank's handle of one communicator: (host, pid, comm pointer), a new one after re-init."""
 
     __slots__ = ("index", "host", "pid", "comm", "rank", "nranks", "comm_id", "bus_id", "cuda_dev", "func",
-                 "parent", "cset", "seq", "counts", "lines", "digest", "peers", "recent", "closed")
+                 "parent", "cset", "seq", "other", "pairs", "pairs_dropped", "counts", "lines", "digest", "recent",
+                 "closed")
 
     def __init__(self, index, host, pid, comm, nranks):
         self.index = index
         self.host, self.pid, self.comm, self.nranks = host, pid, comm, nranks
         self.rank = self.comm_id = self.bus_id = self.cuda_dev = self.func = self.parent = None
         self.cset = None
-        self.seq = []           # record ids of this block, in order
+        self.seq = []           # collective record ids of this block, in order
+        self.pairs = {}         # ("send"|"recv", peer) -> desync.PairDigest, whose .rids is this block's
+        self.pairs_dropped = False
+        self.other = []         # record ids not checked for desync (one-sided RMA, p2p beyond PAIRS_MAX)
         self.counts = {}        # record id -> lines
         self.lines = 0
         self.digest = desync.SequenceDigest()
-        self.peers = desync.PeerDigests()
         self.recent = {}        # opCount -> record id (kernel-trace blocks only)
         self.closed = False
 
@@ -135,8 +139,7 @@ class Scanner:
 
     def __init__(self, collect=None):
         self.recs, self.rec_ids = [], {}
-        self.rec_kind, self.rec_dsig, self.rec_peer = [], [], []
-        self.noncoll = set()            # record ids that are not positional collectives
+        self.rec_kind, self.rec_dsig = [], []
         self.dsigs, self.dsig_ids = [], {}
         self.members, self.by_ptr, self.by_rank = [], {}, {}
         self.sets = {}
@@ -153,6 +156,7 @@ class Scanner:
         self.no_prefix = 0
         self.overlong = 0
         self.overlong_by_source = {}
+        self.pair_count = 0
         self.detailed = False           # kernel-trace input: parse every line, keep opCounts
         self.collect_coll, self.collect_p2p = collect if collect else ({}, set())
         self.collected_coll, self.collected_p2p = {}, {}
@@ -238,16 +242,32 @@ class Scanner:
             m.rank = rec.globalrank     # MSCCL lines have no globalrank; the rank's other lines do
             self.by_rank.setdefault((m.host, m.pid, m.rank, m.nranks), []).append(m)
         rid = self._rid(rec)
+        kind = self.rec_kind[rid]
+        if kind == 0:
+            target = m.seq
+        elif kind == 3:
+            target = m.other
+        else:
+            key = ("send" if kind == 1 else "recv", rec.root)
+            pd = m.pairs.get(key)
+            if pd is None and self.pair_count < PAIRS_MAX:
+                pd = m.pairs[key] = desync.PairDigest()
+                self.pair_count += 1
+            if pd is None:
+                m.pairs_dropped = True
+                target = m.other
+            else:
+                target = pd.rids
         if fast:
             if len(self.cache) >= CACHE_MAX:
                 self.cache.clear()
-            self.cache[line] = partial(m.seq.append, rid)
+            self.cache[line] = partial(target.append, rid)
         elif rec.opcount is not None:
             recent = m.recent
             recent[rec.opcount] = rid
             if len(recent) > RECENT_MAX:
                 del recent[next(iter(recent))]
-        m.seq.append(rid)
+        target.append(rid)
 
     def _rid(self, c):
         rec = Rec(c.op.name, c.op_name, c.count, c.datatype, c.redop, c.root, c.inplace, c.nranks)
@@ -262,14 +282,12 @@ class Scanner:
             sig = (c.op.name, c.count, c.datatype, c.redop, c.root if c.op.rooted else None)
         else:
             sig = ("p2p", c.count, c.datatype)
-            self.noncoll.add(rid)
         dsig = self.dsig_ids.get(sig)
         if dsig is None:
             dsig = self.dsig_ids[sig] = len(self.dsigs)
             self.dsigs.append(sig)
         self.rec_kind.append(kind)
         self.rec_dsig.append(dsig)
-        self.rec_peer.append(c.root)
         return rid
 
     def _member(self, c):
@@ -359,43 +377,41 @@ class Scanner:
     # --- after each block ------------------------------------------------------------------------
 
     def _flush(self):
-        kinds, dsig, peer_of, noncoll = self.rec_kind, self.rec_dsig, self.rec_peer, self.noncoll
+        dsig = self.rec_dsig
         collect_coll, collect_p2p = self.collect_coll, self.collect_p2p
         for m in self.members:
             seq = m.seq
-            if not seq:
-                continue
-            m.lines += len(seq)
-            counts = m.counts
-            seen = Counter(seq)
-            for rid, n in seen.items():
-                counts[rid] = counts.get(rid, 0) + n
-            if not noncoll or noncoll.isdisjoint(seen):
+            if seq:
+                self._count(m, seq)
                 ids = list(map(dsig.__getitem__, seq))
-            else:
-                ids = []
-                add_peer = m.peers.add
-                for rid in seq:
-                    kind = kinds[rid]
-                    if kind == 0:
-                        ids.append(dsig[rid])
-                    elif kind == 1 or kind == 2:
-                        direction = "send" if kind == 1 else "recv"
-                        add_peer(direction, peer_of[rid], dsig[rid])
-                        if collect_p2p:
-                            key = (m.index, direction, peer_of[rid])
-                            if key in collect_p2p:
-                                got = self.collected_p2p.setdefault(key, [])
-                                if len(got) < desync.P2P_LOCATE_CAP:
-                                    got.append(dsig[rid])
-            if collect_coll and m.index in collect_coll:
-                lo, hi = collect_coll[m.index]
-                start = m.digest.n
-                a, b = max(lo, start), min(hi, start + len(ids))
-                if a < b:
-                    self.collected_coll.setdefault(m.index, (lo, []))[1].extend(ids[a - start:b - start])
-            m.digest.feed(ids)
-            seq.clear()
+                if collect_coll and m.index in collect_coll:
+                    lo, hi = collect_coll[m.index]
+                    start = m.digest.n
+                    a, b = max(lo, start), min(hi, start + len(ids))
+                    if a < b:
+                        self.collected_coll.setdefault(m.index, (lo, []))[1].extend(ids[a - start:b - start])
+                m.digest.feed(ids)
+                seq.clear()
+            for key, pd in m.pairs.items():
+                rids = pd.rids
+                if rids:
+                    self._count(m, rids)
+                    ids = list(map(dsig.__getitem__, rids))
+                    if collect_p2p and (m.index,) + key in collect_p2p:
+                        got = self.collected_p2p.setdefault((m.index,) + key, [])
+                        got.extend(ids[:desync.P2P_LOCATE_CAP - len(got)])
+                    pd.feed(ids)
+                    rids.clear()
+            if m.other:
+                self._count(m, m.other)
+                m.other.clear()
+
+    @staticmethod
+    def _count(m, rids):
+        m.lines += len(rids)
+        counts = m.counts
+        for rid, n in Counter(rids).items():
+            counts[rid] = counts.get(rid, 0) + n
 
     # --- results ---------------------------------------------------------------------------------
 
@@ -415,6 +431,7 @@ def _scan(sources, scanner, stats, warnings, block):
             scanner.detailed = True     # decided before the first block, whatever the block size
         for chunk in read_blocks(src, st, warnings, block=block):
             lineno += scanner.feed(chunk, src.name, lineno)
+        st.lines = lineno - 1
 
 
 class Census:
@@ -632,6 +649,7 @@ def iter_calls(paths, block=BLOCK):
                         if type(rec) is CollLine:
                             yield LoggedCall(src.name, lineno + i, rec)
                 lineno += len(lines)
+            st.lines = lineno - 1
     finally:
         for src in sources:
             src.cleanup()

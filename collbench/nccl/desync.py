@@ -11,7 +11,7 @@ window to name the exact call and what each rank issued.
 Send/Recv are not positional: ranks that take no part in a pipeline stage's p2p issue none, and a
 group's sends and receives may be logged in any order. NCCL matches the k-th send from s to d with
 the k-th receive at d from s, so each ordered pair's sequence of (count, datatype) is hashed on both
-sides (`PeerDigests`) and compared: that is order-free across peers within a group and exact per pair.
+sides (`PairDigest`) and compared: that is order-free across peers within a group and exact per pair.
 
 Which ranks form one communicator: the commId of the INIT lines (NCCL >= 2.16) when present;
 otherwise an inferred set, the k-th communicator of a process with that nranks (and rank, when
@@ -83,22 +83,37 @@ def window(a, b):
     return common * bs, min(a.n, b.n) + 1
 
 
-class PeerDigests:
-    """Per (direction, peer): [number of calls, hash chain of their signatures]."""
+PAIR_BLOCK = 64         # p2p signatures per hashed block of a pair digest
 
-    __slots__ = ("state",)
+
+class PairDigest:
+    """One direction of one peer of a rank (its sends to d, or its receives from s): the count and a
+    hash chain over fixed blocks of signatures, so that equal sequences give equal digests however
+    the log's blocks cut them. `rids` holds the current block of lines, filled by the scanner."""
+
+    __slots__ = ("rids", "n", "chain", "pend")
 
     def __init__(self):
-        self.state = {}
+        self.rids = []
+        self.n = 0
+        self.chain = 0
+        self.pend = []
 
-    def add(self, direction, peer, sig):
-        key = (direction, peer)
-        st = self.state.get(key)
-        if st is None:
-            self.state[key] = [1, hash((0, sig))]
-        else:
-            st[0] += 1
-            st[1] = hash((st[1], sig))
+    def feed(self, ids):
+        pend = self.pend
+        pend.extend(ids)
+        self.n += len(ids)
+        if len(pend) >= PAIR_BLOCK:
+            off = 0
+            chain = self.chain
+            while len(pend) - off >= PAIR_BLOCK:
+                chain = hash((chain, hash(tuple(pend[off:off + PAIR_BLOCK]))))
+                off += PAIR_BLOCK
+            self.chain = chain
+            del pend[:off]
+
+    def fingerprint(self):
+        return self.n, self.chain, tuple(self.pend)
 
 
 class CommSet:
@@ -195,17 +210,19 @@ def plan(sets):
 
 def _plan_pairs(cset, ambiguous):
     members = cset.members
-    if not any(m.peers.state for m in members):
+    if not any(m.pairs for m in members):
         return []
+    extra = "; " if cset.note else ""
     if ambiguous or any(m.rank is None for m in members):
-        extra = "; " if cset.note else ""
         cset.note += extra + "Send/Recv not checked: ranks unknown (add INIT to NCCL_DEBUG_SUBSYS)"
         return []
+    if any(m.pairs_dropped for m in members):
+        cset.note += extra + "Send/Recv partly checked: too many rank pairs to track"
     by_rank = {m.rank: m for m in members}
     out = []
     seen = set()
     for m in members:
-        for (direction, peer), st in m.peers.state.items():
+        for (direction, peer), pd in m.pairs.items():
             other = by_rank.get(peer)
             if other is None:
                 continue        # the peer's log is not in the input
@@ -217,8 +234,10 @@ def _plan_pairs(cset, ambiguous):
             if key in seen:
                 continue
             seen.add(key)
-            st_other = other.peers.state.get(mirror)
-            if st_other != st:
+            mirrored = other.pairs.get(mirror)
+            if mirrored is None and other.pairs_dropped:
+                continue
+            if mirrored is None or mirrored.fingerprint() != pd.fingerprint():
                 cset.status = "desync"
                 out.append(PendingPair(cset, sender, receiver))
     return out
@@ -333,8 +352,8 @@ def _pair_finding(p, collected, describe):
                 pos = i
                 break
     where = f"communicator {cset.label()}, nranks={cset.nranks}"
-    n_sent = s.peers.state.get(("send", r.rank), [0])[0]
-    n_got = r.peers.state.get(("recv", s.rank), [0])[0]
+    n_sent = s.pairs[("send", r.rank)].n if ("send", r.rank) in s.pairs else 0
+    n_got = r.pairs[("recv", s.rank)].n if ("recv", s.rank) in r.pairs else 0
     kind = "p2p_unmatched" if (pos is not None and (x is None or y is None)) or pos is None and n_sent != n_got \
         else "p2p_mismatch"
     if pos is None:

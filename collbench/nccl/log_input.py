@@ -181,7 +181,8 @@ def expand_paths(paths, warnings):
 
 
 class SourceStats:
-    """What reading one source found (bytes, lines, cut lines, why it was skipped)."""
+    """What reading one source found (bytes, lines, cut lines, why it was skipped). `lines` is
+    counted by the consumer of the blocks, which splits them anyway."""
 
     __slots__ = ("bytes", "lines", "overlong", "skipped", "error")
 
@@ -243,24 +244,19 @@ def read_blocks(source, stats, warnings, block=BLOCK, max_line=MAX_LINE):
             if cut < 0:
                 if len(data) > max_line:
                     stats.overlong += 1
-                    stats.lines += 1
                     yield data[:max_line] + b"\n"
                     skipping = True
                 else:
                     carry = data
                 continue
             carry = data[cut + 1:]
-            chunk = data[:cut + 1]
-            stats.lines += chunk.count(b"\n")
-            yield chunk
+            yield data[:cut + 1]
             if len(carry) > max_line:
                 stats.overlong += 1
-                stats.lines += 1
                 yield carry[:max_line] + b"\n"
                 carry = b""
                 skipping = True
         if carry and not skipping:
-            stats.lines += 1
             yield carry + b"\n"
         if getattr(f, "truncated", False):
             stats.error = f"{source.name}: gzip data cut short after {stats.bytes} bytes; using the lines before the cut"

@@ -18,8 +18,9 @@ lines of one rank's repeated calls become byte-identical and can be counted by d
 `parse_coll` understands both the raw and the normalized form.
 """
 
+import operator
 import re
-from itertools import repeat
+from itertools import compress, repeat
 from typing import NamedTuple, Optional
 
 from collbench.nccl.formats import (ALGORITHMS, DATATYPES, KERNEL_ALGOS, KERNEL_PROTOS, KERNEL_TYPES,
@@ -139,7 +140,7 @@ def split_prefix(line):
 
 _COLL = re.compile(
     rb"([A-Za-z_][A-Za-z0-9_]*): opCount "
-    rb"(?:([0-9a-fA-F]+) sendbuff (\S+) recvbuff (\S+) (?:acc \S+ )?|([=~]) )"
+    rb"(?:([0-9a-fA-F]+|\^) sendbuff (\S+) recvbuff (\S+) (?:acc \S+ )?|([=~]) )"
     rb"count (\d+) (?:size \d+ )?datatype (-?\d+) op (-?\d+) (?:root (-?\d+) )?"
     rb"comm (\S+) \[nranks=(\d+)\] stream (\S+)"
     rb"((?: task -?\d+ globalrank -?\d+| devRedOp -?\d+ isPtr -?\d+ scaler [0-9a-fA-F]+)*)\s*\Z")
@@ -214,7 +215,7 @@ def parse_coll(line):
         t = _TASK.search(extra)
         if t:
             task, grank = int(t.group(1)), int(t.group(2))
-    return CollLine(host, pid, tid, dev, op, op_name, int(opcount, 16) if opcount else None, inplace,
+    return CollLine(host, pid, tid, dev, op, op_name, int(opcount, 16) if opcount and opcount != b"^" else None, inplace,
                     count, dt[0], dt[1], redop_name(redop_value) if op.reduction else None, redop_value,
                     root if op.rooted else 0, _text(comm), nranks, _text(stream), task, grank)
 
@@ -366,54 +367,32 @@ def parse_line(line):
 _SPLIT = re.compile(rb" opCount [0-9a-fA-F]+ sendbuff (\S+) recvbuff (\S+) (?:acc \S+ )?")
 _MARKS = {True: b" opCount = ", False: b" opCount ~ "}
 _OFFSET_SUFFIXES = tuple(name.encode() + b":" for name in _OFFSET_OPS)
-
-
-def _offset_inplace_piece(op_suffix, diff, after):
-    """In-place test of an AllGather/ReduceScatter line from sendbuff-recvbuff and the text after its
-    pointers (`count <n> datatype <d> ... [nranks=<n>] ...`)."""
-    if (diff < 0) if op_suffix == _OFFSET_SUFFIXES[0] else (diff > 0):
-        return False            # the wrong direction: out of place whatever the unit
-    f = after.split(b" ", 4)
-    k = after.find(b"[nranks=")
-    if len(f) < 5 or f[0] != b"count" or f[2] != b"datatype" or k < 0:
-        return False
-    try:
-        count, dtype = int(f[1]), int(f[3])
-        nranks = int(after[k + 8:after.index(b"]", k)])
-    except ValueError:
-        return False
-    dt = DATATYPES.get(dtype)
-    name = _OFFSET_OPS[0] if op_suffix == _OFFSET_SUFFIXES[0] else _OFFSET_OPS[1]
-    return dt is not None and offset_inplace(name, diff, count * dt[1], nranks)
+_OFFSET_PROBES = tuple(name.encode() + b": opCount " for name in _OFFSET_OPS)
 
 
 def normalize_chunk(chunk):
     """The block with every COLL line's `opCount <hex> sendbuff <p> recvbuff <p> [acc <p>]` replaced
-    by `opCount =` (in place) or `opCount ~` (not). In place is sendbuff == recvbuff, except for
-    AllGather/ReduceScatter, whose in-place buffers are offset by rank*count (NCCL's definition).
-    Everything else is left as it was; the line count does not change."""
+    by `opCount =` (sendbuff == recvbuff) or `opCount ~` (not). AllGather/ReduceScatter lines whose
+    pointers differ keep them (`opCount ^ sendbuff <p> recvbuff <p>`): their in-place test is an
+    offset of rank*count, decided by parse_coll once per distinct line. Only C-level list passes:
+    no Python code runs per line. Everything else is left as it was; the line count does not change."""
     parts = _SPLIT.split(chunk)
     n = len(parts) // 3
     if not n:
         return chunk
     pieces = parts[0::3]
     sends, recvs = parts[1::3], parts[2::3]
-    marks = list(map(_MARKS.__getitem__, map(bytes.__eq__, sends, recvs)))
-    offset_ops = list(map(bytes.endswith, pieces[:n], repeat(_OFFSET_SUFFIXES)))
-    if True in offset_ops:
-        out_mark, in_mark = _MARKS[False], _MARKS[True]
-        i = offset_ops.index(True)
-        while True:
-            if marks[i] is out_mark:
-                s, r = _pointer(sends[i]), _pointer(recvs[i])
-                if s is not None and r is not None:
-                    suffix = _OFFSET_SUFFIXES[0] if pieces[i].endswith(_OFFSET_SUFFIXES[0]) else _OFFSET_SUFFIXES[1]
-                    if _offset_inplace_piece(suffix, s - r, pieces[i + 1]):
-                        marks[i] = in_mark
-            try:
-                i = offset_ops.index(True, i + 1)
-            except ValueError:
-                break
+    equal = list(map(bytes.__eq__, sends, recvs))
+    marks = list(map(_MARKS.__getitem__, equal))
+    if any(map(chunk.__contains__, _OFFSET_PROBES)):
+        offset_ops = map(bytes.endswith, pieces[:n], repeat(_OFFSET_SUFFIXES))
+        need = list(map(operator.and_, offset_ops, map(operator.not_, equal)))
+        if True in need:
+            idx = list(compress(range(n), need))
+            raws = map(b"".join, zip(repeat(b" opCount ^ sendbuff "), map(sends.__getitem__, idx),
+                                     repeat(b" recvbuff "), map(recvs.__getitem__, idx), repeat(b" ")))
+            for i, mark in zip(idx, raws):
+                marks[i] = mark
     out = [b""] * (2 * n + 1)
     out[0::2] = pieces
     out[1::2] = marks
