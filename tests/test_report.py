@@ -195,18 +195,17 @@ def test_many_runs_group_by_setup(tmp_path):
 
 
 def test_peak_from_topo_matrix_json_and_csv(tmp_path):
-    j = tmp_path / "bw.json"
-    j.write_text(json.dumps({"hosts": ["a", "b", "c"], "bandwidth_bytes_per_s":
-                             [[None, 10e9, 11e9], [10e9, None, 12.5e9], [11e9, 12.5e9, None]]}))
-    peak = peak_from_matrix(str(j))
-    assert peak.bytes_per_s == 12.5e9 and peak.hosts == ["b", "c"] and "fastest pair b → c" in peak.text
-    c = tmp_path / "bw.csv"
-    c.write_text("GB/s,a,b\na,,9.5\nb,9.0,\n")
-    peak = peak_from_matrix(str(c))
-    assert peak.bytes_per_s == 9.5e9 and peak.hosts == ["a", "b"]
-    g = tmp_path / "gbit.json"
-    g.write_text(json.dumps({"bandwidth": {"unit": "Gb/s", "matrix": [[0, 100], [100, 0]]}}))
-    assert peak_from_matrix(str(g)).bytes_per_s == 12.5e9
+    """topo measure's matrix files (collbench.topo.matrix): the fastest pair at its slower direction."""
+    from collbench.topo.matrix import TopoMatrix, save_csv, save_json
+    rows = [[None, 10.0, 11.0], [10.0, None, 12.5], [11.0, 12.4, None]]
+    m = TopoMatrix.from_rows(["a", "b", "c"], "bandwidth", rows)
+    j, c = tmp_path / "bw.json", tmp_path / "bw.csv"
+    save_json(str(j), {"bandwidth": m}, meta={"how": "test"})
+    save_csv(str(c), m)
+    for path in (j, c):
+        peak = peak_from_matrix(str(path))
+        assert peak.bytes_per_s == pytest.approx(12.4e9) and peak.hosts == ["b", "c"], path
+        assert "fastest pair b ↔ c 12.4 GB/s" in peak.text
 
     results = _write(tmp_path / "r.jsonl", [_result(lat=200.0)])
     out = tmp_path / "r.html"
@@ -214,16 +213,16 @@ def test_peak_from_topo_matrix_json_and_csv(tmp_path):
     assert p.returncode == 0, p.stderr
     text = out.read_text()
     busbw = _result(lat=200.0)["busbw_bytes_per_s"]
-    assert f"{100 * busbw / 12.5e9:.0f}%" in text
+    assert f"{100 * busbw / 12.4e9:.0f}%" in text
     assert "from the topo measure matrix bw.json" in text
 
 
 @pytest.mark.parametrize("content, message", [
     ("{not json", "not valid JSON"),
-    (json.dumps({"latency": [[1]]}), "no bandwidth matrix"),
-    (json.dumps({"bandwidth": [[None, "fast"], [1, None]]}), "[0][1]: expected a bandwidth"),
-    (json.dumps({"bandwidth": [[0, 0], [0, 0]]}), "no pair with a bandwidth > 0"),
-    ("[" * 100000, "not valid JSON"),
+    (json.dumps({"hosts": ["a", "b"], "latency_us": [[None, 1], [1, None]]}), "has no bandwidth_GBps matrix"),
+    (json.dumps({"hosts": ["a", "b"], "bandwidth_GBps": [[None, "fast"], [1, None]]}), "bandwidth_GBps[0][1]"),
+    (json.dumps({"hosts": ["a"], "bandwidth_GBps": [[None]]}), "a matrix needs at least 2"),
+    ('{"a":' + "[" * 100000, "JSON"),
 ])
 def test_bad_peak_matrix_is_exit_2(tmp_path, content, message):
     m = tmp_path / "m.json"
