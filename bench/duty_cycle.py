@@ -26,7 +26,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from collbench.config import SEED_PLAN, Step, default_plan, load_config  # noqa: E402
-from collbench.engine_build import ensure_engine  # noqa: E402
+from collbench.engines.build import ensure_engine  # noqa: E402
 from collbench.stress.daemon import Daemon  # noqa: E402
 from collbench.stress.results_log import read_records  # noqa: E402
 from collbench.stress.state import StatePaths  # noqa: E402

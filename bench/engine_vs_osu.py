@@ -34,7 +34,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from collbench import builtin_engine, config, launcher  # noqa: E402
+from collbench import config  # noqa: E402
+from collbench.engines import builtin as builtin_engine, launcher  # noqa: E402
 from collbench.config import Step, osu_default_iterations  # noqa: E402
 from collbench.ops import OPS, get_op  # noqa: E402
 

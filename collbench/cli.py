@@ -10,7 +10,7 @@ from collbench.errors import UserError
 # subcommand -> the module whose register(subparsers) adds it (with set_defaults(func=...))
 COMMAND_MODULES = {
     "once": "collbench.once",
-    "engine": "collbench.engine_build",
+    "engine": "collbench.engines.cli",
     "stress": "collbench.stress.cli",
     "exporter": "collbench.exporter.cli",
     "ctl": "collbench.ctl.cli",

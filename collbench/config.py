@@ -25,7 +25,7 @@ LAUNCHERS = ("mpirun", "srun")
 TRANSPORTS = ("shm", "ob1-tcp", "ucx", "ucx-tcp", "none")
 ENGINES = ("builtin", "osu")
 
-# What the built-in engine (collbench/engine/collbench_engine.c) and MPI accept: checked here,
+# What the built-in engine (collbench/engines/collbench_engine.c) and MPI accept: checked here,
 # so a value past them is exit 2 naming the key, never an mpirun that fails or runs forever.
 INT_MAX = 2**31 - 1            # ranks, slots: MPI's int
 MAX_ITERATIONS = 10**12        # iterations and warm-up (the engine's MAX_ITERATIONS)

@@ -16,7 +16,7 @@ from collbench import proctree
 from collbench.cli import add_config_arg
 from collbench.config import apply_overrides, int_flag, load_config
 from collbench.errors import UserError
-from collbench.launcher import mpi_version, resolve_launcher
+from collbench.engines.launcher import mpi_version, resolve_launcher
 from collbench.ops import get_op
 from collbench.records import RunContext
 from collbench.report_table import format_latency, render_other_failures, render_tables
@@ -26,8 +26,8 @@ from collbench.sizes import format_size
 # engine name (config `engine`) -> module with run_steps(cfg, steps, ctx, on_progress=None)
 # and, optionally, preflight(cfg, steps) for checks that must pass before anything runs.
 ENGINES = {
-    "builtin": "collbench.builtin_engine",
-    "osu": "collbench.osu_engine",
+    "builtin": "collbench.engines.builtin",
+    "osu": "collbench.engines.osu",
 }
 
 

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from collbench import engine_build
+from collbench.engines import build as engine_build
 from collbench.config import build_config
 
 

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from collbench import builtin_engine, engine_build, launcher, records
+from collbench import records
+from collbench.engines import build as engine_build, builtin as builtin_engine, launcher
 from collbench.config import Step
 from collbench.errors import UserError
-from collbench.step_runner import MpiJob, run_job
+from collbench.engines.mpi_job import MpiJob, run_job
 from engine_helpers import engine_bin, engine_cfg, is_gone, pids_of_exe  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent
@@ -75,7 +76,7 @@ def test_build_is_cached_keyed_and_forced(tmp_path, monkeypatch):
 
 def test_concurrent_builders_never_corrupt_the_binary(tmp_path):
     env = dict(os.environ, COLLBENCH_CACHE_DIR=str(tmp_path / "cache"))
-    code = "from collbench.engine_build import ensure_engine; print(ensure_engine(force=True))"
+    code = "from collbench.engines.build import ensure_engine; print(ensure_engine(force=True))"
     procs = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(4)]
     outs = [p.communicate(timeout=300) for p in procs]

@@ -8,10 +8,11 @@ import socket
 
 import pytest
 
-from collbench import builtin_engine, launcher, records
+from collbench import records
+from collbench.engines import builtin as builtin_engine, launcher
 from collbench.config import Step
 from collbench.ops import OPS, get_op
-from collbench.step_runner import run_job
+from collbench.engines.mpi_job import run_job
 from engine_helpers import engine_bin, engine_cfg  # noqa: F401
 
 
@@ -136,7 +137,7 @@ def test_pairs_need_two_ranks(tmp_path, engine_bin):
 def test_engine_datatypes_match_the_op_table():
     """ops.DATATYPES is what the engine accepts (its usage text lists its own table)."""
     from pathlib import Path
-    src = (Path(__file__).resolve().parent.parent / "collbench" / "engine" / "collbench_engine.c").read_text()
+    src = (Path(__file__).resolve().parent.parent / "collbench" / "engines" / "collbench_engine.c").read_text()
     table = src[src.index("} DATATYPES[DT_COUNT] = {"):]
     table = table[:table.index("};")]
     for name in ("char", "short", "int", "float", "double", "long"):

@@ -7,7 +7,7 @@ import pytest
 
 from collbench.config import build_config
 from collbench.errors import UserError
-from collbench.launcher import TRANSPORT_PRESETS, build_command, mpi_version
+from collbench.engines.launcher import TRANSPORT_PRESETS, build_command, mpi_version
 
 
 def cfg_for(tmp_path, **data):

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from collbench import osu_engine
+from collbench.engines import osu as osu_engine
 from collbench.config import Step, apply_overrides, load_config
 from collbench.errors import UserError
 from collbench.records import RunContext

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from collbench.osu_parser import OSU_TITLES, OsuOutputError, parse_columns, parse_output
+from collbench.engines.osu_parser import OSU_TITLES, OsuOutputError, parse_columns, parse_output
 from conftest import FIXTURES, OSU_FIXTURES
 
 SYNTH = FIXTURES / "osu-synth"

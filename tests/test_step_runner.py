@@ -8,9 +8,10 @@ import time
 
 import pytest
 
-from collbench import launcher, proctree
+from collbench import proctree
+from collbench.engines import launcher
 from collbench.config import build_config
-from collbench.step_runner import JobTimeout, MpiJob, run_job, stderr_reason
+from collbench.engines.mpi_job import JobTimeout, MpiJob, run_job, stderr_reason
 from conftest import wait_for
 from engine_helpers import is_gone
 

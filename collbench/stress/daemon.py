@@ -35,9 +35,10 @@ import threading
 import time
 import uuid
 
-from collbench import launcher, proctree, records
+from collbench import proctree, records
+from collbench.engines import launcher
 from collbench.sizes import format_size
-from collbench.step_runner import JobResult, JobTimeout, MpiJob, stderr_reason
+from collbench.engines.mpi_job import JobResult, JobTimeout, MpiJob, stderr_reason
 from collbench.stress import processes
 from collbench.stress.results_log import ResultsLog
 from collbench.errors import UserError
@@ -137,7 +138,7 @@ class Daemon:
             self.mpi_log = RawOutputLog(self.paths.mpi_output, self.cfg.stress.rotate_bytes,
                                         on_event=self._queue_event)
             if self.engine == "osu":
-                from collbench import osu_engine
+                from collbench.engines import osu as osu_engine
                 self._osu_dir = osu_engine.preflight(self.cfg, self.plan)
             self.ctx = records.RunContext(self.cfg, self.engine,
                                           launcher.mpi_version(launcher.resolve_launcher(self.cfg)))
@@ -305,7 +306,7 @@ class Daemon:
 
     def _run_engine_job(self, loop):
         """The built-in engine over the whole plan: looping forever (loop) or one pass."""
-        from collbench import builtin_engine
+        from collbench.engines import builtin as builtin_engine
 
         plan_path = os.path.join(self.paths.state_dir, "stress-plan.txt")
         argv, env = builtin_engine.engine_command(self.cfg, self.plan, plan_path, loop=loop,
@@ -374,9 +375,9 @@ class Daemon:
     def _run_one_step(self, step):
         """(result or failure record, CBREC payload or None) for one step in its own job."""
         if self.engine == "osu":
-            from collbench import osu_engine
+            from collbench.engines import osu as osu_engine
             return osu_engine.run_step(self.cfg, step, self.ctx, self._osu_dir, self._run_mpi_job), None
-        from collbench import builtin_engine
+        from collbench.engines import builtin as builtin_engine
         argv, env = builtin_engine.engine_command(
             self.cfg, [step], os.path.join(self.paths.state_dir, "stress-step.txt"),
             validate=self.cfg.validate)

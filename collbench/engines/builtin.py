@@ -12,11 +12,12 @@ import shutil
 import subprocess
 import tempfile
 
-from collbench import launcher, records
-from collbench.engine_build import ensure_engine
+from collbench import records
+from collbench.engines import launcher
+from collbench.engines.build import ensure_engine
 from collbench.ops import get_op
 from collbench.sizes import format_size
-from collbench.step_runner import JobTimeout, MpiJob, stderr_reason
+from collbench.engines.mpi_job import JobTimeout, MpiJob, stderr_reason
 
 RECORD_PREFIX = "CBREC "
 # key -> accepted types of a CBREC payload; anything else is not a record

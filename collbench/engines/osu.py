@@ -3,7 +3,7 @@
 Each step runs its op's binary for exactly one message size (`-m S:S`) with the step's
 iterations and warm-up (`-i`, `-x`), the full listing (`-f`: min/max/iterations), `-c` when
 validating and `-T mpi_<type>` for a non-char datatype (flag spellings from OSU 7.4's
-osu_util.c / osu_util_options.h). The output is parsed with collbench.osu_parser and becomes one
+osu_util.c / osu_util_options.h). The output is parsed with collbench.engines.osu_parser and becomes one
 result record; a step that times out, exits non-zero or prints no usable row becomes a failure
 record carrying MPI's stderr tail. OSU reports no per-rank times, so straggler_rank is null.
 
@@ -16,11 +16,11 @@ import shutil
 import time
 
 from collbench.errors import UserError
-from collbench.launcher import build_command
+from collbench.engines.launcher import build_command
 from collbench.ops import get_op
-from collbench.osu_parser import OsuOutputError, parse_output
+from collbench.engines.osu_parser import OsuOutputError, parse_output
 from collbench.records import failure_record, result_record
-from collbench.step_runner import run_job, stderr_reason
+from collbench.engines.mpi_job import run_job, stderr_reason
 
 # OSU 7.4 `-T` accepts mpi_char, mpi_int, mpi_float (and all); it has no double.
 OSU_DATATYPES = {"char": "MPI_CHAR", "int": "MPI_INT", "float": "MPI_FLOAT"}

@@ -1,4 +1,4 @@
-"""Locate or build the built-in engine (collbench/engine/collbench_engine.c) with mpicc.
+"""Locate or build the built-in engine (collbench/engines/collbench_engine.c) with mpicc.
 
 The binary is cached per (source, MPI wrapper flags, compiler version): upgrading the MPI or
 editing the source gives a new file, never a stale one. Builds go to a temporary file in the
@@ -10,13 +10,12 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from collbench.errors import UserError
 
-SOURCE = Path(__file__).resolve().parent / "engine" / "collbench_engine.c"
+SOURCE = Path(__file__).resolve().parent / "collbench_engine.c"
 BINARY_PREFIX = "collbench-engine-"
 CFLAGS = ("-O2", "-Wall", "-Wextra", "-std=c99")
 COMPILE_TIMEOUT = 300
@@ -73,7 +72,7 @@ def cached_engine_path(mpicc=None):
     return cache_dir() / (BINARY_PREFIX + engine_key(mpicc or find_mpicc()))
 
 
-def _check_prebuilt(path):
+def check_prebuilt(path):
     p = Path(path)
     if not p.is_file():
         raise UserError(f"engine_path {path}: no such file (expected a collbench-engine binary; "
@@ -86,7 +85,7 @@ def _check_prebuilt(path):
 def ensure_engine(cfg=None, force=False):
     """Path of a working engine binary: cfg.engine_path if set, else the cached build (built now if missing)."""
     if cfg is not None and getattr(cfg, "engine_path", None):
-        return _check_prebuilt(cfg.engine_path)
+        return check_prebuilt(cfg.engine_path)
     mpicc = find_mpicc()
     target = cached_engine_path(mpicc)
     if target.is_file() and os.access(target, os.X_OK) and not force:
@@ -122,41 +121,3 @@ def build(mpicc, target):
         if os.path.exists(tmp):
             os.unlink(tmp)
     return str(target)
-
-
-# ---------------------------------------------------------------- CLI
-
-def _cmd_build(args):
-    from collbench.config import load_config
-    cfg = load_config(args.config)
-    print(ensure_engine(cfg, force=args.force))
-    return 0
-
-
-def _cmd_path(args):
-    from collbench.config import load_config
-    cfg = load_config(args.config)
-    if cfg.engine_path:
-        print(_check_prebuilt(cfg.engine_path))
-        return 0
-    path = cached_engine_path()
-    print(path)
-    if not path.is_file():
-        print("collbench: the engine is not built yet (run: collbench engine build)", file=sys.stderr)
-        return 1
-    return 0
-
-
-def register(subparsers):
-    from collbench.cli import add_config_arg
-    p = subparsers.add_parser("engine", help="build or locate the built-in MPI engine",
-                              description="Build (with mpicc) or locate the built-in collective engine.")
-    sub = p.add_subparsers(dest="engine_command", metavar="ACTION")
-    sub.required = True
-    b = sub.add_parser("build", help="compile the engine into the cache and print its path")
-    add_config_arg(b)
-    b.add_argument("--force", action="store_true", help="rebuild even if a cached binary exists")
-    b.set_defaults(func=_cmd_build)
-    q = sub.add_parser("path", help="print the engine's path (exit 1 if it is not built yet)")
-    add_config_arg(q)
-    q.set_defaults(func=_cmd_path)
