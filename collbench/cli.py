@@ -20,6 +20,7 @@ COMMAND_MODULES = {
     "baseline": "collbench.baseline.cli",
     "topo": "collbench.topo.cli",
     "nccl": "collbench.nccl.cli",
+    "sweep": "collbench.sweep.cli",
 }
 
 

@@ -21,6 +21,7 @@ import time
 from prometheus_client import CollectorRegistry
 
 from collbench.exporter.collectors import CollectorSet, DeviceFilter
+from collbench.exporter.collectors.baseline import BaselineCollector
 from collbench.exporter.collectors.ethtool import EthtoolCollector
 from collbench.exporter.collectors.legacy import LegacyCollector
 from collbench.exporter.collectors.netstat import NetstatCollector
@@ -60,6 +61,10 @@ class Exporter:
         built = [COLLECTORS[name](self, dev_filter) for name in settings.collectors]
         if settings.legacy_metrics:
             built.append(LegacyCollector(self.state, settings.state_dir, clock))
+        if getattr(settings, "baseline", None):   # exporter.baseline / --baseline
+            built.append(BaselineCollector(settings.baseline, settings.state_dir, getattr(settings, "transport", None),
+                                           getattr(settings, "engine", None),
+                                           getattr(settings, "max_series", None) or DEFAULT_MAX_SERIES))
         self.collectors = CollectorSet(built)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collectors)
@@ -181,5 +186,6 @@ class Exporter:
             "results log": s.results_log,
             "state dir": s.state_dir or "-",
             "max age": f"{s.max_age:g} s",
-            "collectors": ", ".join(list(s.collectors) + (["legacy"] if s.legacy_metrics else [])),
+            "collectors": ", ".join(list(s.collectors) + (["legacy"] if s.legacy_metrics else [])
+                                    + (["baseline"] if getattr(s, "baseline", None) else [])),
         }

@@ -52,6 +52,9 @@ def register(subparsers):
     p.add_argument("--netdevs", metavar="LIST", help="comma list of netdevs for ethtool -S (default: the RDMA devices')")
     p.add_argument("--device-include", metavar="REGEX", help="only RDMA devices / netdevs matching this")
     p.add_argument("--device-exclude", metavar="REGEX", help="skip RDMA devices / netdevs matching this")
+    p.add_argument("--baseline", metavar="NAME|PATH",
+                   help="serve this baseline (collbench baseline save) as collbench_baseline_* beside the live "
+                        "series: a name in the state directory or a path ending in .json")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=run)
 
@@ -96,6 +99,21 @@ def exporter_settings(args):
         ex["results_log"] = StatePaths(state_dir, cfg.stress.results_log or None).results_log
         if not os.path.isabs(ex["results_log"]):
             ex["results_log"] = os.path.normpath(os.path.join(base, ex["results_log"]))
+
+    if args.baseline is not None:
+        ex["baseline"] = args.baseline
+    if ex.get("baseline"):
+        # a name lives in the state directory; a path (.json) is relative to the config file when
+        # it comes from the config, to the cwd on the command line
+        from collbench.baseline.baseline_file import resolve_path
+        if ex["baseline"].endswith(".json"):
+            ex["baseline"] = os.path.join(base if args.baseline is None else os.getcwd(),
+                                          os.path.expanduser(ex["baseline"]))
+        try:   # a bad name is exit 2 now; a missing or bad file is the collector's failure at scrape time
+            resolve_path(ex["baseline"], state_dir)
+        except UserError as e:
+            raise UserError(f"{'--baseline' if args.baseline is not None else 'exporter.baseline'}: {e}") from None
+    ex["transport"], ex["engine"] = cfg.transport, cfg.engine   # which baseline entry matches the live series
 
     from collbench.exporter.app import COLLECTORS
     source = cfg.source if args.collectors is None else "--collectors"

@@ -1,0 +1,178 @@
+"""`collbench sweep`: one or more ops over a range of sizes, with per-iteration percentiles.
+
+Exit codes: 0 every size measured; 1 a step failed, failed validation or never ran (the table
+says which), or a file could not be written; 2 bad input (flags, config, an output path),
+found before anything runs; 130 interrupted / 143 terminated (the MPI job is stopped and no
+file is written).
+"""
+
+import os
+import signal
+import sys
+import time
+
+from collbench.cli import add_config_arg
+from collbench.config import apply_overrides, int_flag, load_config
+from collbench.errors import UserError
+from collbench.engines.launcher import mpi_version, resolve_launcher
+from collbench.ops import DATATYPES
+from collbench.records import RunContext
+from collbench.results_files import check_writable, write_jsonl
+from collbench.sweep import metrics_report, plan, table
+
+ENGINE_CHOICES = ("builtin", "osu")
+
+
+def register(subparsers):
+    p = subparsers.add_parser(
+        "sweep", help="ops over a range of message sizes: percentiles per size, seed 000's JSONL report and TSV",
+        description="Run one or more ops over a range of message sizes (bytes per rank), as nccl-tests' "
+                    "-b/-e/-f or OSU's size loop, and report per size OSU's average, min and max over the "
+                    "ranks with the median, p90, p99 and max (pmax) of the per-iteration time of the slowest "
+                    "rank, algbw and busbw. Writes seed 000's pair of files into --out-dir: "
+                    f"{metrics_report.REPORT_NAME} (appended: one JSON line per size, "
+                    "{\"metadata\": ..., \"metrics\": ...}) and t_<op>_<RUNID>.tsv per op.",
+        epilog="Iterations: every size gets OSU's count, 1000 timed + 100 warm-up up to 8KB and 100 + 10 "
+               "above, unless --iterations/--warmup set one (the config's plan is not used). "
+               "--engine osu runs the real osu_<op> binaries, which print no per-iteration times: the "
+               "percentile columns stay empty. Files are written atomically after the run; an "
+               "interrupted run writes nothing. --results appends the ordinary JSONL result records "
+               "(docs/LOG_FORMAT.md). Exit 1 if a size failed, 2 on bad input (nothing runs).")
+    add_config_arg(p)
+    p.add_argument("--op", "--ops", dest="ops", action="append", metavar="OP[,OP...]",
+                   help=f"the op(s) to sweep (repeatable, or a comma list; default {plan.DEFAULT_OPS})")
+    p.add_argument("--min-bytes", "-b", metavar="SIZE",
+                   help=f"smallest size, bytes per rank (4, 1KB, 1MB; default {plan.DEFAULT_MIN_BYTES})")
+    p.add_argument("--max-bytes", "-e", metavar="SIZE",
+                   help=f"largest size (default {plan.DEFAULT_MAX_BYTES}); included when the factor reaches it")
+    p.add_argument("--factor", "-f", type=int_flag, metavar="F",
+                   help=f"multiplication factor between sizes (default {plan.DEFAULT_FACTOR})")
+    p.add_argument("--sizes", metavar="LIST", help="these sizes instead of a range, e.g. 1KB,64KB,1MB")
+    p.add_argument("--np", type=int_flag, metavar="N", help="number of MPI ranks (default: the config's ranks)")
+    p.add_argument("--iterations", "-n", type=int_flag, metavar="N",
+                   help="timed iterations at every size (default: OSU's rule, 1000 up to 8KB, 100 above)")
+    p.add_argument("--warmup", "-w", type=int_flag, metavar="N",
+                   help="warm-up iterations at every size (default: OSU's rule, 100 up to 8KB, 10 above; "
+                        "with --iterations a tenth of it)")
+    p.add_argument("--datatype", choices=sorted(DATATYPES),
+                   help="element type for every op (default: float for reductions, char otherwise)")
+    p.add_argument("--validate", action="store_true", default=None, help="check every result element")
+    p.add_argument("--engine", choices=ENGINE_CHOICES, help="override the config's engine")
+    p.add_argument("--out-dir", "-o", metavar="DIR", default=".",
+                   help=f"where {metrics_report.REPORT_NAME} and the t_<op>_<RUNID>.tsv files go "
+                        "(created if missing; default: the current directory)")
+    p.add_argument("--results", metavar="FILE", help="also append the JSONL result records to FILE")
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table",
+                   help="console output (default table); csv and json have the TSV's columns")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=run)
+
+
+def check_out_dir(path):
+    """The absolute out-dir, or UserError if it cannot become a writable directory."""
+    path = os.path.abspath(os.path.expanduser(path))
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise UserError(f"--out-dir {path}: exists and is not a directory")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise UserError(f"--out-dir {path}: directory is not writable")
+        return path
+    parent = path
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"--out-dir {path}: cannot be created ({parent} is not a writable directory)")
+    return path
+
+
+def sizes_from(args):
+    if args.sizes is not None:
+        if any(v is not None for v in (args.min_bytes, args.max_bytes, args.factor)):
+            raise UserError("--sizes: give either --sizes or --min-bytes/--max-bytes/--factor, not both")
+        return plan.size_list(args.sizes)
+    return plan.size_range(args.min_bytes or plan.DEFAULT_MIN_BYTES, args.max_bytes or plan.DEFAULT_MAX_BYTES,
+                           plan.DEFAULT_FACTOR if args.factor is None else args.factor)
+
+
+class _Terminated(Exception):
+    """SIGTERM: unwind like Ctrl-C so the engine stops the MPI job."""
+
+
+def _terminated(signum, frame):
+    raise _Terminated()
+
+
+def run(args):
+    from collbench.once import Progress, engine_module, stop_leftover_jobs
+
+    # Everything about the input is checked before the first mpirun.
+    op_names = plan.parse_ops(args.ops)
+    sizes = sizes_from(args)
+    cfg = load_config(args.config)
+    if args.engine:
+        cfg.engine = args.engine
+    apply_overrides(cfg, np=args.np, validate=args.validate)
+    steps = plan.build_steps(op_names, sizes, datatype=args.datatype, config_datatype=cfg.datatype,
+                             iterations=args.iterations, warmup=args.warmup, samples=cfg.engine == "builtin")
+    out_dir = check_out_dir(args.out_dir)
+    results_path = check_writable(args.results, "--results") if args.results else None
+    engine = engine_module(cfg.engine)
+    if hasattr(engine, "preflight"):
+        engine.preflight(cfg, steps)
+    ctx = RunContext(cfg, cfg.engine, mpi_version(resolve_launcher(cfg)))
+
+    progress = Progress(sys.stderr, len(steps), quiet=args.quiet)
+    records = []
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        for rec in engine.run_steps(cfg, steps, ctx, on_progress=progress.start):
+            records.append(rec)
+            progress.finished(rec)
+    except (KeyboardInterrupt, _Terminated) as e:
+        progress.close()
+        stop_leftover_jobs()
+        terminated = isinstance(e, _Terminated)
+        print(f"collbench: {'terminated' if terminated else 'interrupted'} after {len(records)} of "
+              f"{len(steps)} steps; no file written", file=sys.stderr)
+        return 143 if terminated else 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    progress.close()
+
+    # Files first: a closed stdout (`| head`) must not lose the measurements.
+    status = 0
+    try:
+        for what, path in metrics_report.write_files(out_dir, ctx.run_id, records, op_names):
+            print(f"collbench: {what} written to {path}", file=sys.stderr)
+        if results_path:
+            write_jsonl(results_path, records)
+            print(f"collbench: results appended to {results_path}", file=sys.stderr)
+    except OSError as e:
+        print(f"collbench: cannot write {e.filename or 'a result file'}: {e.strerror or e}", file=sys.stderr)
+        status = 1
+
+    if args.format == "csv":
+        sys.stdout.write(table.render_csv(records))
+    elif args.format == "json":
+        sys.stdout.write(table.render_json(records))
+    else:
+        print(f"collbench sweep: run {ctx.run_id}, {cfg.ranks} ranks on {ctx.nodes} "
+              f"node{'s' if ctx.nodes != 1 else ''} ({', '.join(ctx.hosts)}), engine {cfg.engine}, "
+              f"transport {cfg.transport}, {ctx.mpi}")
+        print()
+        sys.stdout.write(table.render_table(records, steps, cfg.ranks, ctx.nodes, cfg.engine))
+    if cfg.engine == "osu" and args.format != "table":
+        print(f"collbench: {table.NO_SAMPLES_NOTE}", file=sys.stderr)
+    sys.stdout.flush()
+
+    failed = [r for r in records if r.get("type") == "failure"]
+    bad = [r for r in records if r.get("type") == "result" and r.get("validation") == "fail"]
+    measured = {(r.get("op"), r.get("size_bytes") or 0) for r in records if r.get("op")}
+    not_run = [s for s in steps if (s.op, s.size_bytes) not in measured]
+    if failed or bad or not_run:
+        print(f"collbench: {len(failed)} failed, {len(bad)} failed validation, {len(not_run)} not run, "
+              f"of {len(steps)} steps", file=sys.stderr)
+        return 1
+    if not args.quiet:
+        print(f"collbench: {len(records)} sizes in {time.monotonic() - progress.started:.1f}s", file=sys.stderr)
+    return status
