@@ -259,9 +259,10 @@ def _varying_fields(fields, keys):
 
 
 def _hosts_text(hosts, limit=3):
+    """The distinct hosts in rank order (a host runs several ranks): node00,node01 +6."""
     if not hosts:
         return "?"
-    hosts = list(hosts)
+    hosts = list(dict.fromkeys(hosts))
     text = ",".join(hosts[:limit])
     return text + (f" +{len(hosts) - limit}" if len(hosts) > limit else "")
 

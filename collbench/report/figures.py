@@ -33,7 +33,8 @@ def line_labels(lines):
     per_series = {}
     for s, dt, _ in lines:
         per_series.setdefault(s.index, set()).add(dt)
-    return [s.label + (f" · {dt}" if len(per_series[s.index]) > 1 and dt else "") for s, dt, _ in lines]
+    return [f"#{s.index + 1} {s.label}" + (f" · {dt}" if len(per_series[s.index]) > 1 and dt else "")
+            for s, dt, _ in lines]
 
 
 def op_figure(data, op_name, peak_bps, ident):
@@ -52,7 +53,7 @@ def op_figure(data, op_name, peak_bps, ident):
                       x_label="series (bar: average over ranks; whiskers: fastest – slowest rank)",
                       y_label="latency", x_kind="category", y_kind="us",
                       bars=bars, note="no results")
-        legend = [(f"#{s.index + 1} {label}", s.color, None, False) for (s, _, _), label in zip(lines, labels)]
+        legend = [(label, s.color, None, False) for (s, _, _), label in zip(lines, labels)]
         return Figure(ident=ident, title=title, panels=[panel], legend=legend)
 
     lat = Panel(title="Latency vs size", x_label="message size (bytes per rank)",

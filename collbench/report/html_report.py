@@ -88,11 +88,15 @@ def _table(headers, rows, numeric=()):
 
 
 def _hosts(hosts, limit=6):
+    """Distinct hosts in rank order with their rank counts: node00 ×8, node01 ×8."""
     if not hosts:
         return "-"
-    hosts = list(hosts)
-    text = ", ".join(hosts[:limit])
-    return esc(text + (f" … (+{len(hosts) - limit})" if len(hosts) > limit else ""))
+    counts = {}
+    for h in hosts:
+        counts[h] = counts.get(h, 0) + 1
+    items = [f"{h} ×{n}" if n > 1 else h for h, n in counts.items()]
+    text = ", ".join(items[:limit])
+    return esc(text + (f" … (+{len(items) - limit} hosts)" if len(items) > limit else ""))
 
 
 def _span(first, last):
@@ -168,9 +172,10 @@ STRAGGLER_SHARE = 0.5
 
 
 def _straggler_notes(lines):
-    """A sentence per series where one rank is the slowest in most measurements of the op (at
-    least half of them, with 4 ranks or more, where chance would give 1/ranks)."""
-    out = []
+    """A sentence per straggler rank: one rank the slowest in at least half of a series'
+    measurements of the op, with 4 ranks or more (chance would give 1/ranks). Series that share
+    the straggler (and its host) share the sentence."""
+    found = {}   # (rank, host) -> [(series, times, total)]
     for s, _, pts in lines:
         ranks = s.attrs.get("ranks") or 0
         total, by_rank = 0, {}
@@ -181,14 +186,18 @@ def _straggler_notes(lines):
         if ranks < STRAGGLER_MIN_RANKS or total < 5 or not by_rank:
             continue
         rank, times = max(by_rank.items(), key=lambda kv: kv[1])
-        share = times / total
-        if share >= STRAGGLER_SHARE:
+        if times / total >= STRAGGLER_SHARE:
             hosts = s.attrs.get("hosts") or ()
-            where = f" (on {esc(hosts[rank])})" if rank < len(hosts) else ""
-            out.append(f'<p class="note warn">{_swatch(s.color)}#{s.index + 1}: rank {rank}{where} was the '
-                       f"slowest of {ranks} ranks in {times} of {total} measurements ({share:.0%}; chance would "
-                       f"be {1 / ranks:.0%}). A rank that is slowest this often points at its host, NIC or link "
-                       "(or at the op's root).</p>")
+            found.setdefault((rank, hosts[rank] if rank < len(hosts) else None), []).append((s, times, total))
+    out = []
+    for (rank, host), hits in found.items():
+        where = f" (on {esc(host)})" if host else ""
+        times, total = sum(h[1] for h in hits), sum(h[2] for h in hits)
+        ranks = max(h[0].attrs.get("ranks") or 0 for h in hits)
+        who = " ".join(f"{_swatch(s.color)}#{s.index + 1}" for s, _, _ in hits)
+        out.append(f'<p class="note warn">{who}: rank {rank}{where} was the slowest of {ranks} ranks in {times} of '
+                   f"{total} measurements ({times / total:.0%}; chance would be {1 / ranks:.0%}). A rank that is "
+                   "slowest this often points at its host, NIC or link (or at the op's root).</p>")
     return "".join(out)
 
 
