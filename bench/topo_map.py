@@ -4,14 +4,17 @@
 For P = 8, 16, 64, 1024, for ring and recursive-doubling allgather, on
 
     random   every pair's latency uniform in [1, 10] us (no structure: the hard case)
-    racks    racks of 4 (P <= 16), 8 (P = 64) or 32 (P = 1024) hosts, listed interleaved the way a
-             scheduler might hand them out; 10 us inside a rack, 50 us between racks, 3 % noise
+    racks    bandwidth, racks of 4 (P <= 16), 8 (P = 64) or 32 (P = 1024) hosts listed interleaved
+             the way a scheduler might hand them out; 10 GB/s inside a rack, 2 GB/s between racks,
+             3 % noise
 
-prints each method's primary cost (the predicted time of the cost model, collbench/topo/patterns.py)
-relative to the exact optimum where it is computed (P <= 16; "opt"), else relative to the best
-order found ("best"), its wall-clock time, and the CPU time of the whole map_order call. Then the
-whole `collbench topo map` command on a P = 1024 CSV file (load, validate, map, write the files),
-wall and CPU, against the target of 10 s.
+prints one row per method: its cost (the predicted time of the cost model,
+collbench/topo/patterns.py) relative to the exact optimum where it is computed (P <= 16; "opt"),
+else relative to the best order found ("best"); the same for the tie-break sum (the total load,
+which counts the crossings between racks); on racks the predicted speed-up over the identity
+order if the racks share one uplink each (docs/TOPO.md); its wall-clock time. Then the whole
+`collbench topo map` command on a P = 1024 CSV file (load, validate, map, write the files), wall
+and CPU, against the target of 10 s.
 
     .venv/bin/python bench/topo_map.py                 # everything
     .venv/bin/python bench/topo_map.py --sizes 8,16    # only these P
@@ -50,25 +53,28 @@ def rack_matrix(p, seed):
     v = [[None] * p for _ in range(p)]
     for i in range(p):
         for j in range(i + 1, p):
-            base = 10.0 if i % racks == j % racks else 50.0
+            base = 10.0 if i % racks == j % racks else 2.0
             v[i][j] = v[j][i] = base * r.lognormvariate(0, 0.03)
-    return TopoMatrix.from_rows([f"h{i}" for i in range(p)], "latency", v, source=f"racks-{p}")
+    return TopoMatrix.from_rows([f"h{i}" for i in range(p)], "bandwidth", v, source=f"racks-{p}")
 
 
 def bench_one(matrix, pattern):
+    """Rows (method, cost/ref, tie-break/ref, shared speed-up, seconds, optimal), ref name, cpu s."""
     cpu0 = time.process_time()
     res = map_order(matrix, pattern)
     cpu = time.process_time() - cpu0
-    ref_name = "exact" if "exact" in res.results and res.results["exact"].optimal else None
-    ref = res.results[ref_name].primary if ref_name else min(r.primary for r in res.results.values())
+    exact = res.results.get("exact")
+    if exact is not None and exact.optimal:
+        ref_name, ref = "opt", exact
+    else:
+        ref_name, ref = "best", min(res.results.values(), key=lambda r: (r.primary, r.secondary))
     rows = []
     for m in METHODS:
         r = res.results.get(m)
-        if r is None:
-            rows.append((m, None, None, None))
-            continue
-        rows.append((m, r.primary / ref, r.seconds, r.optimal))
-    return rows, "opt" if ref_name else "best", cpu
+        if r is not None:
+            rows.append((m, r.primary / ref.primary, r.secondary / ref.secondary, res.shared_speedup(m),
+                         r.seconds, r.optimal))
+    return rows, ref_name, cpu
 
 
 def cli_run(p, tmp):
@@ -98,23 +104,22 @@ def main():
     ap.add_argument("--no-cli", action="store_true", help="skip the whole-command run at P = 1024")
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
-    print(f"{'P':>5} {'matrix':7} {'pattern':19} {'ref':4} " +
-          " ".join(f"{m + ' cost':>14} {m + ' s':>10}" for m in METHODS) + f" {'cpu s':>7}")
+    print(f"{'P':>5} {'matrix':7} {'pattern':19} {'method':10} {'ref':4} {'cost':>8} {'tie-break':>10} "
+          f"{'shared':>8} {'seconds':>8}   (cpu s of all methods)")
     for p in sizes:
         for kind, gen in (("random", random_matrix), ("racks", rack_matrix)):
             matrix = gen(p, p)
             for pattern in ("ring", "recursive-doubling"):
                 rows, ref, cpu = bench_one(matrix, pattern)
-                cells = []
-                for m, rel, secs, opt in rows:
-                    if rel is None:
-                        cells.append(f"{'-':>14} {'-':>10}")
-                    else:
-                        flag = "" if opt is None or opt else "?"
-                        cells.append(f"{rel:>13.3f}{flag or ' '} {secs:>10.3f}")
-                print(f"{p:>5} {kind:7} {pattern:19} {ref:4} " + " ".join(cells) + f" {cpu:>7.2f}", flush=True)
-    print("cost = the method's predicted time / the reference's (opt: the proven optimum, best: the "
-          "best order any method found); ? = exact search stopped at its limit")
+                for n, (m, rel, rel2, shared, secs, opt) in enumerate(rows):
+                    flag = "" if opt is None or opt else "?"
+                    sh = "-" if shared is None else f"{shared:.2f}x"
+                    tail = f"   ({cpu:.2f})" if n == len(rows) - 1 else ""
+                    print(f"{p:>5} {kind:7} {pattern:19} {m:10} {ref:4} {rel:>7.3f}{flag or ' '} {rel2:>10.3f} "
+                          f"{sh:>8} {secs:>8.3f}{tail}", flush=True)
+    print("cost, tie-break = the method's / the reference's (opt: the proven optimum, best: the best "
+          "order any method found); ? = exact search stopped at its limit; shared = predicted speed-up "
+          "over identity if each rack's links share one uplink")
     if not args.no_cli and 1024 in sizes:
         with tempfile.TemporaryDirectory(prefix="collbench-topo-bench-") as tmp:
             results, size = cli_run(1024, tmp)

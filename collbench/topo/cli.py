@@ -47,7 +47,7 @@ def register(subparsers):
     m.add_argument("--out-dir", default=".", metavar="DIR", help="where to write the order files (default .)")
     m.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     m.add_argument("--time-limit", type=_seconds, default=None, metavar="SECONDS",
-                   help="local search budget of the heuristic (default scales with P, at most 5)")
+                   help="local search budget of the heuristic (default 0.5 + P/250 s, at most 4)")
     m.add_argument("--raw-costs", action="store_true",
                    help="judge orders by the values as measured (default: pairs within measurement "
                         "noise of their class median count at the median, docs/TOPO.md)")

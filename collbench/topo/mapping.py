@@ -175,7 +175,7 @@ def map_order(matrix, pattern, method="auto", time_limit=None, exact_time_limit=
 
     method picks `chosen` (see the module doc); every method that applies is computed so the
     table can compare them. The orders are judged by effective_cost(matrix, raw_costs).
-    time_limit: seconds for the heuristic's local search (default 0.5 + P/250, 5 s at most).
+    time_limit: seconds for the heuristic's local search (default 0.5 + P/250, 4 s at most).
     exact_time_limit: the recursive-doubling branch and bound's budget.
     """
     if pattern not in PATTERNS:
@@ -189,7 +189,7 @@ def map_order(matrix, pattern, method="auto", time_limit=None, exact_time_limit=
     cost, snapped = effective_cost(matrix, raw_costs)
     rnds = rounds(pattern, p, matrix.metric.name)
     if time_limit is None:
-        time_limit = min(5.0, 0.5 + p / 250.0)
+        time_limit = min(4.0, 0.5 + p / 250.0)
     results = {}
 
     def record(name, fn, optimal=None, note=""):
