@@ -38,6 +38,7 @@ RECENT_MAX = 1024           # per-rank opCount -> call map for kernel-trace attr
 SAMPLES_MAX = 50            # malformed lines kept for -v / JSON
 ROOTS_MAX = 16              # distinct roots listed per configuration
 TUNING_KEYS_MAX = 100_000
+FLUSH_BYTES = 4 << 20      # input bytes between folds of the per-rank lists (bounds their length)
 PAIRS_MAX = 200_000         # (rank, direction, peer) p2p digests; beyond, p2p lines are only counted
 KIND_CODE = {COLL: 0, SEND: 1, RECV: 2}     # anything else (RMA) is 3: counted, not checked
 
@@ -157,6 +158,7 @@ class Scanner:
         self.overlong = 0
         self.overlong_by_source = {}
         self.pair_count = 0
+        self._unflushed = 0
         self.detailed = False           # kernel-trace input: parse every line, keep opCounts
         self.collect_coll, self.collect_p2p = collect if collect else ({}, set())
         self.collected_coll, self.collected_p2p = {}, {}
@@ -191,8 +193,10 @@ class Scanner:
                     slow(line, True)
                 else:
                     f()
-        self._flush()
         self._lines = self._raw = None
+        self._unflushed += len(chunk)
+        if self._unflushed >= FLUSH_BYTES:
+            self.flush()
         return len(lines)
 
     def _slow(self, line, fast):
@@ -376,7 +380,9 @@ class Scanner:
 
     # --- after each block ------------------------------------------------------------------------
 
-    def _flush(self):
+    def flush(self):
+        """Fold the rank lists filled since the last flush into counts and digests."""
+        self._unflushed = 0
         dsig = self.rec_dsig
         collect_coll, collect_p2p = self.collect_coll, self.collect_p2p
         for m in self.members:
@@ -431,6 +437,7 @@ def _scan(sources, scanner, stats, warnings, block):
             scanner.detailed = True     # decided before the first block, whatever the block size
         for chunk in read_blocks(src, st, warnings, block=block):
             lineno += scanner.feed(chunk, src.name, lineno)
+        scanner.flush()
         st.lines = lineno - 1
 
 

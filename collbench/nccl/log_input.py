@@ -14,7 +14,7 @@ import zlib
 
 from collbench.errors import UserError
 
-BLOCK = 4 << 20             # bytes per read; a block is processed as one unit
+BLOCK = 1 << 20             # bytes per read, processed as one unit (bigger blocks fall out of the CPU caches)
 MAX_LINE = 64 << 10         # longer lines are cut here (the rest of the line is dropped and counted)
 SNIFF = 8192                # NUL bytes in the first SNIFF bytes mean a binary file
 GZIP_MAGIC = b"\x1f\x8b"
