@@ -28,6 +28,10 @@ def register(subparsers):
                               description="Topology-aware rank order (docs/TOPO.md).")
     verbs = p.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
+    add_map(verbs)
+
+
+def add_map(verbs):
     m = verbs.add_parser(
         "map", help="find a rank order for ring or recursive-doubling allgather",
         description="Find a rank order that puts the pairs that talk most on the fastest links of a "
