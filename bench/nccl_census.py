@@ -89,9 +89,11 @@ def rank_templates(r):
             for j in range(NRANKS):
                 peer = (r + j) % NRANKS
                 t.append(f"{pre}Send: opCount %x sendbuff (nil) recvbuff {hex(0x7e0000000000 + peer * 0x100000)} "
-                         f"count 262144 datatype 9 op 0 root {peer} comm {world} [nranks={NRANKS}] stream {streams[world]}")
+                         f"count 262144 datatype 9 op 0 root {peer} comm {world} [nranks={NRANKS}] "
+                         f"stream {streams[world]}")
                 t.append(f"{pre}Recv: opCount %x sendbuff (nil) recvbuff {hex(0x7e1000000000 + peer * 0x100000)} "
-                         f"count 262144 datatype 9 op 0 root {peer} comm {world} [nranks={NRANKS}] stream {streams[world]}")
+                         f"count 262144 datatype 9 op 0 root {peer} comm {world} [nranks={NRANKS}] "
+                         f"stream {streams[world]}")
         steps.append([s.encode() for s in t])
     return host, pid, [s.encode() for s in init], steps
 

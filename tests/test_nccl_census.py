@@ -16,7 +16,7 @@ import pytest
 from collbench.nccl.census import NoCollectivesError, iter_calls, run_census
 from collbench.nccl.log_input import LogInputError
 from collbench.nccl.log_parser import (CollLine, InitLine, KernelLine, Malformed, TuningLine, normalize_chunk,
-                                       parse_coll, parse_kernel_name, parse_line)
+                                       parse_kernel_name, parse_line)
 from conftest import FIXTURES, REPO
 
 NCCL = FIXTURES / "nccl"
@@ -279,7 +279,8 @@ def test_census_p2p_and_single_rank_communicators():
 def test_census_algorithms_from_kernel_trace_and_tuning():
     c = run_census([str(NCCL / "rccl-rocm6-kerneltrace.log")])
     half = group(c, datatype="float16")
-    assert [(a.algorithm, a.protocol, a.count, a.source) for a in half.algorithms] == [("RING", "LL128", 4, "kernel-trace")]
+    assert [(a.algorithm, a.protocol, a.count, a.source) for a in half.algorithms] == \
+        [("RING", "LL128", 4, "kernel-trace")]
     dbl = group(c, datatype="float64")
     assert [(a.algorithm, a.protocol, a.count) for a in dbl.algorithms] == [("TREE", "LL", 4)]
     assert c.totals["kernel_trace_lines"] == 16 and c.totals["kernel_trace_attributed"] == 8

@@ -56,7 +56,8 @@ def make_job(steps, init=True, tp_counts=None, p2p_every=10, edit=None):
         lines = []
         if init:
             lines.append(f"{rk.prefix}ncclCommInitRank comm {rk.world} rank {rk.r} nranks {NRANKS} cudaDev "
-                         f"{rk.r % 4} nvmlDev {rk.r % 4} busId {0x1000 * (rk.r + 1):x} commId {WORLD_ID} - Init COMPLETE")
+                         f"{rk.r % 4} nvmlDev {rk.r % 4} busId {0x1000 * (rk.r + 1):x} commId {WORLD_ID} "
+                         f"- Init COMPLETE")
             lines.append(f"{rk.prefix}ncclCommSplit comm {rk.tp} rank {rk.r % TP} nranks {TP} cudaDev {rk.r % 4} "
                          f"nvmlDev {rk.r % 4} busId {0x1000 * (rk.r + 1):x} parent {rk.world} splitCount 1 color "
                          f"{rk.r // TP} key {rk.r % TP} commId 0x{0x5100 + rk.r // TP:016x} - Init COMPLETE")

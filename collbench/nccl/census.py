@@ -610,7 +610,8 @@ def _build(scanner, sources, stats, findings, warnings):
     for src in sources:
         st = stats[src.name]
         inputs.append({"path": src.name, "bytes": st.bytes, "lines": st.lines, "compressed": src.compressed,
-                       "overlong_lines": st.overlong + scanner.overlong_by_source.get(src.name, 0), "skipped": st.skipped, "error": st.error})
+                       "overlong_lines": st.overlong + scanner.overlong_by_source.get(src.name, 0),
+                       "skipped": st.skipped, "error": st.error})
     if scanner.no_prefix:
         warnings.append(f"{scanner.no_prefix} COLL lines had no host:pid:tid prefix (stripped, or glued to "
                         f"another rank's cut line): their ranks are guessed from the comm pointer alone")

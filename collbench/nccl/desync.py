@@ -339,41 +339,42 @@ def _coll_finding(p, pos, a, b, describe):
 
 
 def _pair_finding(p, collected, describe):
+    """Sends from s to d against d's receives from s, matched in order (NCCL's rule per pair)."""
     cset = p.cset
     s, r = p.sender, p.receiver
-    sent = collected.get((s.index, "send", r.rank))
-    got = collected.get((r.index, "recv", s.rank))
-    pos, x, y = None, None, None
-    if sent is not None and got is not None:
-        for i in range(max(len(sent), len(got))):
-            x = sent[i] if i < len(sent) else None
-            y = got[i] if i < len(got) else None
-            if x != y:
-                pos = i
-                break
-    where = f"communicator {cset.label()}, nranks={cset.nranks}"
     n_sent = s.pairs[("send", r.rank)].n if ("send", r.rank) in s.pairs else 0
     n_got = r.pairs[("recv", s.rank)].n if ("recv", s.rank) in r.pairs else 0
-    kind = "p2p_unmatched" if (pos is not None and (x is None or y is None)) or pos is None and n_sent != n_got \
-        else "p2p_mismatch"
-    if pos is None:
-        msg = (f"{where}: rank {s.rank} sent {n_sent} messages to rank {r.rank}, which posted {n_got} receives "
-               f"from it (position not located: more than {P2P_LOCATE_CAP} messages)")
-    elif kind == "p2p_unmatched":
-        if x is None:
-            msg = (f"{where}: rank {r.rank} posted receive #{pos + 1} from rank {s.rank} ({_p2p_text(describe(y))}) "
-                   f"but rank {s.rank} sent only {n_sent} messages to it")
-        else:
-            msg = (f"{where}: rank {s.rank}'s send #{pos + 1} to rank {r.rank} ({_p2p_text(describe(x))}) has no "
-                   f"matching receive: rank {r.rank} posted only {n_got} receives from rank {s.rank}")
+    sent = collected.get((s.index, "send", r.rank), [])
+    got = collected.get((r.index, "recv", s.rank), [])
+    pos = x = y = None
+    for i in range(max(len(sent), len(got))):
+        x = sent[i] if i < len(sent) else None
+        y = got[i] if i < len(got) else None
+        if x != y:
+            pos = i
+            break
+    where = f"communicator {cset.label()}, nranks={cset.nranks}"
+    if pos is None:             # the difference lies beyond what was collected
+        kind = "p2p_mismatch" if n_sent == n_got else "p2p_unmatched"
+        msg = (f"{where}: rank {s.rank}'s {n_sent} sends to rank {r.rank} do not match rank {r.rank}'s {n_got} "
+               f"receives from it (not located: more than {P2P_LOCATE_CAP} messages)")
+    elif x is None:
+        kind = "p2p_unmatched"
+        msg = (f"{where}: rank {r.rank} posted receive #{pos + 1} from rank {s.rank} ({_p2p_text(describe(y))}) "
+               f"but rank {s.rank} sent only {n_sent} messages to it")
+    elif y is None:
+        kind = "p2p_unmatched"
+        msg = (f"{where}: rank {s.rank}'s send #{pos + 1} to rank {r.rank} ({_p2p_text(describe(x))}) has no "
+               f"matching receive: rank {r.rank} posted only {n_got} receives from rank {s.rank}")
     else:
+        kind = "p2p_mismatch"
         msg = (f"{where}: send #{pos + 1} from rank {s.rank} to rank {r.rank} is {_p2p_text(describe(x))} "
                f"but the matching receive is {_p2p_text(describe(y))}")
     return {"kind": kind, "set": cset.key, "source": cset.source, "nranks": cset.nranks,
             "position": None if pos is None else pos + 1, "exact": pos is not None,
             "sender": s.identity(), "receiver": r.identity(), "sends": n_sent, "receives": n_got,
-            "sent": describe(x) if pos is not None and x is not None else None,
-            "received": describe(y) if pos is not None and y is not None else None,
+            "sent": describe(x) if x is not None and pos is not None else None,
+            "received": describe(y) if y is not None and pos is not None else None,
             "message": msg}
 
 

@@ -259,7 +259,8 @@ def read_blocks(source, stats, warnings, block=BLOCK, max_line=MAX_LINE):
         if carry and not skipping:
             yield carry + b"\n"
         if getattr(f, "truncated", False):
-            stats.error = f"{source.name}: gzip data cut short after {stats.bytes} bytes; using the lines before the cut"
+            stats.error = (f"{source.name}: gzip data cut short after {stats.bytes} bytes; "
+                           f"using the lines before the cut")
             warnings.append(stats.error)
     finally:
         try:

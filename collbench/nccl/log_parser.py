@@ -215,8 +215,9 @@ def parse_coll(line):
         t = _TASK.search(extra)
         if t:
             task, grank = int(t.group(1)), int(t.group(2))
-    return CollLine(host, pid, tid, dev, op, op_name, int(opcount, 16) if opcount and opcount != b"^" else None, inplace,
-                    count, dt[0], dt[1], redop_name(redop_value) if op.reduction else None, redop_value,
+    opcount = int(opcount, 16) if opcount and opcount != b"^" else None
+    return CollLine(host, pid, tid, dev, op, op_name, opcount, inplace, count, dt[0], dt[1],
+                    redop_name(redop_value) if op.reduction else None, redop_value,
                     root if op.rooted else 0, _text(comm), nranks, _text(stream), task, grank)
 
 
