@@ -366,7 +366,7 @@ ALERTS_SCHEMA = {
     "job": (STR, "collbench"),               # Prometheus job name of the exporter's scrape
     "regression_ratio": (POS_FLOAT, 1.5),    # CollbenchLatencyRegression: live / baseline above this
     "regression_k": (NONNEG_FLOAT, 3.0),     # ... and above the baseline median + k x its sigma
-    "regression_for": (STR, "10m"),          # ... for this long
+    "regression_for": (STR, None),           # ... for this long (default: alerts.for)
 }
 # launcher: srun, and the stress loop as a Slurm job (collbench/stress/slurm_job.py)
 SLURM_SCHEMA = {

@@ -20,6 +20,8 @@ from collbench.ops import get_op
 from collbench.sizes import format_size
 
 LATENCY_METRIC = "collbench_latency_avg_seconds"
+BASELINE_METRIC = "collbench_baseline_latency_seconds"          # the exporter's baseline collector
+BASELINE_SIGMA_METRIC = "collbench_baseline_latency_sigma_seconds"
 # Sizes below this are latency-bound (per-hop software and switch latency, not the link): the
 # bandwidth model does not apply, so `--nodes/--link-gbps` keep their bounds as given.
 BANDWIDTH_BOUND_MIN = 64 << 10
@@ -208,6 +210,34 @@ def congestion_rules(thresholds):
     return rules
 
 
+def regression_rules(alerts, source):
+    """CollbenchLatencyRegression: the live latency against the exporter's baseline series
+    (exporter.baseline): above regression_ratio x the baseline median AND above the median +
+    regression_k x its robust sigma (the noise allowance of `collbench baseline compare`), for
+    regression_for (default alerts.for). The two series carry the same labels, so they match one
+    to one; without a baseline series there is nothing to divide by and the rule stays silent."""
+    ratio, k = float(alerts.regression_ratio), float(alerts.regression_k)
+    if alerts.regression_for is None:
+        for_ = prom_duration(getattr(alerts, "for"), "alerts.for", source)
+    else:
+        for_ = prom_duration(alerts.regression_for, "alerts.regression_for", source)
+    expr = f"({LATENCY_METRIC} / {BASELINE_METRIC} > {ratio!r})"
+    if k > 0:
+        expr += f" and {LATENCY_METRIC} > {BASELINE_METRIC} + {k!r} * {BASELINE_SIGMA_METRIC}"
+    return [{
+        "alert": "CollbenchLatencyRegression",
+        "expr": expr,
+        "for": for_,
+        "labels": {"severity": "warning"},
+        "annotations": {
+            "summary": ('{{ $labels.op }} {{ $labels.size }} latency on {{ $labels.instance }} is '
+                        '{{ $value | printf "%.2f" }}x its baseline (alert above '
+                        f"{ratio:g}x for {for_})"),
+            "runbook_url": RUNBOOK,
+        },
+    }]
+
+
 def build_rules(cfg, to_nodes=None, to_gbps=None):
     """The rules document (a dict) for a loaded config."""
     alerts = cfg.alerts
@@ -222,6 +252,7 @@ def build_rules(cfg, to_nodes=None, to_gbps=None):
         {"name": "collbench-latency", "rules": latency_rules(cfg.thresholds, for_, scale)},
         {"name": "collbench-health", "rules": health_rules(alerts, for_, window)},
         {"name": "collbench-congestion", "rules": congestion_rules(cfg.thresholds)},
+        {"name": "collbench-baseline", "rules": regression_rules(alerts, cfg.source)},
     ]}
 
 
