@@ -238,6 +238,30 @@ def latency_row(legacy):
     ])
 
 
+def baseline_row(cfg):
+    """Live against the exporter's baseline (exporter.baseline): the regression alert's ratio."""
+    ratio = float(cfg.alerts.regression_ratio)
+    return Row("vs baseline", [Panel(
+        "Latency vs baseline", "timeseries",
+        [Target(f'collbench_latency_avg_seconds{{{SEL},op=~"$op",size=~"$size"}} / '
+                f'collbench_baseline_latency_seconds{{{SEL},op=~"$op",size=~"$size"}}',
+                "{{op}} {{size}} {{instance}}")],
+        f"Average latency / the baseline's median (exporter.baseline, saved with `collbench baseline save`), per "
+        f"op and size: 1 = as fast as the baseline, 2 = twice as slow. Above {ratio:g} (alerts.regression_ratio, "
+        f"the red line) and beyond the baseline's noise, CollbenchLatencyRegression fires. Empty when the "
+        f"exporter serves no baseline.",
+        unit="none", thresholds=[(None, GREEN), (ratio, RED)], threshold_lines=True, width=12, height=8,
+        decimals=2),
+        Panel("Bus bandwidth vs baseline", "timeseries",
+              [Target(f'collbench_busbw_bytes_per_second{{{SEL},op=~"$op",size=~"$size"}} / '
+                      f'collbench_baseline_busbw_bytes_per_second{{{SEL},op=~"$op",size=~"$size"}}',
+                      "{{op}} {{size}} {{instance}}")],
+              "busbw / the baseline's median busbw, per op and size: below 1 = less bandwidth than when the "
+              "baseline was saved (barrier has none). Empty when the exporter serves no baseline.",
+              unit="none", width=12, height=8, decimals=2),
+    ])
+
+
 def bandwidth_row(cfg):
     line_rate = cfg.alerts.link_gbps * 1e9 / 8
     return Row("Bandwidth", [
@@ -348,8 +372,8 @@ def rows(cfg, legacy):
     if legacy:
         return [status_row(cfg, True), key_latency_row(cfg, True), latency_row(True),
                 congestion_row(cfg), reference_row(cfg)]
-    return [status_row(cfg, False), key_latency_row(cfg, False), latency_row(False), bandwidth_row(cfg),
-            congestion_row(cfg), reference_row(cfg)]
+    return [status_row(cfg, False), key_latency_row(cfg, False), latency_row(False), baseline_row(cfg),
+            bandwidth_row(cfg), congestion_row(cfg), reference_row(cfg)]
 
 
 # ---------------------------------------------------------------- JSON

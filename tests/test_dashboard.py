@@ -29,6 +29,7 @@ KNOWN_METRICS = re.compile(
     r"result_timestamp_seconds|last_update_timestamp_seconds|results_age_seconds|stress_running|"
     r"stress_iteration|last_run_success|benchmark_failures_total|results_parse_errors_total|"
     r"results_records_total|collector_success|collector_duration_seconds|"
+    r"baseline_latency_seconds|baseline_busbw_bytes_per_second|"
     r"rdma_\w+_total|ethtool_pause_frames_total|ethtool_pause_duration_seconds_total|"
     r"ethtool_pause_ctrl_frames_total|ethtool_rx_discards_phy_total|ethtool_pause_storm_warning_events_total|"
     r"ethtool_pause_storm_error_events_total|netstat_ip_in_(ce|ect0|ect1|noect)_packets_total)|"

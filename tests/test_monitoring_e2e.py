@@ -135,8 +135,12 @@ def write_config(path, state_dir, exporter_port, low=False):
             "sysfs_root": str(FIXTURES / "sysfs-mlx5"),
             "procfs_root": str(FIXTURES / "procfs"),
             "ethtool": str(FIXTURES / "ethtool" / "fake_ethtool"),
+            # saved by the fixture from this run's first results (the exporter picks it up when it appears)
+            "baseline": str(path.parent / "baseline.json"),
         },
-        "alerts": {"for": "3s", "job": "collbench", "stale_after": 600},   # 3 evaluations: no one-scrape blips
+        # 3 evaluations: no one-scrape blips. The baseline here feeds the "vs baseline" panels; the
+        # regression alert is proven in test_baseline_alert_e2e.py, so its ratio is out of reach here.
+        "alerts": {"for": "3s", "job": "collbench", "stale_after": 600, "regression_ratio": 1000},
     }
     # The normal bounds: seed 001's are for 8 RoCE nodes, and a shared 2-core machine running
     # 5 iterations per step sees millisecond spikes on 64KB, so every pair of the plan gets
@@ -208,6 +212,9 @@ def stack(tmp_path_factory):
                "prometheus": services[-1]}
 
         wait_until(lambda: scraped(env), 90, "Prometheus to scrape the exporter's results")
+        # A baseline from the run's own results, saved while the exporter runs: served at its next scrape.
+        collbench("baseline", "save", str(tmp / "baseline.json"), "--from", str(state / "results.jsonl"))
+        wait_until(lambda: baseline_scraped(env), 60, "Prometheus to scrape the exporter's baseline series")
         yield env
     finally:
         for s in reversed(services):
@@ -232,6 +239,15 @@ def scraped(env):
         n = query(env, "count(collbench_latency_avg_seconds)")
         scrapes = query(env, 'count_over_time(up{job="collbench"}[1m])')
         return n and n[0]["value"][1] == "9" and float(scrapes[0]["value"][1]) >= 6
+    except (OSError, AssertionError, IndexError):
+        return False
+
+
+def baseline_scraped(env):
+    try:
+        return all(query(env, f"count({m})")[0]["value"][1] == "9" for m in (
+            "collbench_baseline_latency_seconds", "collbench_baseline_busbw_bytes_per_second",
+            "collbench_latency_avg_seconds / collbench_baseline_latency_seconds"))
     except (OSError, AssertionError, IndexError):
         return False
 
