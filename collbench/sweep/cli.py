@@ -11,6 +11,7 @@ import signal
 import sys
 import time
 
+from collbench import engines
 from collbench.cli import add_config_arg
 from collbench.config import apply_overrides, int_flag, load_config
 from collbench.errors import UserError
@@ -19,9 +20,6 @@ from collbench.ops import DATATYPES
 from collbench.records import RunContext
 from collbench.results_files import check_writable, write_jsonl
 from collbench.sweep import metrics_report, plan, table
-
-ENGINE_CHOICES = ("builtin", "osu")
-
 
 def register(subparsers):
     p = subparsers.add_parser(
@@ -57,7 +55,7 @@ def register(subparsers):
     p.add_argument("--datatype", choices=sorted(DATATYPES),
                    help="element type for every op (default: float for reductions, char otherwise)")
     p.add_argument("--validate", action="store_true", default=None, help="check every result element")
-    p.add_argument("--engine", choices=ENGINE_CHOICES, help="override the config's engine")
+    p.add_argument("--engine", choices=sorted(engines.NAMES), help="override the config's engine")
     p.add_argument("--out-dir", "-o", metavar="DIR", default=".",
                    help=f"where {metrics_report.REPORT_NAME} and the t_<op>_<RUNID>.tsv files go "
                         "(created if missing; default: the current directory)")
@@ -103,7 +101,7 @@ def _terminated(signum, frame):
 
 
 def run(args):
-    from collbench.once import Progress, engine_module, stop_leftover_jobs
+    from collbench.once import Progress, stop_leftover_jobs
 
     # Everything about the input is checked before the first mpirun.
     op_names = plan.parse_ops(args.ops)
@@ -113,12 +111,11 @@ def run(args):
         cfg.engine = args.engine
     apply_overrides(cfg, np=args.np, validate=args.validate)
     steps = plan.build_steps(op_names, sizes, datatype=args.datatype, config_datatype=cfg.datatype,
-                             iterations=args.iterations, warmup=args.warmup, samples=cfg.engine == "builtin")
+                             iterations=args.iterations, warmup=args.warmup)
     out_dir = check_out_dir(args.out_dir)
     results_path = check_writable(args.results, "--results") if args.results else None
-    engine = engine_module(cfg.engine)
-    if hasattr(engine, "preflight"):
-        engine.preflight(cfg, steps)
+    engine = engines.get_engine(cfg.engine)
+    engine.preflight(cfg, steps)
     ctx = RunContext(cfg, cfg.engine, mpi_version(resolve_launcher(cfg)))
 
     progress = Progress(sys.stderr, len(steps), quiet=args.quiet)
@@ -161,8 +158,8 @@ def run(args):
               f"transport {cfg.transport}, {ctx.mpi}")
         print()
         sys.stdout.write(table.render_table(records, steps, cfg.ranks, ctx.nodes, cfg.engine))
-    if cfg.engine == "osu" and args.format != "table":
-        print(f"collbench: {table.NO_SAMPLES_NOTE}", file=sys.stderr)
+    if table.without_samples(records) and args.format != "table":
+        print(f"collbench: {table.no_samples_note(cfg.engine)}", file=sys.stderr)
     sys.stdout.flush()
 
     failed = [r for r in records if r.get("type") == "failure"]

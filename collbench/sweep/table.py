@@ -20,8 +20,16 @@ COLUMNS = ("size", "count", "iters", "avg", "p50", "p90", "p99", "pmax", "min", 
 LEFT = {"valid", "verdict"}
 NOTE = ("avg/min/max: OSU's mean, fastest and slowest rank's average per call; p50/p90/p99/pmax: "
         "percentiles of the per-iteration time of the slowest rank")
-NO_SAMPLES_NOTE = ("engine osu: no per-iteration samples (OSU prints only averages), so the "
-                   "p50/p90/p99/pmax columns are empty")
+
+
+def without_samples(records):
+    """Results that carry no per-iteration percentiles (the OSU engine prints only averages)."""
+    return [r for r in records if r.get("type") == "result" and r.get("latency_p50_us") is None]
+
+
+def no_samples_note(engine):
+    return (f"engine {engine}: no per-iteration samples, so the p50/p90/p99/pmax columns are empty "
+            "(the OSU binaries print only averages)")
 
 
 def _pct(us):
@@ -78,7 +86,7 @@ def render_table(records, steps, ranks, nodes, engine):
         datatypes = "/".join(sorted({s.datatype for s in steps if s.op == op_name}))
         title = f"{op.title} ({datatypes}, {ranks} ranks on {nodes} node{'s' if nodes != 1 else ''})"
         tables.append(_render(title, [r for _, r in rows]))
-    notes = [NOTE] + ([NO_SAMPLES_NOTE] if engine == "osu" else [])
+    notes = [NOTE] + ([no_samples_note(engine)] if without_samples(records) else [])
     job_failures = [f"FAILED: {r.get('error')}" for r in records if r.get("type") == "failure" and not r.get("op")]
     return "\n\n".join(tables + ["\n".join(job_failures)] * bool(job_failures) + ["\n".join(notes)]) + "\n"
 
