@@ -1,6 +1,7 @@
 """A multi-host testbed on one Linux machine: N network namespaces on a bridge, an sshd in each.
 
     python -m collbench.testbed up N [--dir DIR] [--rate-limit RATE] [--link-rate hI=RATE ...] [--full-plan]
+                                     [--racks R --inter-rack-rate RATE]
     python -m collbench.testbed env DIR | down DIR | list
 
 For tests, and for trying collbench without a cluster (needs root). Each host is a network
@@ -21,6 +22,12 @@ Several testbeds can run at once: names carry a random id, and each takes its ow
 block of 198.18.0.0/24 (allocated under a lock). `down` kills every process in the namespaces,
 deletes them and the bridge, and is idempotent. Per-link rate limits use tc (tbf or htb) on
 both ends of a host's link, so later work can build uneven topologies.
+
+Racks (`--racks R`, for the topology work, docs/TOPO.md): one bridge per rack, each joined to a
+spine bridge by an uplink (a veth pair) shaped on both ends at `--inter-rack-rate`, so every
+flow between two racks shares its racks' uplinks, as on an oversubscribed fabric. Host hI sits
+in rack (I-1) mod R: the hostfile lists h1..hN in order and therefore interleaves the racks the
+way a scheduler hands out nodes. The root namespace's address is on the spine.
 """
 
 import argparse
@@ -109,10 +116,12 @@ def _write(path, text, mode=0o644):
 
 
 def up(n_hosts, directory=None, prefix="cbtb", rate_limit=None, link_rates=None, shaper="htb",
-       slots=1, python=None, full_plan=False):
+       slots=1, python=None, full_plan=False, racks=1, inter_rack_rate=None):
     """Build the testbed; returns its description (dict, also in <dir>/testbed.json).
 
-    On any failure everything built so far is torn down before the error is raised.
+    racks > 1: one bridge per rack joined to a spine by uplinks shaped at inter_rack_rate (None:
+    unshaped); host hI in rack (I-1) mod racks. On any failure everything built so far is torn
+    down before the error is raised.
     """
     if os.geteuid() != 0:
         raise TestbedError("the testbed needs root (network namespaces, bridges, sshd)")
@@ -120,19 +129,24 @@ def up(n_hosts, directory=None, prefix="cbtb", rate_limit=None, link_rates=None,
         raise TestbedError(f"got {n_hosts} hosts, expected 1..64")
     if not prefix.isalnum() or len(prefix) > 6:
         raise TestbedError(f"prefix {prefix!r}: expected up to 6 letters or digits")
+    if not 1 <= racks <= min(n_hosts, 9):
+        raise TestbedError(f"got {racks} racks for {n_hosts} hosts, expected 1..{min(n_hosts, 9)}")
+    if inter_rack_rate and racks < 2:
+        raise TestbedError("--inter-rack-rate needs --racks 2 or more")
     tb_id = secrets.token_hex(3)
     directory = os.path.abspath(directory or f"/tmp/collbench-testbed-{tb_id}")
     os.makedirs(directory, exist_ok=True)
     if os.path.exists(os.path.join(directory, "testbed.json")):
         raise TestbedError(f"{directory} already holds a testbed (run `down {directory}` first)")
     desc = {"id": tb_id, "dir": directory, "bridge": f"{prefix[:4]}br{tb_id}", "hosts": [],
-            "created": time.time(), "shaper": shaper}
+            "created": time.time(), "shaper": shaper, "racks": racks, "inter_rack_rate": inter_rack_rate,
+            "rack_bridges": [], "uplinks": []}
     _save(desc)
     os.makedirs(REGISTRY, exist_ok=True)
     os.symlink(directory, os.path.join(REGISTRY, tb_id))
     try:
         _build(desc, n_hosts, prefix, rate_limit, dict(link_rates or {}), shaper, slots,
-               python or sys.executable, full_plan)
+               python or sys.executable, full_plan, racks, inter_rack_rate)
     except BaseException:
         down(directory)
         raise
@@ -145,7 +159,35 @@ def _save(desc):
     os.replace(tmp, os.path.join(desc["dir"], "testbed.json"))
 
 
-def _build(desc, n, prefix, rate_limit, link_rates, shaper, slots, python, full_plan=False):
+def _add_bridge(name):
+    _run(["ip", "link", "add", name, "type", "bridge"])
+    _run(["ip", "link", "set", name, "up"])
+
+
+def _racks(desc, prefix, racks, rate, shaper):
+    """One bridge per rack, each joined to the spine (desc["bridge"]) by a shaped uplink; the
+    rack bridges' names in rack order."""
+    tb_id = desc["id"]
+    for r in range(racks):
+        bridge = f"{prefix[:4]}r{r}{tb_id}"
+        desc["rack_bridges"].append(bridge)
+        _save(desc)
+        _add_bridge(bridge)
+        up_end, spine_end = f"{prefix[:3]}u{tb_id}{r}", f"{prefix[:3]}s{tb_id}{r}"
+        desc["uplinks"].append(up_end)
+        _save(desc)
+        _run(["ip", "link", "add", up_end, "type", "veth", "peer", "name", spine_end])
+        _run(["ip", "link", "set", up_end, "master", bridge])
+        _run(["ip", "link", "set", spine_end, "master", desc["bridge"]])
+        for dev in (up_end, spine_end):
+            _run(["ip", "link", "set", dev, "up"])
+            if rate:
+                _rate_limit(None, dev, rate, shaper)   # rack -> spine and spine -> rack
+    return desc["rack_bridges"]
+
+
+def _build(desc, n, prefix, rate_limit, link_rates, shaper, slots, python, full_plan=False, racks=1,
+           inter_rack_rate=None):
     d = desc["dir"]
     tb_id = desc["id"]
     with open(LOCK_FILE, "a") as lock:
@@ -158,17 +200,19 @@ def _build(desc, n, prefix, rate_limit, link_rates, shaper, slots, python, full_
         _save(desc)
         _run(["ip", "addr", "add", f"{addrs[0]}/{block.prefixlen}", "dev", desc["bridge"]])
         _run(["ip", "link", "set", desc["bridge"], "up"])
+    rack_bridges = _racks(desc, prefix, racks, inter_rack_rate, shaper) if racks > 1 else [desc["bridge"]]
     for i in range(1, n + 1):
         name = f"{prefix}-{tb_id}-h{i}"
+        rack = (i - 1) % racks
         host = {"alias": f"h{i}", "name": name, "netns": name, "addr": str(addrs[i]),
-                "veth": f"{prefix[:3]}v{tb_id}{i}", "dir": os.path.join(d, "hosts", f"h{i}")}
+                "veth": f"{prefix[:3]}v{tb_id}{i}", "dir": os.path.join(d, "hosts", f"h{i}"), "rack": rack}
         desc["hosts"].append(host)
         _run(["ip", "netns", "add", host["netns"]])
         _save(desc)
         peer = f"{prefix[:3]}p{tb_id}{i}"
         _run(["ip", "link", "add", host["veth"], "type", "veth", "peer", "name", peer])
         _run(["ip", "link", "set", peer, "netns", host["netns"]])
-        _run(["ip", "link", "set", host["veth"], "master", desc["bridge"]])
+        _run(["ip", "link", "set", host["veth"], "master", rack_bridges[rack]])
         _run(["ip", "link", "set", host["veth"], "up"])
         nsx = ["ip", "-n", host["netns"]]
         _run(nsx + ["link", "set", peer, "name", "eth0"])
@@ -231,8 +275,12 @@ def _keys_and_files(desc, slots, python, full_plan=False):
     config = {
         "hosts": "hostfile",
         "transport": "ob1-tcp",
+        # The namespaces share this machine's few cores: ranks that busy-poll starve the veth
+        # traffic (mpi_yield_when_idle), and binding each "host's" rank to its core 0 (a rank
+        # order's rankfile would) piles them all onto one core (--bind-to none).
         "launcher_args": ["--mca", "plm_rsh_args", f"-F {ssh_config}",
-                          "--mca", "oob_tcp_if_include", subnet, "--mca", "btl_tcp_if_include", subnet],
+                          "--mca", "oob_tcp_if_include", subnet, "--mca", "btl_tcp_if_include", subnet,
+                          "--mca", "mpi_yield_when_idle", "1", "--bind-to", "none"],
         "state_dir": os.path.join(d, "state"),
         "exporter": {"listen": f"{master['addr']}:9105"},
         "master": {"host": master["alias"], "ssh_config": ssh_config, "hosts_ssh_config": ssh_config,
@@ -320,6 +368,8 @@ def down(directory, grace=3.0):
         _run(["ip", "link", "del", h["veth"]], check=False)
     for ns in namespaces:
         _run(["ip", "netns", "del", ns], check=False)
+    for dev in desc.get("uplinks", []) + desc.get("rack_bridges", []):
+        _run(["ip", "link", "del", dev], check=False)
     _run(["ip", "link", "del", desc["bridge"]], check=False)
     left = set(_run(["ip", "netns", "list"], check=False).stdout.split()) & set(namespaces)
     if left:
@@ -376,6 +426,11 @@ def main(argv=None):
                    help="rate of one host's link (repeatable), e.g. h2=100mbit")
     u.add_argument("--shaper", choices=("htb", "tbf"), default="htb")
     u.add_argument("--slots", type=int, default=1, help="slots per host in the hostfile")
+    u.add_argument("--racks", type=int, default=1, metavar="R",
+                   help="R racks: a bridge each, joined to a spine by an uplink; host hI in rack (I-1) mod R, "
+                        "so the hostfile interleaves the racks (default 1: one bridge)")
+    u.add_argument("--inter-rack-rate", metavar="RATE",
+                   help="tc rate of each rack's uplink, both directions, e.g. 200mbit (default unshaped)")
     u.add_argument("--full-plan", action="store_true",
                    help="generated config without the short plan: seed 001's (4MB steps, 500 iterations; "
                         "minutes per pass on a small machine)")
@@ -393,11 +448,14 @@ def main(argv=None):
                     p.error(f"--link-rate {item!r}: expected hI=RATE")
                 rates[k] = v
             desc = up(args.n, args.dir, args.prefix, args.rate_limit, rates, args.shaper, args.slots,
-                      full_plan=args.full_plan)
+                      full_plan=args.full_plan, racks=args.racks, inter_rack_rate=args.inter_rack_rate)
             print("\n".join(env_lines(desc)))
             config = shlex.quote(desc["config"])
             print(f"# {args.n} hosts up in {desc['subnet']}; master h1 = {desc['master_addr']}; "
                   f"plan: {desc['plan']}", file=sys.stderr)
+            if args.racks > 1:
+                print(f"# {args.racks} racks (host hI in rack (I-1) mod {args.racks}), uplinks "
+                      f"{args.inter_rack_rate or 'unshaped'}", file=sys.stderr)
             print(f"# try: {collbench_command()} ctl deploy --config {config} && "
                   f"{collbench_command()} ctl start --config {config}", file=sys.stderr)
             print(f"# tear down: {shlex.quote(os.path.join(REPO_ROOT, 'scripts', 'testbed.sh'))} down "
