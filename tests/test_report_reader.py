@@ -8,7 +8,7 @@ import os
 import pytest
 
 from collbench.errors import UserError
-from collbench.report.aggregate import Aggregate
+from collbench.report.aggregate import SERIES_FIELDS, Aggregate, series_key
 from collbench.report.results_reader import MAX_LINE_BYTES, ResultsInput, expand_inputs, parse_since
 from collbench.report.stats import summarize
 
@@ -142,6 +142,7 @@ def test_aggregate_medians_stragglers_and_series(tmp_path):
     assert first.n == 5 and first.latency_avg_us == 105.0 and first.latency_min_us == 100.0
     assert first.stragglers[0] == (3, 4)
     assert data.series[0].label.startswith("run ")
+    assert series_key({f: f for f in SERIES_FIELDS}) == SERIES_FIELDS   # written out, kept in step
     merged = agg.build("setup")
     assert len(merged.series) == 1 and merged.points[0].n == 6
     s = summarize(lats)

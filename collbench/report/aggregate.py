@@ -32,8 +32,11 @@ PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 MARKERS = ("circle", "square", "triangle", "diamond")
 
 
-def series_key(rec, fields=SERIES_FIELDS):
-    return tuple(rec.get(f) for f in fields)
+def series_key(rec):
+    """The values of SERIES_FIELDS (written out: this runs once per record)."""
+    g = rec.get
+    return (g("run_id"), g("algorithm"), g("order"), g("pattern"), g("timing"), g("inplace"), g("root"),
+            g("hosts"), g("nodes"), g("ranks"), g("transport"), g("engine"), g("mpi"))
 
 
 class _PointAcc:
@@ -48,19 +51,26 @@ class _PointAcc:
         self.iterations = None
 
     def add(self, rec):
+        values, g = self.values, rec.get
         for f in VALUE_FIELDS:
-            v = rec.get(f)
+            v = g(f)
             if v is not None:
-                a = self.values.get(f)
+                a = values.get(f)
                 if a is None:
-                    a = self.values[f] = array("d")
+                    a = values[f] = array("d")
                 a.append(v)
-        if rec.get("straggler_rank") is not None:
-            self.stragglers[rec["straggler_rank"]] += 1
-        if rec.get("validation") == "fail":
+        rank = g("straggler_rank")
+        if rank is not None:
+            self.stragglers[rank] += 1
+        if g("validation") == "fail":
             self.validation_fail += 1
-        self.iterations = rec.get("iterations", self.iterations)
-        self._times(rec.get("ts"), rec.get("ts"))
+        self.iterations = g("iterations", self.iterations)
+        ts = g("ts")
+        if ts is not None:
+            if self.first_ts is None or ts < self.first_ts:
+                self.first_ts = ts
+            if self.last_ts is None or ts > self.last_ts:
+                self.last_ts = ts
 
     def _times(self, first, last):
         if first is not None:
