@@ -9,6 +9,7 @@ import math
 import os
 import re
 import stat
+from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -107,6 +108,7 @@ class Config:
     alerts: SimpleNamespace
     implicit_hosts: bool = False     # no hosts in the config: ranks on this machine only
     slurm: SimpleNamespace = None    # SLURM_SCHEMA's keys
+    hosts_order: list = None         # host of each rank (rank r on hosts_order[r]); None: the launcher's fill
 
     @property
     def host_names(self):
@@ -385,7 +387,7 @@ PLAN_STEP_KEYS = ("op", "sizes", "iterations", "warmup", "datatype")
 TOP_KEYS = ("hosts", "ranks", "ranks_per_node", "oversubscribe", "launcher", "launcher_path",
             "launcher_args", "env", "transport", "engine", "osu_path", "engine_path", "datatype",
             "validate", "step_timeout", "plan", "thresholds", "state_dir",
-            "stress", "exporter", "master", "alerts", "slurm")
+            "stress", "exporter", "master", "alerts", "slurm", "hosts_order")
 
 
 def default_state_dir():
@@ -726,7 +728,10 @@ def build_config(data, source, base_dir):
     if "ranks" not in data and total_slots > INT_MAX:
         ld.fail("ranks", f"not set, and the hosts' {total_slots} slots are more ranks than MPI's int "
                          f"holds (set ranks, at most {INT_MAX})")
-    ranks = get("ranks", RANKS, local_default_ranks() if local else total_slots)
+    hosts_order = _hosts_order(ld, data, hosts) if data.get("hosts_order") is not None else None
+    ranks = get("ranks", RANKS, len(hosts_order) if hosts_order else local_default_ranks() if local else total_slots)
+    if hosts_order and ranks != len(hosts_order):
+        ld.fail("hosts_order", f"{len(hosts_order)} entries for {ranks} ranks (expected one entry per rank)")
     datatype = get("datatype", _choice(*DATATYPES), None)
     plan = ld.plan(data["plan"], "plan", datatype) if data.get("plan") is not None else None
 
@@ -762,7 +767,14 @@ def build_config(data, source, base_dir):
         alerts=SimpleNamespace(**ld.section("alerts", data.get("alerts"), ALERTS_SCHEMA)),
         implicit_hosts=local,
         slurm=SimpleNamespace(**ld.section("slurm", data.get("slurm"), SLURM_SCHEMA)),
+        hosts_order=hosts_order,
     )
+    if hosts_order and not cfg.oversubscribe:
+        slots = {h.name: h.slots for h in hosts}
+        for name, n in sorted(Counter(hosts_order).items()):
+            if n > slots[name]:
+                ld.fail("hosts_order", f"host {name} has {n} ranks but {slots[name]} slot(s) "
+                                       "(set oversubscribe: true or add slots)")
     if cfg.ranks_per_node and not cfg.oversubscribe and cfg.ranks > cfg.ranks_per_node * len(hosts):
         ld.fail("ranks", f"{cfg.ranks} ranks do not fit {len(hosts)} hosts x ranks_per_node "
                          f"{cfg.ranks_per_node} (set oversubscribe: true or lower ranks)")
@@ -772,6 +784,24 @@ def build_config(data, source, base_dir):
     if cfg.engine == "osu" and cfg.osu_path is None and not os.environ.get("OSU_PATH"):
         pass  # resolved (with a clear error listing where it looked) when the OSU engine starts
     return cfg
+
+
+def _hosts_order(ld, data, hosts):
+    """The `hosts_order` list: one config host per rank (a host may repeat: its k-th entry is
+    its slot k); ConfigError naming the entry otherwise."""
+    v = data["hosts_order"]
+    if "hosts" not in data:
+        ld.fail("hosts_order", "needs `hosts`: its entries must be hosts of the config")
+    if not isinstance(v, list) or not v:
+        ld.fail("hosts_order", f"got {bounded_repr(v)}, expected a list of host names, one per rank")
+    if len(v) > INT_MAX:
+        ld.fail("hosts_order", "more entries than MPI ranks can number")
+    known = {h.name for h in hosts}
+    for i, name in enumerate(v):
+        if not isinstance(name, str) or name not in known:
+            shown = ", ".join(sorted(known)[:8]) + (", ..." if len(known) > 8 else "")
+            ld.fail(f"hosts_order[{i}]", f"got {bounded_repr(name)}, expected one of the config's hosts ({shown})")
+    return list(v)
 
 
 def _path_or_none(ld, value):
