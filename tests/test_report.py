@@ -278,3 +278,22 @@ def test_two_host_config_spreads_the_peak_ranks(tmp_path):
     one = tmp_path / "one.yaml"
     one.write_text(yaml.safe_dump({"hosts": ["alpha:4"]}))
     assert two_host_config(str(one), str(out_dir)) is None
+
+
+@pytest.mark.mpi
+def test_a_real_sweep_shows_its_percentiles(tmp_path):
+    """sweep's records (per-iteration p50/p90/p99) go straight into a report: p99 dashed, tabled."""
+    results = tmp_path / "sweep.jsonl"
+    p = collbench("sweep", "--np", "2", "--op", "allreduce", "-b", "1KB", "-e", "16KB", "-f", "4", "--iterations",
+                  "20", "--results", str(results), "--out-dir", str(tmp_path / "out"), "--quiet", timeout=300)
+    assert p.returncode == 0, p.stderr
+    p99 = {r["size_bytes"]: r["latency_p99_us"] for r in read_records(results)}
+    assert sorted(p99) == [1024, 4096, 16384]
+    out = tmp_path / "r.html"
+    p = collbench("report", str(results), "-o", str(out), "--peak-gbps", "10")
+    assert p.returncode == 0, p.stderr
+    text = out.read_text()
+    assert "<th>p99</th>" in text and 'stroke-dasharray="5 3"' in text
+    from collbench.report.chart import format_us
+    for v in p99.values():
+        assert f">{format_us(v)}<" in text

@@ -38,7 +38,7 @@ th{background:#eef1f5;font-weight:600}
 td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .sw{display:inline-block;width:11px;height:11px;border-radius:2px;margin-right:6px;vertical-align:-1px}
 .plot{width:100%;height:auto;background:#fff;border:1px solid #dde1e7;border-radius:6px}
-.pct-hi{color:#1a7f37;font-weight:600}.pct-over{color:#6b7385;font-style:italic}.nw{white-space:nowrap}.pct-mid{color:#9a6700}.pct-lo{color:#b42318}
+.pct-hi{color:#1a7f37;font-weight:600}.pct-over{color:#6b7385;font-style:italic}.nw{white-space:nowrap}.tw{overflow-x:auto}.pct-mid{color:#9a6700}.pct-lo{color:#b42318}
 details{margin:4px 0}
 pre{white-space:pre-wrap;background:#f6f8fa;border:1px solid #e1e4ea;padding:8px;font-size:12px;margin:4px 0}
 code{font-size:12px}
@@ -79,11 +79,11 @@ def _swatch(color):
 
 
 def _table(headers, rows, numeric=()):
-    out = ["<table><thead><tr>", "".join(f"<th>{esc(h)}</th>" for h in headers), "</tr></thead><tbody>"]
+    out = ["<div class=tw><table><thead><tr>", "".join(f"<th>{esc(h)}</th>" for h in headers), "</tr></thead><tbody>"]
     for r in rows:
         out.append("<tr>" + "".join(f'<td class="n">{c}</td>' if i in numeric else f"<td>{c}</td>"
                                     for i, c in enumerate(r)) + "</tr>")
-    out.append("</tbody></table>")
+    out.append("</tbody></table></div>")
     return "".join(out)
 
 
