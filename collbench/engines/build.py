@@ -30,9 +30,13 @@ def cache_dir():
     return Path(base) / "collbench"
 
 
-def find_mpicc():
-    """The MPI C compiler wrapper ($MPICC or mpicc on PATH), or a UserError saying how to get it."""
-    name = os.environ.get("MPICC") or "mpicc"
+def find_mpicc(cfg=None):
+    """The MPI C compiler wrapper, or a UserError saying how to get it: the config's `mpicc`, else
+    the one beside a launcher_path naming its MPI (mpirun.mpich -> mpicc.mpich), else $MPICC,
+    else mpicc on PATH."""
+    from collbench.engines.mpi_flavour import mpicc_for
+    name = (getattr(cfg, "mpicc", None) or (cfg is not None and cfg.launcher_path and mpicc_for(cfg.launcher_path))
+            or os.environ.get("MPICC") or "mpicc")
     path = shutil.which(name)
     if path is None:
         raise UserError(f"MPI C compiler {name!r} not found on PATH: install libopenmpi-dev "
@@ -86,7 +90,7 @@ def ensure_engine(cfg=None, force=False):
     """Path of a working engine binary: cfg.engine_path if set, else the cached build (built now if missing)."""
     if cfg is not None and getattr(cfg, "engine_path", None):
         return check_prebuilt(cfg.engine_path)
-    mpicc = find_mpicc()
+    mpicc = find_mpicc(cfg)
     target = cached_engine_path(mpicc)
     if target.is_file() and os.access(target, os.X_OK) and not force:
         return str(target)

@@ -2,7 +2,7 @@
 
 import sys
 
-from collbench.engines.build import cached_engine_path, check_prebuilt, ensure_engine
+from collbench.engines.build import cached_engine_path, check_prebuilt, ensure_engine, find_mpicc
 
 
 def _cmd_build(args):
@@ -18,7 +18,7 @@ def _cmd_path(args):
     if cfg.engine_path:
         print(check_prebuilt(cfg.engine_path))
         return 0
-    path = cached_engine_path()
+    path = cached_engine_path(find_mpicc(cfg))   # the config's MPI (mpicc, launcher_path)
     print(path)
     if not path.is_file():
         print("collbench: the engine is not built yet (run: collbench engine build)", file=sys.stderr)

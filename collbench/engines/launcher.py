@@ -35,6 +35,9 @@ def mpi_version(launcher_path):
     try:
         out = subprocess.run([launcher_path, "--version"], capture_output=True, text=True, timeout=20)
         line = (out.stdout or out.stderr).strip().splitlines()
+        if line and line[0].startswith("HYDRA"):   # MPICH's launcher: "HYDRA build details:"
+            from collbench.engines.mpi_flavour import describe
+            return describe(launcher_path)
         return line[0].strip() if line else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -67,17 +70,24 @@ def transport_env(cfg):
     return env
 
 
-def build_command(cfg, program_argv, ranks=None):
+def build_command(cfg, program_argv, ranks=None, algorithms=None):
     """(argv, env) to launch program_argv on cfg.ranks ranks over cfg.hosts.
 
     env is the full environment for subprocess (os.environ plus the transport's variables).
+    algorithms: {op: algorithm name} forced for this job (engines/algorithms.py translates them
+    per MPI flavour). An MPICH launcher (mpirun.mpich, Hydra) gets Hydra's command line.
     """
+    from collbench.engines import algorithms as algs, mpi_flavour
     launcher = resolve_launcher(cfg)
     np = ranks or cfg.ranks
+    forced = algs.launch_settings(cfg, algorithms)
     extra_env = transport_env(cfg)
+    extra_env.update(forced.env)
     env = dict(os.environ)
     env.update(extra_env)
-    mca = TRANSPORT_PRESETS[cfg.transport]["mca"]
+    mca = tuple(TRANSPORT_PRESETS[cfg.transport]["mca"]) + tuple(forced.mca)
+    if cfg.launcher != "srun" and mpi_flavour.flavour(launcher) == mpi_flavour.MPICH:
+        return mpi_flavour.hydra_command(cfg, launcher, np, extra_env, program_argv), env
     if cfg.launcher == "srun":
         from collbench import slurm
         argv = [launcher, "-n", str(np)] + slurm.srun_options(cfg, np)
