@@ -28,7 +28,7 @@ from collbench.errors import UserError
 from collbench.nccl import desync
 from collbench.nccl.formats import COLL, DATATYPE_SIZES, OPS, RECV, SEND, same_kernel_type
 from collbench.nccl.log_input import BLOCK, MAX_LINE, LogInputError, SourceStats, expand_paths, read_blocks
-from collbench.nccl.log_parser import (COLL_MARK, INFO_MARK, INIT_MARK, KERNEL_MARK, TUNING_MARK, CollLine,
+from collbench.nccl.log_parser import (COLL_MARK, INFO_MARK, INIT_MARK, KERNEL_MARK, MARKER, TUNING_MARK, CollLine,
                                        Malformed, clip_text, normalize_chunk, parse_coll, parse_init,
                                        parse_kernel, parse_line, parse_tuning)
 
@@ -146,7 +146,9 @@ class Scanner:
         self.sets = {}
         self.init_pending = {}
         self.ordinals = {}
-        self.cache = {}
+        self.cache = {}                 # normalized COLL line -> bound append of its rank list
+        self.dcache = {}                # the same for kernel-trace input: (list, record id, opCount map)
+        self._opcounts = None
         self.kernel_algos = {}          # record id -> Counter((algo, proto))
         self.tuning = {}                # (host, pid, op or None, bytes) -> Counter((algo, proto))
         self.malformed = 0
@@ -174,13 +176,34 @@ class Scanner:
         """One block of complete lines from source_name, whose first line is number first_line."""
         self._source, self._lineno, self._search, self._raw = source_name, first_line, 0, chunk
         if self.detailed or KERNEL_MARK in chunk:
-            self.detailed = True        # from here on, COLL lines keep their opCount for kernel lines
-            lines = chunk.split(b"\n")
-            lines.pop()
-            self._lines = lines
-            slow = self._slow
-            for line in lines:
-                slow(line, False)
+            # kernel-trace input: a COLL line's opCount ties it to its kernel's line, so the
+            # normalization hands the opCounts over, consumed one per COLL line in order
+            self.detailed = True
+            if MARKER.search(chunk):    # marker text in the input itself: parse raw lines instead
+                lines = chunk.split(b"\n")
+                lines.pop()
+                self._lines = lines
+                for line in lines:
+                    self._slow(line, False)
+            else:
+                opcounts = []
+                lines = normalize_chunk(chunk, opcounts).split(b"\n")
+                lines.pop()
+                self._lines = lines
+                self._opcounts = opc = iter(opcounts)
+                get = self.dcache.get
+                slow = self._slow
+                for line in lines:
+                    e = get(line)
+                    if e is None:
+                        slow(line, True)
+                    else:
+                        target, rid, recent = e
+                        target.append(rid)
+                        recent[int(next(opc), 16)] = rid
+                        if len(recent) > RECENT_MAX:
+                            del recent[next(iter(recent))]
+                self._opcounts = None
         else:
             lines = normalize_chunk(chunk).split(b"\n")
             lines.pop()
@@ -200,13 +223,17 @@ class Scanner:
         return len(lines)
 
     def _slow(self, line, fast):
+        opcount = None
+        if self._opcounts is not None and b" opCount " in line:
+            for _ in MARKER.findall(line):      # keep the opCounts aligned with their lines
+                opcount = next(self._opcounts, None)
         if len(line) > MAX_LINE:        # lines longer than a block are cut by the reader, these here
             self.overlong += 1
             self.overlong_by_source[self._source] = self.overlong_by_source.get(self._source, 0) + 1
             line = line[:MAX_LINE]
             fast = False
         if COLL_MARK in line:
-            self._coll(line, fast)
+            self._coll(line, fast, opcount)
         elif INFO_MARK in line:
             self.info_lines += 1
             if INIT_MARK in line:
@@ -234,7 +261,7 @@ class Scanner:
 
     # --- COLL ------------------------------------------------------------------------------------
 
-    def _coll(self, line, fast):
+    def _coll(self, line, fast, opcount=None):
         rec = parse_coll(line.rstrip(b"\r"))
         if type(rec) is Malformed:
             self._bad(line, rec.reason)
@@ -262,15 +289,20 @@ class Scanner:
                 target = m.other
             else:
                 target = pd.rids
-        if fast:
+        if self.detailed:
+            if fast and self._opcounts is not None:
+                if len(self.dcache) >= CACHE_MAX:
+                    self.dcache.clear()
+                self.dcache[line] = (target, rid, m.recent)
+            number = rec.opcount if opcount is None else int(opcount, 16)
+            if number is not None:
+                m.recent[number] = rid
+                if len(m.recent) > RECENT_MAX:
+                    del m.recent[next(iter(m.recent))]
+        elif fast:
             if len(self.cache) >= CACHE_MAX:
                 self.cache.clear()
             self.cache[line] = partial(target.append, rid)
-        elif rec.opcount is not None:
-            recent = m.recent
-            recent[rec.opcount] = rid
-            if len(recent) > RECENT_MAX:
-                del recent[next(iter(recent))]
         target.append(rid)
 
     def _rid(self, c):
@@ -345,8 +377,12 @@ class Scanner:
         if old is not None:
             old.closed = True   # the pointer was re-initialised: its next COLL line starts a new handle
             self.cache.clear()
+            self.dcache.clear()
 
     def _kernel(self, line):
+        if b" KL " not in line:         # kernel end, element and data records: counted, not parsed
+            self.kernel_lines += 1
+            return
         k = parse_kernel(line.rstrip(b"\r"))
         if k is None or type(k) is Malformed:
             return

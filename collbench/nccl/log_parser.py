@@ -18,6 +18,7 @@ lines of one rank's repeated calls become byte-identical and can be counted by d
 `parse_coll` understands both the raw and the normalized form.
 """
 
+import functools
 import operator
 import re
 from itertools import compress, repeat
@@ -268,6 +269,7 @@ _NRANKS = re.compile(rb" nRanks (\d+)")
 KERNEL_PREFIXES = ("ncclDevFunc_", "ncclFunction_", "ncclKernel_")
 
 
+@functools.lru_cache(maxsize=1024)
 def parse_kernel_name(name):
     """(coll op or None, algorithm, protocol, datatype) of `ncclDevFunc_<Coll>_<ALGO>_<PROTO>_<RedOp>_<type>`
     (RCCL 6.2 names; 6.1's ncclFunction_; develop's short types and unroll suffix), or None."""
@@ -366,23 +368,36 @@ def parse_line(line):
 # --- fast path -----------------------------------------------------------------------------------
 
 _SPLIT = re.compile(rb" opCount [0-9a-fA-F]+ sendbuff (\S+) recvbuff (\S+) (?:acc \S+ )?")
+_SPLIT_OPCOUNT = re.compile(rb" opCount ([0-9a-fA-F]+) sendbuff (\S+) recvbuff (\S+) (?:acc \S+ )?")
 _MARKS = {True: b" opCount = ", False: b" opCount ~ "}
+MARKER = re.compile(rb" opCount [=~^] ")     # what normalize_chunk leaves, once per COLL line
 _OFFSET_SUFFIXES = tuple(name.encode() + b":" for name in _OFFSET_OPS)
 _OFFSET_PROBES = tuple(name.encode() + b": opCount " for name in _OFFSET_OPS)
 
 
-def normalize_chunk(chunk):
+def normalize_chunk(chunk, opcounts=None):
     """The block with every COLL line's `opCount <hex> sendbuff <p> recvbuff <p> [acc <p>]` replaced
     by `opCount =` (sendbuff == recvbuff) or `opCount ~` (not). AllGather/ReduceScatter lines whose
     pointers differ keep them (`opCount ^ sendbuff <p> recvbuff <p>`): their in-place test is an
     offset of rank*count, decided by parse_coll once per distinct line. Only C-level list passes:
-    no Python code runs per line. Everything else is left as it was; the line count does not change."""
-    parts = _SPLIT.split(chunk)
-    n = len(parts) // 3
-    if not n:
-        return chunk
-    pieces = parts[0::3]
-    sends, recvs = parts[1::3], parts[2::3]
+    no Python code runs per line. Everything else is left as it was; the line count does not change.
+
+    opcounts: a list that receives the removed opCounts (hex bytes), one per marker, in order."""
+    if opcounts is None:
+        parts = _SPLIT.split(chunk)
+        n = len(parts) // 3
+        if not n:
+            return chunk
+        pieces = parts[0::3]
+        sends, recvs = parts[1::3], parts[2::3]
+    else:
+        parts = _SPLIT_OPCOUNT.split(chunk)
+        n = len(parts) // 4
+        if not n:
+            return chunk
+        pieces = parts[0::4]
+        opcounts.extend(parts[1::4])
+        sends, recvs = parts[2::4], parts[3::4]
     equal = list(map(bytes.__eq__, sends, recvs))
     marks = list(map(_MARKS.__getitem__, equal))
     if any(map(chunk.__contains__, _OFFSET_PROBES)):
