@@ -21,6 +21,7 @@ COMMAND_MODULES = {
     "topo": "collbench.topo.cli",
     "nccl": "collbench.nccl.cli",
     "sweep": "collbench.sweep.cli",
+    "compare": "collbench.compare.cli",
 }
 
 
