@@ -91,9 +91,14 @@ def build_command(cfg, program_argv, ranks=None, algorithms=None):
     if cfg.launcher == "srun":
         from collbench import slurm
         argv = [launcher, "-n", str(np)] + slurm.srun_options(cfg, np)
-        if cfg.ranks_per_node:
+        if cfg.ranks_per_node and not cfg.hosts_order:
             argv += ["--ntasks-per-node", str(cfg.ranks_per_node)]
-        if cfg.hosts and not _is_local(cfg):
+        if cfg.hosts_order:   # rank r on hosts_order[r]: SLURM_HOSTFILE, --distribution=arbitrary
+            from collbench.engines import rank_order
+            options, order_env = rank_order.srun_settings(cfg, np)
+            argv += options
+            env.update(order_env)
+        elif cfg.hosts and not _is_local(cfg):
             argv += ["--nodelist", ",".join(cfg.placement())]
         for k, v in mca:
             env[f"OMPI_MCA_{k}"] = v
@@ -111,7 +116,10 @@ def build_command(cfg, program_argv, ranks=None, algorithms=None):
         argv += ["--hostfile", cfg.hostfile]
     elif not _is_local(cfg):
         argv += ["--host", ",".join(f"{h.name}:{h.slots}" for h in cfg.hosts)]
-    if cfg.ranks_per_node:
+    if cfg.hosts_order:   # rank r on hosts_order[r]: a rankfile
+        from collbench.engines import rank_order
+        argv += rank_order.openmpi_options(cfg, np)
+    elif cfg.ranks_per_node:
         argv += ["--map-by", f"ppr:{cfg.ranks_per_node}:node"]
     for k, v in mca:
         argv += ["--mca", k, v]
