@@ -471,3 +471,32 @@ def test_cli_never_tracebacks_on_random_bytes(tmp_path):
         doc = json.loads(r.stdout)
         assert doc["collective_lines"] + doc["malformed_lines"] > 0
 
+
+
+def test_kernel_trace_attribution_over_many_calls(tmp_path):
+    """Every call gets its kernel's algorithm, also when a line of the input happens to contain the
+    fast path's marker text and when pointers never repeat."""
+    rnd = random.Random(5)
+    lines = []
+    for opc in range(1, 301):
+        algo, proto, dt, ctype = ("RING", "LL128", 6, "half") if opc % 3 else ("TREE", "LL", 8, "double")
+        for r in range(4):
+            b = hex(rnd.randrange(1 << 44))
+            lines.append(f"mi300-7:7310:7310 [3] NCCL INFO AllReduce: opCount {opc:x} sendbuff {b} recvbuff {b} "
+                         f"count {1024 * opc} datatype {dt} op 0 root 0 comm {hex(0x4f1e000 + r * 0x16a00)} "
+                         f"[nranks=4] stream 0x4b3d000 task 0 globalrank {r}")
+        if opc == 150:
+            lines.append("mi300-7:7310:7310 [3] NCCL INFO note: opCount = 7 in a message of the application")
+        for r in (3, 1, 0, 2):
+            head = f"mi300-7:7310:{7400 + r} [0] NCCL INFO ## [{512 + opc / 1000:012.6f}] [{r:02d}:00] {opc:06x}"
+            lines.append(f"{head} KL HWID 4230{r:04x} ncclDevFunc_AllReduce_{algo}_{proto}_Sum_{ctype} nw 4 bi 0 "
+                         f"nc 0 busId {0xc000 + r * 0x16000:x} nRanks 4")
+            lines.append(f"{head} KE busId {0xc000 + r * 0x16000:x} nRanks 4")
+    path = tmp_path / "trace.log"
+    path.write_text("\n".join(lines) + "\n")
+    for block in (1 << 20, 4096):
+        c = run_census([str(path)], block=block)
+        assert c.totals["kernel_trace_lines"] == 2400 and c.totals["kernel_trace_attributed"] == 1200, block
+        for g in c.groups:
+            want = ("TREE", "LL") if g.datatype == "float64" else ("RING", "LL128")
+            assert [(a.algorithm, a.protocol, a.count) for a in g.algorithms] == [want + (4,)], (block, g)

@@ -73,8 +73,8 @@ def render_table(census, verbose=False):
                 f"({by_commid} by commId, {len(sets) - by_commid} inferred):"]
     rows = [[s["key"], s["source"], str(s["nranks"]), str(s["members"]), s["status"], s["note"]] for s in sets]
     rows, more = _cut(rows, verbose, "communicators")
-    out += _table(("communicator", "from", "nranks", "ranks seen", "status", "note"), rows,
-                  {"nranks", "ranks seen"}) + more
+    out += _table(("communicator", "from", "nranks", "ranks in log", "status", "note"), rows,
+                  {"nranks", "ranks in log"}) + more
     if verbose:
         out += ["", "Rank handles:"]
         rows = [[f"{c['host'] or '?'}:{c['pid'] if c['pid'] is not None else '?'}", c["comm"],
