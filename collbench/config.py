@@ -17,6 +17,7 @@ import yaml
 
 from collbench.bounded_repr import bounded_repr, bounded_text
 from collbench.bounded_yaml import YAMLRefused, load_bounded
+from collbench.engines import NAMES as ENGINE_NAMES
 from collbench.errors import ConfigError
 from collbench.ops import DATATYPES, OPS, default_datatype, get_op
 from collbench.sizes import format_size, parse_message_size, parse_size
@@ -24,7 +25,7 @@ from collbench.thresholds import DEFAULT_ECN_RATE, DEFAULT_LATENCY_US, Threshold
 
 LAUNCHERS = ("mpirun", "srun")
 TRANSPORTS = ("shm", "ob1-tcp", "ucx", "ucx-tcp", "none")
-ENGINES = ("builtin", "osu")
+ENGINES = ENGINE_NAMES             # collbench/engines: the registry of engines
 
 # What the built-in engine (collbench/engines/collbench_engine.c) and MPI accept: checked here,
 # so a value past them is exit 2 naming the key, never an mpirun that fails or runs forever.
@@ -781,8 +782,6 @@ def build_config(data, source, base_dir):
     if not cfg.ranks_per_node and not cfg.oversubscribe and cfg.ranks > total_slots:
         ld.fail("ranks", f"{cfg.ranks} ranks exceed the {total_slots} slots of the hosts "
                          "(set oversubscribe: true, add slots, or lower ranks)")
-    if cfg.engine == "osu" and cfg.osu_path is None and not os.environ.get("OSU_PATH"):
-        pass  # resolved (with a clear error listing where it looked) when the OSU engine starts
     return cfg
 
 

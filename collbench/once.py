@@ -6,13 +6,13 @@ error, found before anything runs or is written; 130 interrupted (Ctrl-C) or 143
 (SIGTERM): the MPI job is stopped and no result file is written.
 """
 
-import importlib
 import os
 import signal
 import sys
 import time
 
 from collbench import proctree
+from collbench import engines
 from collbench.cli import add_config_arg
 from collbench.config import apply_overrides, int_flag, load_config
 from collbench.errors import UserError
@@ -22,14 +22,6 @@ from collbench.records import RunContext
 from collbench.report_table import format_latency, render_other_failures, render_tables
 from collbench.results_files import check_writable, write_jsonl, write_tsv
 from collbench.sizes import format_size
-
-# engine name (config `engine`) -> module with run_steps(cfg, steps, ctx, on_progress=None)
-# and, optionally, preflight(cfg, steps) for checks that must pass before anything runs.
-ENGINES = {
-    "builtin": "collbench.engines.builtin",
-    "osu": "collbench.engines.osu",
-}
-
 
 def register(subparsers):
     p = subparsers.add_parser(
@@ -53,7 +45,7 @@ def register(subparsers):
     p.add_argument("--datatype", metavar="TYPE", help="char, int, float or double (reductions default to float)")
     p.add_argument("--validate", action="store_true", default=None,
                    help="check every result element (on untimed calls)")
-    p.add_argument("--engine", choices=sorted(ENGINES), help="override the config's engine")
+    p.add_argument("--engine", choices=sorted(engines.NAMES), help="override the config's engine")
     p.add_argument("--results", metavar="FILE", help="append JSONL result records to FILE")
     p.add_argument("--tsv", metavar="FILE", help="write the results table as TSV to FILE")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
@@ -164,10 +156,6 @@ def _count(n, noun):
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def engine_module(name):
-    return importlib.import_module(ENGINES[name])
-
-
 def run(args):
     # Everything that can be wrong with the input is checked before the first mpirun.
     cfg = load_config(args.config)
@@ -180,9 +168,8 @@ def run(args):
         raise UserError("the plan has no steps")
     results_path = check_writable(args.results, "--results") if args.results else None
     tsv_path = check_writable(args.tsv, "--tsv") if args.tsv else None
-    engine = engine_module(cfg.engine)
-    if hasattr(engine, "preflight"):
-        engine.preflight(cfg, steps)
+    engine = engines.get_engine(cfg.engine)
+    engine.preflight(cfg, steps)
     ctx = RunContext(cfg, cfg.engine, mpi_version(resolve_launcher(cfg)))
 
     progress = Progress(sys.stderr, len(steps), quiet=args.quiet)

@@ -1,6 +1,30 @@
 """The engines: what runs the collectives, and everything that starts them.
 
-The built-in C/MPI engine (`builtin.py`, its source `collbench_engine.c`, built by `build.py`)
-and the OSU Micro-Benchmarks (`osu.py`, output read by `osu_parser.py`), the mpirun/srun command
-line (`launcher.py`) and the MPI job runner (`mpi_job.py`).
+    base.py              the Engine interface (preflight, run_steps, run_loop) and the one
+                         wording of a failure
+    builtin.py           the built-in C/MPI engine: plan files, CBREC records, one job per plan
+    collbench_engine.c   its source; build.py builds it with mpicc (cli.py: `collbench engine`)
+    osu.py               the OSU Micro-Benchmarks, one job per step; osu_parser.py reads them
+    launcher.py          the mpirun / srun command line and environment from the config
+    mpi_job.py           one MPI job: stream its output, stop its whole process tree
+
+Callers find an engine by its config name with get_engine() and use only the Engine interface:
+nothing outside this package branches on an engine's name.
 """
+
+import importlib
+
+# config `engine` -> the module whose ENGINE implements it (imported on first use: `once` with
+# one engine need not import the other)
+_MODULES = {
+    "builtin": "collbench.engines.builtin",
+    "osu": "collbench.engines.osu",
+}
+NAMES = tuple(_MODULES)
+
+
+def get_engine(name):
+    """The Engine registered under `name`; KeyError naming the known ones otherwise."""
+    if name not in _MODULES:
+        raise KeyError(f"unknown engine {name!r} (expected one of: {', '.join(NAMES)})")
+    return importlib.import_module(_MODULES[name]).ENGINE

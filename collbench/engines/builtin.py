@@ -11,13 +11,15 @@ import os
 import shutil
 import subprocess
 import tempfile
+from typing import NamedTuple
 
 from collbench import records
 from collbench.engines import launcher
+from collbench.engines.base import (Engine, LoopRecord, Measured, failure_message, step_label,
+                                    step_timeout_error)
 from collbench.engines.build import ensure_engine
+from collbench.engines.mpi_job import JobTimeout, describe_exit, stderr_reason
 from collbench.ops import get_op
-from collbench.sizes import format_size
-from collbench.engines.mpi_job import JobTimeout, MpiJob, stderr_reason
 
 RECORD_PREFIX = "CBREC "
 # key -> accepted types of a CBREC payload; anything else is not a record
@@ -33,8 +35,6 @@ OPTIONAL_FIELDS = {"inplace": int, "root": int, "timing": str, "p50_us": (int, f
 TIMINGS = ("osu", "sustained")
 VALIDATION_STATES = ("pass", "fail", "off")
 HOSTS_PREFIX = "CBHOSTS "
-STDERR_TAIL_LINES = 20
-STOP_GRACE = 10.0
 
 
 def plan_options(step):
@@ -146,77 +146,157 @@ def to_result(ctx, rec, step=None):
         straggler_rank=rec["max_rank"], ranks=rec["ranks"], ts=rec["t_end"], **optional)
 
 
-def describe_exit(returncode):
-    if returncode is None:
-        return "did not exit"
-    if returncode < 0:
-        return f"was killed by signal {-returncode}"
-    return f"exited with code {returncode}"
+class _JobEnd(NamedTuple):
+    """How one engine job ended."""
+    error: str          # None when nothing went wrong that the records do not already say
+    returncode: int
+    timed_out: bool
+    stderr_tail: str
 
 
-def _step_label(step):
-    op = get_op(step.op)
-    return f"{op.name} {format_size(step.size_bytes)}" if op.has_size else op.name
+def _job(cfg, steps, ctx, runner, plan_path, loop=False, max_loops=None):
+    """One engine job over steps: yields each CBREC payload, then returns a _JobEnd.
 
-
-def run_steps(cfg, steps, ctx, on_progress=None, output_log=None):
-    """Run steps in as few MPI jobs as possible; yield one result or failure record per step."""
-    steps = list(steps)
-    total = len(steps)
-    done = 0  # steps that have a record
-    workdir = tempfile.mkdtemp(prefix="collbench-plan-")
+    Closing the generator (the consumer stopped) stops the job.
+    """
+    argv, env = engine_command(cfg, steps, plan_path, loop=loop, max_loops=max_loops)
+    idle = runner.idle_timeout(cfg)
+    job = runner.start(argv, env)
+    error, timed_out = None, False
     try:
-        while done < total:
-            batch = steps[done:]
-            argv, env = engine_command(cfg, batch, os.path.join(workdir, "plan.txt"))
-            job = MpiJob(argv, env, output_log=output_log).start()
-            in_batch = 0
-            error, timed_out = None, False
-            try:
+        for line in job.lines(idle):
+            rec = parse_line(line)
+            if rec is None:
+                if line.startswith(HOSTS_PREFIX):   # srun: where Slurm put the ranks
+                    ctx.observe_hosts(parse_hosts_line(line) or [])
+                continue
+            yield rec
+        try:
+            job.wait(timeout=idle)
+        except subprocess.TimeoutExpired:
+            runner.stop(job)
+            error = f"engine closed its output but did not exit within {idle:g}s; job stopped"
+    except JobTimeout:
+        timed_out = True
+        runner.stop(job)
+        error = step_timeout_error(cfg.step_timeout, runner.launch_slack)
+    finally:
+        runner.finish(job)
+    return _JobEnd(error, job.returncode, timed_out, job.stderr_tail(runner.stderr_tail_lines))
+
+
+def _reason(end):
+    """MPI's own word on a failed job (none for a hung one: its stderr says nothing about it)."""
+    return "" if end.timed_out else stderr_reason(end.stderr_tail)
+
+
+class _PlanFile:
+    """plan_path, or a temporary one removed afterwards."""
+
+    def __init__(self, plan_path):
+        self.workdir = None if plan_path else tempfile.mkdtemp(prefix="collbench-plan-")
+        self.path = plan_path or os.path.join(self.workdir, "plan.txt")
+
+    def __enter__(self):
+        return self.path
+
+    def __exit__(self, *exc):
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class BuiltinEngine(Engine):
+    """collbench-engine: a whole plan in one MPI job (a fresh job carries on after a failure)."""
+
+    name = "builtin"
+    loops_in_one_job = True
+
+    def preflight(self, cfg, steps):
+        """The engine binary (built now if need be) and a launcher command for it."""
+        launcher.build_command(cfg, [ensure_engine(cfg), "--plan", os.devnull])
+
+    def measure(self, cfg, steps, ctx, runner, on_progress=None, plan_path=None, iteration=None):
+        steps = list(steps)
+        total = len(steps)
+        done = 0  # steps that have a record
+        with _PlanFile(plan_path) as path:
+            while done < total:
+                batch = steps[done:]
                 if on_progress:
                     on_progress(done, total, batch[0])
-                for line in job.lines(cfg.step_timeout):
-                    rec = parse_line(line)
-                    if rec is None and line.startswith(HOSTS_PREFIX):
-                        ctx.observe_hosts(parse_hosts_line(line) or [])
-                    if rec is None or in_batch >= len(batch):
-                        continue
-                    yield to_result(ctx, rec, batch[in_batch])
-                    in_batch += 1
-                    if in_batch < len(batch) and on_progress:
-                        on_progress(done + in_batch, total, batch[in_batch])
+                in_batch = 0
+                job = _job(cfg, batch, ctx, runner, path)
                 try:
-                    job.wait(timeout=cfg.step_timeout)
-                except subprocess.TimeoutExpired:
-                    job.stop(STOP_GRACE)
-                    error = f"engine closed its output but did not exit within {cfg.step_timeout:g}s; job stopped"
-            except JobTimeout:
-                timed_out = True
-                job.stop(STOP_GRACE)
-                error = f"no result within step_timeout {cfg.step_timeout:g}s; job stopped"
+                    while True:
+                        rec = next(job)
+                        if in_batch >= len(batch):
+                            continue
+                        yield Measured(to_result(ctx, rec, batch[in_batch]), done + in_batch,
+                                       (rec["t_start"], rec["t_end"]))
+                        in_batch += 1
+                        if in_batch < len(batch) and on_progress:
+                            on_progress(done + in_batch, total, batch[in_batch])
+                except StopIteration as stop:
+                    end = stop.value
+                finally:
+                    job.close()
+                rc = end.returncode
+                error = end.error
+                validation_only = rc == 1 and in_batch == len(batch)  # the records already say "fail"
+                if error is None and rc != 0 and not validation_only:
+                    error = f"MPI job {describe_exit(rc)}"
+                elif error is None and in_batch < len(batch):  # e.g. a stop signal from elsewhere
+                    error = f"MPI job exited with code 0 after {in_batch} of its {len(batch)} steps"
+                if error is None:
+                    done += in_batch
+                    continue
+                if in_batch < len(batch):
+                    step = batch[in_batch]
+                    yield Measured(records.failure_record(
+                        ctx, failure_message(step_label(step), error, _reason(end), iteration),
+                        end.stderr_tail, step.op, step.size_bytes, rc), done + in_batch)
+                    done += in_batch + 1
+                else:  # every step reported, then the job failed (e.g. in MPI_Finalize)
+                    yield Measured(records.failure_record(
+                        ctx, failure_message(None, f"after its last step the {error}", _reason(end), iteration),
+                        end.stderr_tail, None, None, rc), done + in_batch - 1)
+                    done += in_batch
+
+    def run_loop(self, cfg, steps, ctx, runner, first_iteration=1, passes=None, plan_path=None):
+        """One engine job for all passes (`--loop`; one pass: a plain plan run)."""
+        steps = list(steps)
+        iteration, next_index = first_iteration, 0   # the pass and step the next record is for
+        with _PlanFile(plan_path) as path:
+            job = _job(cfg, steps, ctx, runner, path, loop=passes != 1,
+                       max_loops=passes if passes not in (None, 1) else None)
+            try:
+                while True:
+                    rec = next(job)
+                    index = rec["step"]
+                    step = steps[index] if 0 <= index < len(steps) else None
+                    iteration = first_iteration + rec["loop"]
+                    yield LoopRecord(to_result(ctx, rec, step), iteration, index, (rec["t_start"], rec["t_end"]))
+                    next_index = index + 1
+                    if next_index >= len(steps):
+                        next_index, iteration = 0, iteration + 1
+            except StopIteration as stop:
+                end = stop.value
             finally:
-                if job.returncode is None:  # the consumer stopped iterating, or an exception
-                    job.stop(STOP_GRACE)
-            rc = job.returncode
-            validation_only = rc == 1 and in_batch == len(batch)  # the records already say "fail"
-            if error is None and rc != 0 and not validation_only:
-                error = f"MPI job {describe_exit(rc)}"
-            elif error is None and in_batch < len(batch):  # e.g. a stop signal from elsewhere
-                error = f"MPI job exited with code 0 after {in_batch} of its {len(batch)} steps"
-            if error is None:
-                done += in_batch
-                continue
-            tail = job.stderr_tail(STDERR_TAIL_LINES)
-            reason = stderr_reason(tail)
-            if reason and not timed_out:
-                error = f"{error}: {reason}"
-            if in_batch < len(batch):
-                step = batch[in_batch]
-                yield records.failure_record(ctx, f"{_step_label(step)}: {error}", tail, step.op,
-                                             step.size_bytes, rc)
-                done += in_batch + 1
-            else:  # every step reported, then the job failed (e.g. in MPI_Finalize)
-                yield records.failure_record(ctx, f"after its last step the {error}", tail, None, None, rc)
-                done += in_batch
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+                job.close()
+        passes_done = iteration - first_iteration
+        if end.error is None and end.returncode == 0 and passes is not None and passes_done >= passes:
+            return
+        error = end.error
+        if error is None:
+            error = (f"MPI job {describe_exit(end.returncode)}" if end.returncode != 0 else
+                     "MPI job exited before it was stopped" if passes is None else
+                     "MPI job finished without completing the plan")
+        step = steps[next_index]
+        yield LoopRecord(records.failure_record(
+            ctx, failure_message(step_label(step), error, _reason(end), iteration), end.stderr_tail,
+            step.op, step.size_bytes, end.returncode), iteration, next_index)
+
+
+ENGINE = BuiltinEngine()
+# the module's own entry points, for callers that hold the module
+preflight, run_steps, run_loop = ENGINE.preflight, ENGINE.run_steps, ENGINE.run_loop

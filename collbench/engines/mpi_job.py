@@ -234,22 +234,68 @@ def stderr_reason(stderr_tail, program_prefix="collbench-engine:"):
     return outside[-1] if outside else (boxed[0] if boxed else "")
 
 
+def describe_exit(returncode):
+    """'exited with code N', 'was killed by signal N' or 'did not exit' (a Popen return code)."""
+    if returncode is None:
+        return "did not exit"
+    if returncode < 0:
+        return f"was killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+class JobRunner:
+    """How an engine starts, waits for and stops its MPI jobs.
+
+    `once` (and any caller of Engine.run_steps) gets this one. The stress daemon passes a
+    subclass that puts its token in the jobs' environment, writes their output to
+    mpi-output.log and keeps track of the running job so a stop request reaches it.
+    """
+
+    stderr_tail_lines = 20   # lines of MPI's stderr a failure record keeps
+    launch_slack = 0.0       # seconds allowed beyond step_timeout for a line (a launch over ssh)
+
+    def __init__(self, output_log=None, stop_grace=10.0):
+        self.output_log = output_log
+        self.stop_grace = stop_grace
+
+    def idle_timeout(self, cfg):
+        """Seconds a job may stay silent before it is stopped as hung."""
+        return cfg.step_timeout + self.launch_slack
+
+    def start(self, argv, env):
+        """A started MpiJob."""
+        return MpiJob(argv, env, self.output_log).start()
+
+    def stop(self, job):
+        """Stop the job (SIGTERM, SIGKILL after the grace period); pids that needed SIGKILL."""
+        return job.stop(self.stop_grace)
+
+    def finish(self, job):
+        """The caller is done with the job, however it ended: make sure it is gone."""
+        if job.returncode is None:   # the consumer stopped reading, or an exception
+            self.stop(job)
+
+    def run(self, argv, env, idle_timeout, on_line):
+        """Run a job to completion, calling on_line(line) per stdout line; stop it if it goes
+        silent for idle_timeout s. A JobResult."""
+        job = self.start(argv, env)
+        timed_out, killed = False, []
+        try:
+            for line in job.lines(idle_timeout):
+                on_line(line)
+            try:
+                job.wait(timeout=idle_timeout)  # stdout closed: the launcher should exit promptly
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                killed = self.stop(job)
+        except JobTimeout:
+            timed_out = True
+            killed = self.stop(job)
+        finally:
+            self.finish(job)
+        return JobResult(job.returncode, timed_out, job.stderr_tail(self.stderr_tail_lines), killed)
+
+
 def run_job(argv, env, idle_timeout, on_line, output_log=None, stop_grace=10.0):
     """Run a job to completion, calling on_line(line) per stdout line; stop it if it goes silent."""
-    job = MpiJob(argv, env, output_log).start()
-    timed_out, killed = False, []
-    try:
-        for line in job.lines(idle_timeout):
-            on_line(line)
-        try:
-            job.wait(timeout=idle_timeout)  # stdout closed: the launcher should exit promptly
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            killed = job.stop(stop_grace)
-    except JobTimeout:
-        timed_out = True
-        killed = job.stop(stop_grace)
-    finally:
-        if job.returncode is None:  # on_line raised, or we were interrupted
-            job.stop(stop_grace)
-    return JobResult(job.returncode, timed_out, job.stderr_tail(), killed)
+    return JobRunner(output_log, stop_grace).run(argv, env, idle_timeout, on_line)

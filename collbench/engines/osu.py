@@ -15,12 +15,13 @@ import os
 import shutil
 import time
 
-from collbench.errors import UserError
+from collbench.engines.base import Engine, Measured, failure_message, step_timeout_error
 from collbench.engines.launcher import build_command
-from collbench.ops import get_op
+from collbench.engines.mpi_job import stderr_reason
 from collbench.engines.osu_parser import OsuOutputError, parse_output
+from collbench.errors import UserError
+from collbench.ops import get_op
 from collbench.records import failure_record, result_record
-from collbench.engines.mpi_job import run_job, stderr_reason
 
 # OSU 7.4 `-T` accepts mpi_char, mpi_int, mpi_float (and all); it has no double.
 OSU_DATATYPES = {"char": "MPI_CHAR", "int": "MPI_INT", "float": "MPI_FLOAT"}
@@ -117,34 +118,25 @@ def preflight(cfg, steps):
     return find_osu_dir(cfg, [s.op for s in steps])
 
 
-def run_steps(cfg, steps, ctx, on_progress=None):
-    """Run each step as its own OSU job; yield one result or failure record per step."""
-
-    steps = list(steps)
-    osu_dir = preflight(cfg, steps)
-    for index, step in enumerate(steps):
-        if on_progress is not None:
-            on_progress(index, len(steps), step)
-        yield run_step(cfg, step, ctx, osu_dir, run_job)
-
-
-def run_step(cfg, step, ctx, osu_dir, run_job):
+def run_step(cfg, step, ctx, osu_dir, runner, iteration=None):
+    """One step as its own OSU job (runner: a JobRunner); its result or failure record."""
     op = get_op(step.op)
     binary = os.path.join(osu_dir, op.osu_binary)
     program = osu_argv(binary, step, cfg.validate, cfg.ranks)
     argv, env = build_command(cfg, program)
     what = f"{op.osu_binary} {step.size_label}" if op.has_size else op.osu_binary
     lines = []
-    job = run_job(argv, env, idle_timeout=cfg.step_timeout, on_line=lines.append)
+    job = runner.run(argv, env, idle_timeout=runner.idle_timeout(cfg), on_line=lines.append)
     t_end = time.time()
     stdout = "\n".join(line.rstrip("\n") for line in lines)
     size = step.size_bytes if op.has_size else 0
 
     def fail(message):
-        return failure_record(ctx, f"{what}: {message}", job.stderr_tail, op.name, size, job.returncode, ts=t_end)
+        return failure_record(ctx, failure_message(what, message, iteration=iteration), job.stderr_tail,
+                              op.name, size, job.returncode, ts=t_end)
 
     if job.timed_out:
-        return fail(f"no output for {cfg.step_timeout:g}s (step_timeout); the job was killed")
+        return fail(step_timeout_error(cfg.step_timeout, runner.launch_slack))
     try:
         out = parse_output(stdout)
     except OsuOutputError as e:
@@ -170,3 +162,24 @@ def run_step(cfg, step, ctx, osu_dir, run_job):
     return result_record(ctx, op.name, size, step.datatype, row.avg_us, row.min_us, row.max_us,
                          row.iterations or step.iterations, step.warmup, validation=validation,
                          straggler_rank=None, ts=t_end)
+
+
+class OsuEngine(Engine):
+    """The real OSU binaries, one mpirun per step (the stress loop: repeated per-step runs)."""
+
+    name = "osu"
+
+    def preflight(self, cfg, steps):
+        preflight(cfg, steps)
+
+    def measure(self, cfg, steps, ctx, runner, on_progress=None, plan_path=None, iteration=None):
+        steps = list(steps)
+        osu_dir = preflight(cfg, steps)
+        for index, step in enumerate(steps):
+            if on_progress is not None:
+                on_progress(index, len(steps), step)
+            yield Measured(run_step(cfg, step, ctx, osu_dir, runner, iteration), index)
+
+
+ENGINE = OsuEngine()
+run_steps, run_loop = ENGINE.run_steps, ENGINE.run_loop

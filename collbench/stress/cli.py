@@ -88,17 +88,10 @@ def _results_path(paths, info):
 
 
 def _preflight(cfg, daemon):
-    """Fail in the terminal, not in daemon.log: launcher, engine binary, plan file."""
+    """Fail in the terminal, not in daemon.log: launcher, engine (binary, plan)."""
     from collbench.engines import launcher
     launcher.resolve_launcher(cfg)
-    if daemon.engine == "osu":
-        from collbench.engines import osu as osu_engine
-        osu_engine.preflight(cfg, daemon.plan)
-    else:
-        from collbench.engines import builtin as builtin_engine
-        path = os.path.join(daemon.paths.state_dir, "stress-plan.txt")
-        builtin_engine.write_plan(daemon.plan, path)
-        builtin_engine.engine_command(cfg, daemon.plan, path, loop=daemon.mode == "loop")
+    daemon.engine.preflight(cfg, daemon.plan)
 
 
 # ---------------------------------------------------------------- start / run

@@ -2,12 +2,17 @@
 
 Three ways to run the plan, one per situation:
 
-* ``loop`` — built-in engine, no pause, full duty cycle: ONE long-lived MPI job runs the plan
-  over and over (`collbench-engine --loop`) and streams a record per step. No relaunch cost,
-  so the fabric is busy nearly all the time (see bench/duty_cycle.py).
-* ``pass`` — built-in engine with `stress.pause` or `stress.duty_cycle` < 1: one job per plan
+* ``loop`` — an engine that loops in one job (the built-in engine), no pause, full duty cycle:
+  ONE long-lived MPI job runs the plan over and over (`collbench-engine --loop`) and streams a
+  record per step. No relaunch cost, so the fabric is busy nearly all the time (see
+  bench/duty_cycle.py).
+* ``pass`` — the same engine with `stress.pause` or `stress.duty_cycle` < 1: one job per plan
   pass, then the nodes are released (no ranks spinning in MPI) for the pause.
-* ``step`` — `engine: osu`: one mpirun per (op, size), as the seed's bash loop did.
+* ``step`` — any other engine (`engine: osu`): one mpirun per (op, size), as the prototype
+  this project replaces did in its bash loop.
+
+The daemon runs jobs only through the engine interface (collbench.engines.base: run_loop);
+how the jobs are started and stopped is its own (_DaemonJobs: its token, mpi-output.log, stop).
 
 A job that fails (a rank killed, a host lost, a timeout, a validation error) becomes a failure
 record with MPI's stderr tail; the daemon then waits a capped exponential back-off and
@@ -36,9 +41,9 @@ import time
 import uuid
 
 from collbench import proctree, records
-from collbench.engines import launcher
-from collbench.sizes import format_size
-from collbench.engines.mpi_job import JobResult, JobTimeout, MpiJob, stderr_reason
+from collbench.engines import get_engine, launcher
+from collbench.engines.base import failure_message, run_per_step
+from collbench.engines.mpi_job import JobRunner, MpiJob
 from collbench.stress import processes
 from collbench.stress.results_log import ResultsLog
 from collbench.errors import UserError
@@ -61,8 +66,9 @@ _GUARD_INTERVAL = 1.0
 _SESSIONS_KEPT = 16
 
 
-def choose_mode(cfg):
-    if cfg.engine == "osu":
+def choose_mode(cfg, engine=None):
+    engine = engine or get_engine(cfg.engine)
+    if not engine.loops_in_one_job:
         return "step"
     if cfg.stress.pause > 0 or cfg.stress.duty_cycle < 1.0:
         return "pass"
@@ -80,11 +86,11 @@ class Daemon:
     def __init__(self, cfg, paths, mode=None, plan=None):
         self.cfg = cfg
         self.paths = paths
-        self.mode = mode or choose_mode(cfg)
+        self.engine = get_engine(cfg.engine)
+        self.mode = mode or choose_mode(cfg, self.engine)
         if self.mode not in MODES:
             raise ValueError(f"mode {self.mode!r}, expected one of {MODES}")
         self.plan = list(plan or cfg.stress_plan())
-        self.engine = "osu" if self.mode == "step" and cfg.engine == "osu" else cfg.engine
         self.pid = os.getpid()
         self.token = f"{self.pid}-{uuid.uuid4().hex[:12]}"
         self.stopping = False
@@ -104,7 +110,7 @@ class Daemon:
         self._lock = DaemonLock(paths)
         self.results = None
         self.mpi_log = None
-        self._osu_dir = None
+        self.jobs = _DaemonJobs(self)
         self.ctx = None
         # One lock for everything two threads write (results log, state file, pid and lock files):
         # the guard thread repairs them while the main thread runs jobs.
@@ -137,15 +143,13 @@ class Daemon:
                                       self.cfg.stress.rotate_keep)
             self.mpi_log = RawOutputLog(self.paths.mpi_output, self.cfg.stress.rotate_bytes,
                                         on_event=self._queue_event)
-            if self.engine == "osu":
-                from collbench.engines import osu as osu_engine
-                self._osu_dir = osu_engine.preflight(self.cfg, self.plan)
-            self.ctx = records.RunContext(self.cfg, self.engine,
+            self.engine.preflight(self.cfg, self.plan)
+            self.ctx = records.RunContext(self.cfg, self.engine.name,
                                           launcher.mpi_version(launcher.resolve_launcher(self.cfg)))
             self.results.event_fields = {"pid": self.pid, "run_id": self.ctx.run_id}
             self._write_state("running", force=True)
             self._event("start", f"mode {self.mode}, {len(self.plan)} steps, {self.cfg.ranks} ranks on "
-                                 f"{','.join(self.ctx.hosts) or 'the nodes Slurm picks'}, engine {self.engine}",
+                                 f"{','.join(self.ctx.hosts) or 'the nodes Slurm picks'}, engine {self.engine.name}",
                         mode=self.mode, steps=len(self.plan), config=self.cfg.source)
             log.info("started pid %d, mode %s, results %s", self.pid, self.mode, self.paths.results_log)
             self._guard = threading.Thread(target=self._guard_loop, name="stress-guard", daemon=True)
@@ -235,7 +239,7 @@ class Daemon:
             except Exception as e:   # a fault of ours or of the environment: record, back off
                 log.exception("job loop")
                 self._stop_job()
-                self._failure(f"internal error: {type(e).__name__}: {e}", "", None, None)
+                self._failure(f"internal error: {type(e).__name__}: {e}")
                 ok = False
             if self.stopping:
                 break
@@ -293,124 +297,40 @@ class Daemon:
             self._check_state_dir()   # the job's plan file goes there: repair it before launching
         t0 = time.monotonic()
         try:
-            if self.mode == "step":
-                return self._run_steps_job()
-            return self._run_engine_job(loop=self.mode == "loop")
+            return self._run_records(self._engine_records())
         finally:
             self._last_job_seconds = time.monotonic() - t0
+
+    def _engine_records(self):
+        """The engine's LoopRecords for one job: forever in one job (loop), one pass (pass), or
+        one pass of one job per step (step)."""
+        first = self.iteration + 1
+        if self.mode == "step":
+            return run_per_step(self.engine, self.cfg, self.plan, self.ctx, self.jobs, first, passes=1,
+                                plan_path=self.paths.plan)
+        return self.engine.run_loop(self.cfg, self.plan, self.ctx, self.jobs, first_iteration=first,
+                                    passes=None if self.mode == "loop" else 1, plan_path=self.paths.plan)
+
+    def _run_records(self, stream):
+        """Append the records as they come; False at the first failure (unless we are stopping)."""
+        try:
+            for item in stream:
+                if item.record["type"] == "failure":
+                    if self.stopping:   # the job we stopped, not a fault
+                        return True
+                    self._append_failure(item)
+                    return False
+                self._append_result(item)
+                if self.stopping:
+                    return True
+        finally:
+            stream.close()   # stops a job still running
+        return True
 
     def _job_env(self, env):
         env = dict(env)
         env[processes.TOKEN_ENV] = self.token
         return env
-
-    def _run_engine_job(self, loop):
-        """The built-in engine over the whole plan: looping forever (loop) or one pass."""
-        from collbench.engines import builtin as builtin_engine
-
-        plan_path = os.path.join(self.paths.state_dir, "stress-plan.txt")
-        argv, env = builtin_engine.engine_command(self.cfg, self.plan, plan_path, loop=loop,
-                                                  validate=self.cfg.validate)
-        job = MpiJob(argv, self._job_env(env), output_log=self.mpi_log)
-        base = self.iteration
-        nsteps = len(self.plan)
-        last_step = -1          # index of the last finished step of this job
-        passes_done = 0
-        self._start_job(job)
-        error, timed_out = None, False
-        idle = self.cfg.step_timeout + _LAUNCH_SLACK
-        try:
-            for line in job.lines(idle_timeout=idle):
-                rec = builtin_engine.parse_line(line)
-                if rec is None:
-                    if line.startswith(builtin_engine.HOSTS_PREFIX):   # srun: where Slurm put the ranks
-                        self.ctx.observe_hosts(builtin_engine.parse_hosts_line(line) or [])
-                    continue
-                iteration = base + rec["loop"] + 1
-                self.iteration = max(self.iteration, iteration)
-                self._append_result(builtin_engine.to_result(self.ctx, rec), rec, iteration)
-                last_step = rec["step"]
-                self._pass_open = last_step != nsteps - 1
-                if last_step == nsteps - 1:
-                    passes_done += 1
-                    self.failures = 0   # a whole pass: the job is healthy, back-off resets
-        except JobTimeout:
-            timed_out = True
-            error = f"no record for {idle:.0f}s (step_timeout {self.cfg.step_timeout:g}s + launch)"
-        except Exception as e:    # the job must never take the daemon down
-            error = f"reading the job's output failed: {e}"
-            log.exception("reading the job's output failed")
-        rc = self._stop_job()
-        if self.stopping:
-            return True
-        if error is None and rc == 0 and passes_done > 0 and not loop:
-            return True
-        if error is None:
-            error = (f"MPI job {builtin_engine.describe_exit(rc)}" if rc != 0 else
-                     "MPI job exited before it was stopped" if loop else
-                     "MPI job finished without completing the plan")
-        step = self.plan[(last_step + 1) % nsteps]
-        self._failure(self._summarize(error, job.stderr_tail(_TAIL_LINES), step, timed_out),
-                      job.stderr_tail(_TAIL_LINES), step, rc)
-        return False
-
-    def _run_steps_job(self):
-        """One plan pass, one mpirun per step (engine osu; the built-in engine in bench/)."""
-        self.iteration += 1
-        self._pass_open = True
-        self._write_state("running")
-        for step in self.plan:
-            if self.stopping:
-                return True
-            rec, raw = self._run_one_step(step)
-            if self.stopping:
-                return True
-            if rec["type"] == "failure":
-                self._failure(rec["error"], rec.get("stderr_tail", ""), step, rec.get("exit_code"))
-                return False
-            self._append_result(rec, raw, self.iteration)
-        self._pass_open = False
-        return True
-
-    def _run_one_step(self, step):
-        """(result or failure record, CBREC payload or None) for one step in its own job."""
-        if self.engine == "osu":
-            from collbench.engines import osu as osu_engine
-            return osu_engine.run_step(self.cfg, step, self.ctx, self._osu_dir, self._run_mpi_job), None
-        from collbench.engines import builtin as builtin_engine
-        argv, env = builtin_engine.engine_command(
-            self.cfg, [step], os.path.join(self.paths.state_dir, "stress-step.txt"),
-            validate=self.cfg.validate)
-        lines = []
-        res = self._run_mpi_job(argv, env, self.cfg.step_timeout + _LAUNCH_SLACK, lines.append)
-        recs = [r for r in map(builtin_engine.parse_line, lines) if r is not None]
-        if recs and res.returncode == 0 and not res.timed_out:
-            return builtin_engine.to_result(self.ctx, recs[0]), recs[0]
-        error = ("no record within step_timeout" if res.timed_out else
-                 f"MPI job {builtin_engine.describe_exit(res.returncode)}" if res.returncode else
-                 "MPI job printed no record")
-        summary = self._summarize(error, res.stderr_tail, step, res.timed_out)
-        return records.failure_record(self.ctx, summary, res.stderr_tail, step.op, step.size_bytes,
-                                      res.returncode), None
-
-    def _run_mpi_job(self, argv, env, idle_timeout, on_line):
-        """step_runner.run_job's contract, with our token, output log and stop handling."""
-        import subprocess
-        job = MpiJob(argv, self._job_env(env), output_log=self.mpi_log)
-        self._start_job(job)
-        timed_out = False
-        try:
-            for line in job.lines(idle_timeout):
-                on_line(line)
-            try:
-                job.wait(timeout=idle_timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-        except JobTimeout:
-            timed_out = True
-        finally:
-            self._stop_job()
-        return JobResult(job.returncode, timed_out, job.stderr_tail(_TAIL_LINES))
 
     def _start_job(self, job):
         with self._io_lock:   # the guard must know the launcher before it can see it exit
@@ -424,10 +344,11 @@ class Daemon:
             _signal_group(job.pid, signal.SIGTERM)
 
     def _stop_job(self):
-        """Make sure the current job is gone (SIGTERM, SIGKILL after stop_grace); its exit code."""
+        """Make sure the current job is gone (SIGTERM, SIGKILL after stop_grace); pids that needed SIGKILL."""
         job = self.job
         if job is None:
-            return None
+            return []
+        killed = []
         try:
             killed = job.stop(self.cfg.stress.stop_grace)
             if killed:
@@ -439,36 +360,37 @@ class Daemon:
                 self._live_launchers.discard(job.pid)
         self.job = None
         self.job_pid = None
-        return job.returncode
+        return killed
 
     # ------------------------------------------------------------------ records
 
-    def _append_result(self, rec, raw, iteration):
-        rec["iteration"] = iteration
-        if raw is not None:   # the engine's wall-clock window of the step (duty cycle, tracing)
-            rec["t_start"] = raw["t_start"]
-            rec["t_end"] = raw["t_end"]
+    def _append_result(self, item):
+        """A result of plan pass item.iteration: the daemon's fields, then the log."""
+        self.iteration = max(self.iteration, item.iteration)
+        self._pass_open = item.step != len(self.plan) - 1
+        if not self._pass_open:
+            self.failures = 0   # a whole pass: the job is healthy, back-off resets
+        rec = item.record
+        rec["iteration"] = item.iteration
+        if item.window is not None:   # the engine's wall-clock window of the step (duty cycle, tracing)
+            rec["t_start"], rec["t_end"] = item.window
         self._append(rec)
         self._write_state("running")
 
-    def _failure(self, error, stderr_tail, step, rc):
-        rec = records.failure_record(self.ctx, error, stderr_tail or "", op_name=step.op if step else None,
-                                     size_bytes=step.size_bytes if step else None, exit_code=rc)
-        rec["iteration"] = self._failure_iteration()
-        self.last_error = error
-        log.warning("job failed: %s", error)
+    def _append_failure(self, item):
+        rec = item.record
+        rec["iteration"] = item.iteration
+        self.last_error = rec["error"]
+        log.warning("job failed: %s", rec["error"])
         self._append(rec)
 
-    def _summarize(self, error, tail, step, timed_out):
-        """One line: what failed, during which step, and MPI's own words for why."""
-        where = ""
-        if step is not None:
-            where = f" during {step.op}" + (f" {format_size(step.size_bytes)}" if step.size_bytes else "")
-        why = "" if timed_out else stderr_reason(tail)
-        text = f"{error}{where} (iteration {self._failure_iteration()})"
-        if why and why not in text:
-            text += f": {why}"
-        return " ".join(text.split())[:500]
+    def _failure(self, error):
+        """A failure of our own (not of a job): no step, the plan pass in progress."""
+        rec = records.failure_record(self.ctx, failure_message(None, error, iteration=self._failure_iteration()))
+        rec["iteration"] = self._failure_iteration()
+        self.last_error = rec["error"]
+        log.warning("job failed: %s", error)
+        self._append(rec)
 
     def _failure_iteration(self):
         """The plan pass a failure belongs to: the one in progress (next, if none is open)."""
@@ -513,7 +435,7 @@ class Daemon:
         state = {
             "pid": self.pid, "proc_start": proctree.start_ticks(self.pid), "token": self.token,
             "started": self.started, "updated": now, "status": status, "mode": self.mode,
-            "engine": self.engine, "iteration": self.iteration, "config": self.cfg.source,
+            "engine": self.engine.name, "iteration": self.iteration, "config": self.cfg.source,
             "results_log": os.path.abspath(self.paths.results_log),
             "mpi_output": os.path.abspath(self.paths.mpi_output),
             "job_pid": self.job_pid, "relaunches": self.relaunches, "failures": self.failures,
@@ -616,6 +538,33 @@ class Daemon:
         return sorted(set(killed))
 
 
+class _DaemonJobs(JobRunner):
+    """How the daemon's jobs are started and stopped: its token in their environment, their
+    output to mpi-output.log, the running job known to the signal handlers and the guard."""
+
+    stderr_tail_lines = _TAIL_LINES
+    launch_slack = _LAUNCH_SLACK
+
+    def __init__(self, daemon):
+        super().__init__(stop_grace=daemon.cfg.stress.stop_grace)
+        self.daemon = daemon
+
+    def start(self, argv, env):
+        job = MpiJob(argv, self.daemon._job_env(env), output_log=self.daemon.mpi_log)
+        self.daemon._start_job(job)
+        return job
+
+    def stop(self, job):
+        return self.daemon._stop_job() if job is self.daemon.job else job.stop(self.stop_grace)
+
+    def finish(self, job):
+        # always stopped: after a clean exit too, what is left of its session goes, zombies are reaped
+        if job is self.daemon.job:
+            self.daemon._stop_job()
+        else:
+            super().finish(job)
+
+
 class RawOutputLog:
     """The raw MPI output (mpi-output.log) as the file object MpiJob writes to; past
     max_bytes it moves to mpi-output.log.1 (one old file kept: it is for debugging).
@@ -706,7 +655,6 @@ class RawOutputLog:
             self._f.close()
 
 
-# Lines of MPI's stderr that say why a job died, most specific first.
 def _signal_group(pid, sig):
     """Signal a job's process group (it is started as its own group), or the pid alone."""
     try:

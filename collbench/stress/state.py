@@ -21,6 +21,7 @@ LOCK_FILE = "stress.lock"
 RESULTS_FILE = "results.jsonl"
 MPI_OUTPUT_FILE = "mpi-output.log"
 DAEMON_LOG_FILE = "daemon.log"
+PLAN_FILE = "stress-plan.txt"   # the engine plan file of the running job
 
 RUNNING, STOPPED, CRASHED = "running", "stopped", "crashed"
 # `status` exit codes, as LSB init scripts: 0 running, 1 dead with a pid file left, 3 not running.
@@ -59,6 +60,10 @@ class StatePaths:
     @property
     def daemon_log(self):
         return os.path.join(self.state_dir, DAEMON_LOG_FILE)
+
+    @property
+    def plan(self):
+        return os.path.join(self.state_dir, PLAN_FILE)
 
     def ensure(self):
         """Create the state directory (and the results log's) or say why it cannot be."""
