@@ -500,3 +500,24 @@ def test_kernel_trace_attribution_over_many_calls(tmp_path):
         for g in c.groups:
             want = ("TREE", "LL") if g.datatype == "float64" else ("RING", "LL128")
             assert [(a.algorithm, a.protocol, a.count) for a in g.algorithms] == [want + (4,)], (block, g)
+
+
+def test_huge_numbers_are_malformed_not_errors():
+    """int() refuses strings of more than 4300 digits; a 64 KiB line can hold one in any field."""
+    base = (b"h:1:1 [0] NCCL INFO AllReduce: opCount 1 sendbuff 0x1 recvbuff 0x1 count 8 datatype 7 op 0 root 0 "
+            b"comm 0x5 [nranks=2] stream 0x6 task 0 globalrank 1")
+    assert type(parse_line(base)) is CollLine
+    huge = b"9" * 5000
+    for field in (b"count 8", b"datatype 7", b"op 0", b"root 0", b"[nranks=2]", b"opCount 1", b"globalrank 1",
+                  b"h:1:1", b"[0] NCCL"):
+        mangled = base.replace(field, field.replace(b"8", huge).replace(b"7", huge).replace(b"0", huge)
+                               .replace(b"2", huge).replace(b"1", huge), 1)
+        assert mangled != base
+        for form in (mangled, normalize_chunk(mangled + b"\n")[:-1]):
+            rec = parse_line(form)
+            assert rec is None or type(rec) in (CollLine, Malformed), field
+    assert type(parse_line(b"h:1:1 [0] NCCL INFO comm 0x5 rank " + huge + b" nranks 2 - Init COMPLETE")) is Malformed
+    tuning = parse_line(b"h:1:1 [0] NCCL INFO AllReduce: " + huge + b" Bytes -> Algo 1 proto 2 time 1.0")
+    assert type(tuning) is Malformed
+    kernel = parse_line(b"h:1:1 [0] NCCL INFO ## [1.0] [" + huge + b":00] 000001 KE busId c000 nRanks 4")
+    assert type(kernel) is Malformed

@@ -123,14 +123,15 @@ def split_prefix(line):
     dev = None
     k = pre.rfind(b" ")
     tok = pre[k + 1:]
-    if tok[:1] == b"[" and tok[-1:] == b"]" and tok[1:-1].isdigit():
+    if tok[:1] == b"[" and tok[-1:] == b"]" and tok[1:-1].isdigit() and len(tok) < 12:
         dev = int(tok[1:-1])
         pre = pre[:k] if k >= 0 else b""
         k = pre.rfind(b" ")
         tok = pre[k + 1:]
     parts = tok.rsplit(b":", 3)
     host = pid = tid = None
-    if len(parts) >= 3 and parts[-1].isdigit() and parts[-2].isdigit() and parts[-3]:
+    if (len(parts) >= 3 and parts[-1].isdigit() and parts[-2].isdigit() and parts[-3]
+            and len(parts[-1]) < 20 and len(parts[-2]) < 20):
         host, pid, tid = _text(parts[-3]), int(parts[-2]), int(parts[-1])
     if msg[:1] == b"[":             # `NCCL INFO [2] AllReduce:` (seen in NVIDIA/nccl#1352)
         j = msg.find(b"] ")
@@ -139,13 +140,15 @@ def split_prefix(line):
     return host, pid, tid, dev, msg
 
 
+# numbers are bounded (a size_t has 20 digits) so that int() never meets a 64 KiB digit string
 _COLL = re.compile(
     rb"([A-Za-z_][A-Za-z0-9_]*): opCount "
-    rb"(?:([0-9a-fA-F]+|\^) sendbuff (\S+) recvbuff (\S+) (?:acc \S+ )?|([=~]) )"
-    rb"count (\d+) (?:size \d+ )?datatype (-?\d+) op (-?\d+) (?:root (-?\d+) )?"
-    rb"comm (\S+) \[nranks=(\d+)\] stream (\S+)"
-    rb"((?: task -?\d+ globalrank -?\d+| devRedOp -?\d+ isPtr -?\d+ scaler [0-9a-fA-F]+)*)\s*\Z")
-_TASK = re.compile(rb" task (-?\d+) globalrank (-?\d+)")
+    rb"(?:([0-9a-fA-F]{1,16}|\^) sendbuff (\S+) recvbuff (\S+) (?:acc \S+ )?|([=~]) )"
+    rb"count (\d{1,20}) (?:size \d{1,20} )?datatype (-?\d{1,10}) op (-?\d{1,10}) (?:root (-?\d{1,10}) )?"
+    rb"comm (\S+) \[nranks=(\d{1,10})\] stream (\S+)"
+    rb"((?: task -?\d{1,10} globalrank -?\d{1,10}| devRedOp -?\d{1,10} isPtr -?\d{1,10} scaler [0-9a-fA-F]{1,16})*)"
+    rb"\s*\Z")
+_TASK = re.compile(rb" task (-?\d{1,10}) globalrank (-?\d{1,10})")
 _OFFSET_OPS = ("AllGather", "ReduceScatter")
 
 
@@ -236,7 +239,7 @@ def _coll_problem(msg):
     return "unexpected field values or trailing text"
 
 
-_INIT = re.compile(rb"(?:([A-Za-z_]\w*) )?comm (\S+) rank (-?\d+) nranks (\d+) (.*?)- Init COMPLETE")
+_INIT = re.compile(rb"(?:([A-Za-z_]\w*) )?comm (\S+) rank (-?\d{1,10}) nranks (\d{1,10}) (.*?)- Init COMPLETE")
 _INIT_EXTRA = {key: re.compile(rb"\b" + key + rb" (\S+)") for key in (b"cudaDev", b"busId", b"commId", b"parent")}
 
 
@@ -257,15 +260,15 @@ def parse_init(line):
         e = rx.search(extra)
         got[key] = _text(e.group(1)) if e else None
     cuda = got[b"cudaDev"]
-    return InitLine(host, pid, _text(comm), rank, nranks, got[b"commId"], got[b"busId"],
-                    int(cuda) if cuda and cuda.isdigit() else None, _text(func) if func else None,
-                    got[b"parent"])
+    cuda = int(cuda) if cuda and cuda.isdigit() and len(cuda) < 10 else None
+    return InitLine(host, pid, _text(comm), rank, nranks, got[b"commId"], got[b"busId"], cuda,
+                    _text(func) if func else None, got[b"parent"])
 
 
-_KERNEL = re.compile(rb"## \[\s*[0-9.]+\] \[(\d+):(\d+)\] ([0-9a-fA-F]+)(-[0-9a-fA-F]+)? (\S+)(.*)")
+_KERNEL = re.compile(rb"## \[\s*[0-9.]+\] \[(\d{1,10}):(\d{1,10})\] ([0-9a-fA-F]{1,16})(-[0-9a-fA-F]{1,16})? (\S+)(.*)")
 _KL = re.compile(rb" HWID\s+[0-9a-fA-F]+ (\S+)")
 _BUSID = re.compile(rb" busId ([0-9a-fA-F]+)")
-_NRANKS = re.compile(rb" nRanks (\d+)")
+_NRANKS = re.compile(rb" nRanks (\d{1,10})")
 KERNEL_PREFIXES = ("ncclDevFunc_", "ncclFunction_", "ncclKernel_")
 
 
@@ -319,12 +322,12 @@ def parse_kernel(line):
                       int(nr.group(1)) if nr else None)
 
 
-_TUNING = re.compile(rb"(?:([A-Za-z_]\w*): )?(\d+) Bytes -> Algo (\S+) proto (\S+)")
+_TUNING = re.compile(rb"(?:([A-Za-z_]\w*): )?(\d{1,20}) Bytes -> Algo (\S+) proto (\S+)")
 
 
 def _tuning_name(token, table):
     text = _text(token)
-    return table.get(int(text), text) if text.isdigit() else text
+    return table.get(int(text), text) if text.isdigit() and len(text) < 10 else text
 
 
 def parse_tuning(line):
@@ -367,8 +370,8 @@ def parse_line(line):
 
 # --- fast path -----------------------------------------------------------------------------------
 
-_SPLIT = re.compile(rb" opCount [0-9a-fA-F]+ sendbuff (\S+) recvbuff (\S+) (?:acc \S+ )?")
-_SPLIT_OPCOUNT = re.compile(rb" opCount ([0-9a-fA-F]+) sendbuff (\S+) recvbuff (\S+) (?:acc \S+ )?")
+_SPLIT = re.compile(rb" opCount [0-9a-fA-F]{1,16} sendbuff (\S+) recvbuff (\S+) (?:acc \S+ )?")
+_SPLIT_OPCOUNT = re.compile(rb" opCount ([0-9a-fA-F]{1,16}) sendbuff (\S+) recvbuff (\S+) (?:acc \S+ )?")
 _MARKS = {True: b" opCount = ", False: b" opCount ~ "}
 MARKER = re.compile(rb" opCount [=~^] ")     # what normalize_chunk leaves, once per COLL line
 _OFFSET_SUFFIXES = tuple(name.encode() + b":" for name in _OFFSET_OPS)
