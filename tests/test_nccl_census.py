@@ -337,6 +337,8 @@ def test_iter_calls_streams_in_log_order():
     assert [c.line for c in calls[:2]] == [9, 10]
     assert [c.call.opcount for c in calls[::2]] == list(range(12))
     assert all(c.source.endswith("nccl-2.4-tf-1proc-2gpu.log") for c in calls)
+    rank1 = list(iter_calls([str(NCCL / "nccl-2.4-tf-1proc-2gpu.log")], comm="0x7f3a240017e0"))
+    assert [c.call.opcount for c in rank1] == list(range(12)) and {c.call.dev for c in rank1} == {1}
 
 
 # --- input handling -----------------------------------------------------------------------------

@@ -675,9 +675,12 @@ def _build(scanner, sources, stats, findings, warnings):
     return Census(out, communicators, sets, host_list, findings, totals, inputs, scanner.samples, warnings)
 
 
-def iter_calls(paths, block=BLOCK):
+def iter_calls(paths, comm=None, block=BLOCK):
     """Every COLL line of the logs, in log order, as LoggedCall; streamed (constant memory).
-    Malformed lines are skipped. Raises LogInputError for inputs that cannot be read."""
+    comm: only the lines of this comm pointer (e.g. "0x55d0c1a2e0"; filter host and pid yourself:
+    pointers are unique per process only). Malformed lines are skipped. Raises LogInputError for
+    inputs that cannot be read."""
+    mark = COLL_MARK if comm is None else b" comm " + comm.encode() + b" "
     warnings = []
     sources = expand_paths(paths, warnings)
     try:
@@ -688,9 +691,9 @@ def iter_calls(paths, block=BLOCK):
                 lines = chunk.split(b"\n")
                 lines.pop()
                 for i, line in enumerate(lines):
-                    if COLL_MARK in line:
+                    if mark in line:
                         rec = parse_line(line)
-                        if type(rec) is CollLine:
+                        if type(rec) is CollLine and (comm is None or rec.comm == comm):
                             yield LoggedCall(src.name, lineno + i, rec)
                 lineno += len(lines)
             st.lines = lineno - 1
