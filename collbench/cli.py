@@ -9,7 +9,7 @@ from collbench.errors import UserError
 
 # subcommand -> the module whose register(subparsers) adds it (with set_defaults(func=...))
 COMMAND_MODULES = {
-    "once": "collbench.once",
+    "once": "collbench.once.cli",
     "engine": "collbench.engines.cli",
     "stress": "collbench.stress.cli",
     "exporter": "collbench.exporter.cli",

@@ -22,7 +22,7 @@ from collbench import proctree
 from collbench.cli import add_config_arg
 from collbench.config import load_config
 from collbench.errors import UserError
-from collbench.report_table import format_latency
+from collbench.once.report_table import format_latency
 from collbench.stress import processes, slurm_job
 from collbench.stress.results_log import LogFollower, tail_records
 from collbench.stress.state import (CRASHED, RUNNING, STOPPED, AlreadyRunning, StatePaths, daemon_status,

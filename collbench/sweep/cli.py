@@ -18,7 +18,7 @@ from collbench.errors import UserError
 from collbench.engines.launcher import mpi_version, resolve_launcher
 from collbench.ops import DATATYPES
 from collbench.records import RunContext
-from collbench.results_files import check_writable, write_jsonl
+from collbench.once.results_files import check_writable, write_jsonl
 from collbench.sweep import metrics_report, plan, table
 
 def register(subparsers):
@@ -101,7 +101,8 @@ def _terminated(signum, frame):
 
 
 def run(args):
-    from collbench.once import Progress, stop_leftover_jobs
+    from collbench.once.cli import stop_leftover_jobs
+    from collbench.once.progress import Progress
 
     # Everything about the input is checked before the first mpirun.
     op_names = plan.parse_ops(args.ops)

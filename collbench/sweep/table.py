@@ -11,7 +11,7 @@ import io
 import json
 
 from collbench.ops import get_op
-from collbench.report_table import format_gbps, format_latency
+from collbench.once.report_table import format_gbps, format_latency
 from collbench.sizes import format_size
 from collbench.sweep.metrics_report import TSV_COLUMNS, _cell, table_row
 
