@@ -29,6 +29,8 @@ def register(subparsers):
     verbs = p.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
     add_map(verbs)
+    from collbench.topo.measure_cli import add_measure
+    add_measure(verbs)
 
 
 def add_map(verbs):

@@ -1,0 +1,274 @@
+"""`collbench topo measure`: the latency and bandwidth matrices of the config's hosts, the heat
+maps, and the outliers an operator must look at first (docs/TOPO.md, "Measuring").
+
+Files in --out-dir (each written atomically): latency.csv, bandwidth.csv, matrix.json (both
+matrices and how they were measured), latency.png/.svg and bandwidth.png/.svg (heat maps with the
+outliers marked), outliers.json. Exit 0; 1 when the job failed, or with --fail-on-outlier when
+there are outliers; 2 on a bad config or flag (nothing runs).
+"""
+
+import argparse
+import csv
+import io
+import json
+import os
+import signal
+import sys
+
+from collbench.config import load_config
+from collbench.engines.launcher import mpi_version, resolve_launcher
+from collbench.errors import UserError
+from collbench.records import RunContext
+from collbench.once.results_files import check_writable, write_jsonl
+from collbench.sizes import format_size, parse_message_size
+from collbench.topo import measure
+from collbench.topo.heatmap import write_heatmap
+from collbench.topo.matrix import save_csv, save_json
+from collbench.topo.outliers import DEFAULT_RATIO, find_outliers
+
+FORMATS = ("table", "csv", "json")
+METRIC_NAMES = ("latency", "bandwidth")
+MAX_GRID = 16            # ranks up to which the table prints the matrices themselves
+CSV_COLUMNS = ("a", "b", "round", "latency_us", "bandwidth_GBps", "latency_outlier", "bandwidth_outlier")
+
+
+def add_measure(verbs):
+    from collbench.cli import add_config_arg
+    m = verbs.add_parser(
+        "measure", help="measure every pair's latency and bandwidth: matrices, heat maps, outliers",
+        description="Run one MPI job over the config's hosts (one rank per host, or --ranks-per-host) "
+                    "that ping-pongs every pair of ranks: a small message for latency, a large one for "
+                    "bandwidth, in P-1 rounds of disjoint pairs (one pair at a time, or each round's "
+                    "pairs at once with --concurrent). Writes the matrices (CSV and JSON, with host "
+                    "names), heat maps, and names the hosts and links clearly slower than their peers.",
+        epilog="Files in --out-dir: latency.csv, bandwidth.csv, matrix.json, latency.PIC, bandwidth.PIC, "
+               "outliers.json (PIC: --picture). `collbench topo map --matrix DIR/matrix.json` reads "
+               "them. Exit code 1 when the job failed or (--fail-on-outlier) when there are outliers, "
+               "2 on a bad config or flag.")
+    add_config_arg(m)
+    m.add_argument("--ranks-per-host", type=_positive_int, default=1, metavar="N",
+                   help="ranks on each host (default 1); labels become host:k")
+    m.add_argument("--concurrent", action="store_true",
+                   help="measure each round's pairs at once (closer to a collective's load; default: one "
+                        "pair at a time)")
+    m.add_argument("--lat-size", type=_size, default=8, metavar="SIZE", help="latency message (default 8 B)")
+    m.add_argument("--bw-size", type=_size, default=1 << 20, metavar="SIZE",
+                   help="bandwidth message (default 1MB)")
+    m.add_argument("--iterations", type=_positive_int, default=100, metavar="N",
+                   help="latency ping-pongs per pair (default 100; bandwidth: N/4+1)")
+    m.add_argument("--warmup", type=_nonneg_int, default=None, metavar="N",
+                   help="untimed ping-pongs first (default N/10, at least 1)")
+    m.add_argument("--out-dir", default=".", metavar="DIR", help="where the files go (default .)")
+    m.add_argument("--picture", choices=("png", "svg"), default="png", help="heat map format (default png)")
+    m.add_argument("--format", choices=FORMATS, default="table", help="console output (default table)")
+    m.add_argument("--outlier-ratio", type=_ratio, default=DEFAULT_RATIO, metavar="X",
+                   help=f"how much slower than its class a host or link must be (default {DEFAULT_RATIO:g})")
+    m.add_argument("--fail-on-outlier", action="store_true", help="exit 1 when there are outliers")
+    m.add_argument("--results", metavar="FILE",
+                   help="append the measurement to a JSONL results file (topo_pair / topo_measure events)")
+    m.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",
+                   help="stop the job after this long without output (default: the config's step_timeout; "
+                        "the job prints only at its end)")
+    m.set_defaults(func=cmd_measure)
+
+
+def _positive_int(text):
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"got {text[:40]!r}, expected a whole number") from None
+    if not 1 <= v <= 1_000_000:
+        raise argparse.ArgumentTypeError(f"got {v}, expected 1 to 1000000")
+    return v
+
+
+def _nonneg_int(text):
+    return 0 if text.strip() == "0" else _positive_int(text)
+
+
+def _size(text):
+    try:
+        v = parse_message_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"got {text[:40]!r}, expected at least 1 byte")
+    return v
+
+
+def _ratio(text):
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"got {text[:40]!r}, expected a number above 1") from None
+    if not 1.0 < v <= 1000.0:
+        raise argparse.ArgumentTypeError(f"got {text[:40]!r}, expected a number above 1 (e.g. 1.5)")
+    return v
+
+
+def _seconds(text):
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"got {text[:40]!r}, expected seconds") from None
+    if not 1.0 <= v <= 7 * 86400:
+        raise argparse.ArgumentTypeError(f"got {text[:40]!r}, expected 1 to 604800 seconds")
+    return v
+
+
+def check_out_dir(path):
+    """The output directory, created; UserError (exit 2) before anything runs when it cannot be."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--out-dir {path}: cannot create: {e.strerror}") from None
+    if not os.path.isdir(path):
+        raise UserError(f"--out-dir {path}: not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UserError(f"--out-dir {path}: not writable")
+    return os.path.abspath(path)
+
+
+class _Terminated(Exception):
+    pass
+
+
+def _terminate(signum, frame):
+    raise _Terminated()
+
+
+def cmd_measure(args):
+    cfg = load_config(args.config)
+    settings = measure.Settings(
+        ranks_per_host=args.ranks_per_host, lat_size=args.lat_size, bw_size=args.bw_size,
+        iterations=args.iterations, warmup=args.warmup if args.warmup is not None else max(1, args.iterations // 10),
+        concurrent=args.concurrent, timeout=args.timeout or cfg.step_timeout)
+    measure.measure_config(cfg, settings.ranks_per_host)     # a bad host/slot combination: exit 2 now
+    out_dir = check_out_dir(args.out_dir)
+    results_path = check_writable(args.results, "--results") if args.results else None
+    ctx = RunContext(cfg, "builtin", mpi_version(resolve_launcher(cfg)))
+
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        result = measure.run(cfg, settings)
+    except measure.MeasureError as e:
+        print(f"collbench: topo measure: {e}", file=sys.stderr)
+        if e.stderr_tail:
+            print("\n".join("  " + ln for ln in e.stderr_tail.splitlines()[-10:]), file=sys.stderr)
+        if results_path:
+            write_jsonl(results_path, [measure.failure(ctx, e)])
+        return 1
+    except _Terminated:
+        print("collbench: topo measure: terminated; nothing written", file=sys.stderr)
+        return 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+    lat, bw = result.matrices(measure.meta(result, ctx, cfg))
+    reports = {"latency": find_outliers(lat, ratio=args.outlier_ratio),
+               "bandwidth": find_outliers(bw, ratio=args.outlier_ratio)}
+    files = write_files(out_dir, lat, bw, reports, args.picture)
+    if results_path:
+        write_jsonl(results_path, measure.pair_events(result, ctx)
+                    + [measure.summary_event(result, ctx, reports, files)])
+        files["results"] = os.path.abspath(results_path)
+    if args.format == "json":
+        sys.stdout.write(json.dumps(json_doc(result, lat, bw, reports, files), indent=1) + "\n")
+    elif args.format == "csv":
+        sys.stdout.write(csv_text(result, reports))
+    else:
+        sys.stdout.write(table_text(result, lat, bw, reports, ctx))
+        for path in files.values():
+            print(f"collbench: wrote {path}", file=sys.stderr)
+    if args.fail_on_outlier and any(r.any for r in reports.values()):
+        return 1
+    return 0
+
+
+def write_files(out_dir, lat, bw, reports, picture):
+    """Every output file, atomically; {name: absolute path}."""
+    files = {}
+    try:
+        files["latency_csv"] = save_csv(os.path.join(out_dir, "latency.csv"), lat)
+        files["bandwidth_csv"] = save_csv(os.path.join(out_dir, "bandwidth.csv"), bw)
+        files["matrix_json"] = save_json(os.path.join(out_dir, "matrix.json"), [lat, bw])
+        from collbench.atomic_file import write_atomic
+        files["outliers_json"] = write_atomic(
+            os.path.join(out_dir, "outliers.json"),
+            [json.dumps({k: r.to_dict() for k, r in reports.items()}, indent=1) + "\n"])
+    except OSError as e:
+        raise UserError(f"--out-dir {out_dir}: cannot write {os.path.basename(e.filename or '')}: "
+                        f"{e.strerror}") from None
+    for name, m in (("latency", lat), ("bandwidth", bw)):
+        files[f"{name}_heatmap"] = write_heatmap(
+            m, os.path.join(out_dir, f"{name}.{picture}"), outliers=reports[name],
+            title=f"{name} ({m.metric.unit}) between {m.size} ranks, collbench topo measure")
+    return files
+
+
+def _outlier_sets(report):
+    hosts = {h.host for h in report.hosts}
+    links = {frozenset((lk.a, lk.b)) for lk in report.links}
+    return hosts, links
+
+
+def csv_text(result, reports):
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(CSV_COLUMNS)
+    sets = {k: _outlier_sets(r) for k, r in reports.items()}
+    for (a, b), v in sorted(result.pairs.items()):
+        la, lb = result.labels[a], result.labels[b]
+        flags = []
+        for name in METRIC_NAMES:
+            hosts, links = sets[name]
+            flags.append(int(la in hosts or lb in hosts or frozenset((la, lb)) in links))
+        w.writerow([la, lb, v["round"], f"{v['lat_us']:.6g}", f"{v['bw_bytes_per_s'] / 1e9:.6g}"] + flags)
+    return out.getvalue()
+
+
+def json_doc(result, lat, bw, reports, files):
+    return {"hosts": list(result.labels), "latency_us": [list(r) for r in lat.values],
+            "bandwidth_GBps": [list(r) for r in bw.values], "meta": lat.meta,
+            "outliers": {k: r.to_dict() for k, r in reports.items()},
+            "any_outliers": any(r.any for r in reports.values()), "files": files}
+
+
+def _grid(m, fmt):
+    labels = list(m.labels)
+    head = [""] + [f"[{i}]" for i in range(len(labels))]
+    rows = [[f"[{i}] {lb}"] + ["-" if v is None else fmt(v) for v in row]
+            for i, (lb, row) in enumerate(zip(labels, m.values))]
+    widths = [max(len(r[c]) for r in [head] + rows) for c in range(len(head))]
+    lines = ["  " + "  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r))
+             for r in [head] + rows]
+    return lines
+
+
+def table_text(result, lat, bw, reports, ctx):
+    s = result.settings
+    p = result.size
+    lines = [f"topo measure: run {ctx.run_id}, {p} ranks ({s.ranks_per_host} per host), "
+             f"{p * (p - 1) // 2} pairs in {p - 1 + p % 2} rounds, "
+             f"{'each round at once' if s.concurrent else 'one pair at a time'}, {ctx.mpi}, "
+             f"{result.seconds:.1f} s",
+             f"latency: {format_size(s.lat_size)} ping-pong x {s.iterations} (one-way us); bandwidth: "
+             f"{format_size(s.bw_size)} ping-pong x {s.iterations // 4 + 1} (GB/s)"]
+    for name, m, fmt in (("bandwidth", bw, lambda v: f"{v:.3g}"), ("latency", lat, lambda v: f"{v:.4g}")):
+        lines.append("")
+        lines.append(f"{name} ({m.metric.unit}):")
+        if p <= MAX_GRID:
+            lines += _grid(m, fmt)
+        rep = reports[name]
+        if rep.groups and len(rep.groups) > 1:
+            lines.append(f"  host groups joined by the fastest links (racks): "
+                         + "; ".join(" ".join(g) for g in rep.groups))
+        lines += ["  " + ln for ln in rep.lines()]
+    flagged = sorted({h.host for r in reports.values() for h in r.hosts})
+    links = sorted({f"{lk.a}-{lk.b}" for r in reports.values() for lk in r.links})
+    lines.append("")
+    if flagged or links:
+        lines.append("look first at: " + ", ".join([f"host {h}" for h in flagged] + [f"link {x}" for x in links]))
+    else:
+        lines.append("no outliers")
+    return "\n".join(lines) + "\n"
