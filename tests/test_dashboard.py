@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from collbench.config import load_config
-from collbench.dashboard import LEGACY_UID, SCHEMA_VERSION, UID, build_dashboard, render
+from collbench.monitoring.dashboard import LEGACY_UID, SCHEMA_VERSION, UID, build_dashboard, render
 from collbench.ops import OPS
 from conftest import REPO
 
@@ -50,11 +50,11 @@ def refs(text):
 @pytest.mark.parametrize("legacy", [False, True])
 def test_checked_in_dashboard_is_generated(legacy):
     args = ["--legacy"] if legacy else []
-    out = subprocess.run([sys.executable, "-m", "collbench.dashboard", *args], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "collbench.monitoring.dashboard_cli", *args], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout == FILES[legacy].read_text(), \
-        f"{FILES[legacy].name} is stale: run `python -m collbench.dashboard {' '.join(args)} -o {FILES[legacy]}`"
+        f"{FILES[legacy].name} is stale: run `python -m collbench.monitoring.dashboard_cli {' '.join(args)} -o {FILES[legacy]}`"
     assert render(load_config(None), legacy) == out.stdout
 
 
@@ -173,13 +173,13 @@ def test_stat_panels_follow_the_configured_thresholds(tmp_path):
 
 def test_dashboard_cli_writes_file_and_rejects_bad_config(tmp_path):
     out = tmp_path / "d.json"
-    res = subprocess.run([sys.executable, "-m", "collbench.dashboard", "-o", str(out)], capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "collbench.monitoring.dashboard_cli", "-o", str(out)], capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert json.loads(out.read_text())["uid"] == UID
     bad = tmp_path / "bad.yaml"
     bad.write_text("thresholds:\n  latency:\n    allreduce:\n      1MB: {warning: fast, critical: 7ms}\n")
-    res = subprocess.run([sys.executable, "-m", "collbench.dashboard", "--config", str(bad), "-o", str(out)],
+    res = subprocess.run([sys.executable, "-m", "collbench.monitoring.dashboard_cli", "--config", str(bad), "-o", str(out)],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2
     assert "thresholds.latency.allreduce.1MB.warning" in res.stderr and str(bad) in res.stderr

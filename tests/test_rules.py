@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from collbench.config import load_config
-from collbench.rules import render
+from collbench.monitoring.rules import render
 from collbench.thresholds import Thresholds
 from conftest import REPO, require_tool
 

@@ -4,21 +4,15 @@
 `grafana/collbench-dashboard-legacy.json` (seed 001's `mpi_*` names, `exporter.legacy_metrics`)
 are both built here from the same rows; only the result panels differ. The stat panels' colours
 come from the thresholds (config or seed 001's defaults), the reference text from the op table.
-`collbench dashboard [--config] [--legacy] [-o FILE]` writes them; the checked-in files are its
+`collbench dashboard [--config] [--legacy] [-o FILE]` (dashboard_cli.py) writes them; the checked-in files are its
 output for the embedded default config (tests/test_dashboard.py keeps them equal).
 """
 
-import argparse
 import json
-import sys
 from dataclasses import dataclass, field
 
-from collbench.atomic_file import write_output
-from collbench.cli import add_config_arg
-from collbench.config import load_config
-from collbench.errors import UserError
 from collbench.ops import OPS, get_op
-from collbench.rules import seconds_text
+from collbench.monitoring.rules import seconds_text
 
 SCHEMA_VERSION = 39          # Grafana 10.3 / 11.x
 UID = "collbench"
@@ -468,36 +462,3 @@ def build_dashboard(cfg, legacy=False):
 
 def render(cfg, legacy=False):
     return json.dumps(build_dashboard(cfg, legacy), indent=2, ensure_ascii=False) + "\n"
-
-
-def _run(args):
-    write_output(args.output, render(load_config(args.config), args.legacy))
-    return 0
-
-
-def register(subparsers):
-    p = subparsers.add_parser(
-        "dashboard", help="write the Grafana dashboard JSON (thresholds from the config)",
-        description="Write the collbench Grafana dashboard (file-provisionable JSON, fixed uid) with "
-                    "the stat panels coloured by the config's thresholds.")
-    add_config_arg(p)
-    p.add_argument("--legacy", action="store_true",
-                   help="the variant for seed 001's mpi_* metric names (exporter.legacy_metrics)")
-    p.add_argument("-o", "--output", metavar="FILE", help="write here (atomically) instead of stdout")
-    p.set_defaults(func=_run)
-
-
-def main(argv=None):
-    """`python -m collbench.dashboard [--config] [--legacy] [-o]`, the same as `collbench dashboard`."""
-    parser = argparse.ArgumentParser(prog="python -m collbench.dashboard")
-    register(parser.add_subparsers())
-    args = parser.parse_args(["dashboard"] + list(sys.argv[1:] if argv is None else argv))
-    try:
-        return args.func(args)
-    except UserError as e:
-        print(f"collbench: error: {e}", file=sys.stderr)
-        return e.exit_code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

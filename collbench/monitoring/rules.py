@@ -1,4 +1,4 @@
-"""`collbench rules`: Prometheus alerting rules built from the config's thresholds.
+"""Prometheus alerting rules built from the config's thresholds (`collbench rules`: rules_cli.py).
 
 The latency bounds in the config (or seed 001's defaults) are for the cluster named by
 `alerts.nodes` and `alerts.link_gbps`; the rules carry them as they are. `--nodes` / `--link-gbps`
@@ -6,15 +6,10 @@ rescale them to another cluster with the bandwidth-bound model in `scale_factor`
 "Alerts"). The document is built as data and dumped with PyYAML, never templated as text.
 """
 
-import argparse
 import re
 
 import yaml
 
-from collbench.atomic_file import write_output
-from collbench.bounded_repr import bounded_repr
-from collbench.cli import add_config_arg
-from collbench.config import POS_FLOAT, POS_INT, check_flag, int_flag, load_config
 from collbench.errors import ConfigError
 from collbench.ops import get_op
 from collbench.sizes import format_size
@@ -274,50 +269,3 @@ def render(cfg, to_nodes=None, to_gbps=None, source_name=None):
     body = yaml.safe_dump(build_rules(cfg, to_nodes, to_gbps), sort_keys=False,
                           default_flow_style=False, width=4096, allow_unicode=True)
     return HEADER.format(source=source, basis=basis) + body
-
-
-def _run(args):
-    cfg = load_config(args.config)
-    for flag, kind, value in (("--nodes", POS_INT, args.nodes), ("--link-gbps", POS_FLOAT, args.link_gbps)):
-        if value is not None:
-            check_flag(flag, kind, value)   # as alerts.nodes / alerts.link_gbps: finite, in range
-    if args.format == "prometheusrule":   # the same groups in the Prometheus Operator's resource
-        from collbench import prometheus_rule
-        text = prometheus_rule.render(build_rules(cfg, args.nodes, args.link_gbps),
-                                      basis_text(cfg, args.nodes, args.link_gbps), source_name=args.config,
-                                      name=args.name, namespace=args.namespace,
-                                      labels=prometheus_rule.parse_labels(args.label))
-    else:
-        text = render(cfg, args.nodes, args.link_gbps, source_name=args.config)
-    # atomically: Prometheus reloading mid-write never sees half a file
-    write_output(args.output, text)
-    return 0
-
-
-def _positive_int(text):
-    try:
-        return int_flag(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"got {bounded_repr(text)}, expected a whole number of nodes") from None
-
-
-def register(subparsers):
-    p = subparsers.add_parser(
-        "rules", help="write Prometheus alerting rules from the config's thresholds",
-        description="Write Prometheus alerting rules (latency per op and size, exporter health, "
-                    "ECN/CNP/PFC congestion) built from the config's thresholds and alerts sections.")
-    add_config_arg(p)
-    p.add_argument("-o", "--output", metavar="FILE", help="write here (atomically) instead of stdout")
-    p.add_argument("--nodes", type=_positive_int, metavar="N",
-                   help="rescale the latency bounds from alerts.nodes to N nodes (bandwidth-bound sizes)")
-    p.add_argument("--link-gbps", type=float, metavar="G",
-                   help="rescale the latency bounds from alerts.link_gbps to G Gb/s (bandwidth-bound sizes)")
-    p.add_argument("--format", choices=("rules", "prometheusrule"), default="rules",
-                   help="rules: a Prometheus rules file (default); prometheusrule: a Prometheus "
-                        "Operator PrometheusRule resource for Kubernetes")
-    p.add_argument("--name", default="collbench", help="prometheusrule: metadata.name (default collbench)")
-    p.add_argument("--namespace", help="prometheusrule: metadata.namespace (default: none, kubectl's)")
-    p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
-                   help="prometheusrule: a metadata label, e.g. release=prometheus for the "
-                        "Operator's ruleSelector (repeatable)")
-    p.set_defaults(func=_run)

@@ -40,7 +40,7 @@ def humanize_duration(seconds):
 
 
 def bound_text(seconds):
-    # mirrors collbench.rules.seconds_text on purpose: expected values stay independent of rules.py
+    # mirrors collbench.monitoring.rules.seconds_text on purpose: expected values stay independent of rules.py
     if seconds >= 1:
         return f"{seconds:g}s"
     if seconds >= 1e-3:
