@@ -523,3 +523,11 @@ def test_huge_numbers_are_malformed_not_errors():
     assert type(tuning) is Malformed
     kernel = parse_line(b"h:1:1 [0] NCCL INFO ## [1.0] [" + huge + b":00] 000001 KE busId c000 nRanks 4")
     assert type(kernel) is Malformed
+
+
+def test_a_file_given_twice_is_read_once(tmp_path):
+    path = str(NCCL / "rccl-429-mismatch.log")
+    c = run_census([path, str(NCCL), path])
+    assert sum(1 for i in c.inputs if i["path"].endswith("rccl-429-mismatch.log")) == 1
+    assert any("given more than once" in w for w in c.warnings)
+    assert [f["position"] for f in c.desync] == [4]     # not a doubled sequence

@@ -8,15 +8,17 @@ not in the cache (new configurations, other subsystems, INIT/TUNING lines, garba
 path: `log_parser` parses them and the result is cached when it is a COLL line. After each block
 the per-rank lists are folded into the census counts and into the desync digests, then cleared,
 so memory depends on the number of distinct configurations and ranks, not on the log's length.
-Blocks with RCCL kernel-trace lines are parsed line by line (the opCount matters there: it ties a
-kernel launch, and so an algorithm and protocol, to its call).
+In RCCL kernel-trace input the opCount matters (it ties a kernel launch, and so an algorithm and
+protocol, to its call): there the normalization hands the removed opCounts over, in line order.
 
-Python API (for `nccl replay` and others):
+Python API:
     census = run_census(["logs/"])              # Census; raises a UserError subclass on bad input
     for g in census.groups: g.op, g.count, g.datatype, g.type_size, g.redop, g.nranks, g.inplace,
                             g.roots, g.calls, g.rank_calls, g.bytes_per_call, g.total_bytes, g.share
+    census.communicators                        # per rank handle: host, pid, comm, rank, set, ...
     census.document()                           # the JSON document `--format json` prints
-    for call in iter_calls(["rank0.log"]): ...  # every COLL line in log order, streamed (LoggedCall)
+    for c in iter_calls(["logs/"], comm="0x55d0c1a2e0"):   # COLL lines in log order, streamed:
+        c.source, c.line, c.call                # LoggedCall; c.call is a log_parser.CollLine
 """
 
 from collections import Counter
@@ -161,7 +163,7 @@ class Scanner:
         self.overlong_by_source = {}
         self.pair_count = 0
         self._unflushed = 0
-        self.detailed = False           # kernel-trace input: parse every line, keep opCounts
+        self.detailed = False           # kernel-trace input: COLL lines keep their opCounts
         self.collect_coll, self.collect_p2p = collect if collect else ({}, set())
         self.collected_coll, self.collected_p2p = {}, {}
         self._source = ""
@@ -515,7 +517,7 @@ def run_census(paths, block=BLOCK):
         scanner = Scanner()
         _scan(sources, scanner, stats, warnings, block)
         _check_input(sources, stats, scanner)
-        findings = _desync(sources, scanner, block)
+        findings = _desync(sources, scanner, block, warnings)
         return _build(scanner, sources, stats, findings, warnings)
     finally:
         for src in sources:
@@ -543,7 +545,7 @@ def _check_input(sources, stats, scanner):
         raise NoCollectivesError(f"{names}: no NCCL collective lines in {lines} lines{found}. {NO_COLL_HINT}")
 
 
-def _desync(sources, scanner, block):
+def _desync(sources, scanner, block, warnings):
     sets = list(scanner.sets.values())
     for cset in sets:
         if cset.nranks == 1:
@@ -558,7 +560,10 @@ def _desync(sources, scanner, block):
     collected_coll, collected_p2p = {}, {}
     if coll or p2p:
         second = Scanner(collect=(coll, p2p))
-        _scan(sources, second, {}, [], block)
+        try:
+            _scan(sources, second, {}, [], block)
+        except UserError as e:      # a file vanished or changed since the first pass
+            warnings.append(f"second pass to locate the desync failed ({e}); positions are approximate")
         collected_coll, collected_p2p = second.collected_coll, second.collected_p2p
     return desync.resolve(pending, pairs, collected_coll, collected_p2p, scanner.describe)
 

@@ -86,6 +86,21 @@ def window(a, b):
 PAIR_BLOCK = 64         # p2p signatures per hashed block of a pair digest
 
 
+def common_prefix(a, b):
+    """How many leading calls two digests share: exact where both tails are in memory, else the
+    start of the first differing block (a lower bound)."""
+    lo, hi = window(a, b)
+    if lo < a.tail_start or lo < b.tail_start:
+        return lo
+    x, y = a.pend[lo - a.tail_start:], b.pend[lo - b.tail_start:]
+    n = 0
+    for p, q in zip(x, y):
+        if p != q:
+            break
+        n += 1
+    return lo + n
+
+
 class PairDigest:
     """One direction of one peer of a rank (its sends to d, or its receives from s): the count and a
     hash chain over fixed blocks of signatures, so that equal sequences give equal digests however
@@ -196,11 +211,26 @@ def plan(sets):
                 cset.note = (f"{len(members)} ranks of nranks={cset.nranks}: read as "
                              f"{len(members) // cset.nranks} communicators told apart by their calls "
                              f"(add INIT to NCCL_DEBUG_SUBSYS for commIds)")
-            else:
+            elif not ambiguous:
                 cset.status = "desync"
                 for minority in groups[1:]:
                     lo, hi = window(groups[0][0].digest, minority[0].digest)
                     pending.append(Pending(cset, groups[0], minority, lo, hi))
+            else:
+                # several communicators in one inferred set: a cluster that cannot be whole
+                # communicators is compared with the cluster it agrees with longest (its siblings)
+                cset.status = "desync"
+                done = set()
+                for odd in (g for g in groups if len(g) % cset.nranks):
+                    partner = max((g for g in groups if g is not odd),
+                                  key=lambda g: (common_prefix(odd[0].digest, g[0].digest), len(g)))
+                    key = frozenset((id(odd), id(partner)))
+                    if key in done:
+                        continue
+                    done.add(key)
+                    big, small = (partner, odd) if len(partner) >= len(odd) else (odd, partner)
+                    lo, hi = window(big[0].digest, small[0].digest)
+                    pending.append(Pending(cset, big, small, lo, hi))
         elif ambiguous and len(members) > cset.nranks:
             cset.note = (f"{len(members)} ranks of nranks={cset.nranks}: several communicators of the "
                          f"same size, all with the same calls")

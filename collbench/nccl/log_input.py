@@ -151,7 +151,16 @@ class _StdinSpool:
 def expand_paths(paths, warnings):
     """Sources for the command-line paths: `-` is stdin, directories are walked in name order."""
     sources = []
+    seen = set()
     stdin_seen = False
+
+    def add(source):
+        real = os.path.realpath(source.path)
+        if real in seen:
+            warnings.append(f"{source.name}: given more than once; read once")
+            return
+        seen.add(real)
+        sources.append(source)
     for arg in paths:
         if arg == "-":
             if stdin_seen:
@@ -170,11 +179,12 @@ def expand_paths(paths, warnings):
                         found.append(Source(path, path, explicit=False))
             if not found:
                 raise LogInputError(f"{arg}: directory contains no files")
-            sources.extend(found)
+            for source in found:
+                add(source)
         elif os.path.exists(arg):
             if not os.path.isfile(arg):
                 raise LogInputError(f"{arg}: not a regular file or directory")
-            sources.append(Source(arg, arg))
+            add(Source(arg, arg))
         else:
             raise LogInputError(f"{arg}: no such file or directory")
     return sources
