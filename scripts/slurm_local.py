@@ -5,7 +5,7 @@
     scripts/slurm_local.sh env DIR
 
 Needs root and Debian's slurmctld, slurmd, munge and slurm-wlm-basic-plugins. Every node is a
-host of a namespace testbed (collbench/testbed.py: one network namespace per host on a private
+host of a namespace testbed (lab/testbed.py: one network namespace per host on a private
 bridge, its own address and host name): `slurmd -D -N <host>` runs in each, slurmctld runs in
 the first host's namespace beside its slurmd, so the nodes are separate hosts to Slurm and to
 MPI, and no port of the machine's own network namespace is taken. One munged, with its own key
@@ -36,7 +36,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
-from collbench import proctree, testbed  # noqa: E402
+from collbench import proctree  # noqa: E402
+from lab import testbed  # noqa: E402
 
 SLURMCTLD = "/usr/sbin/slurmctld"
 SLURMD = "/usr/sbin/slurmd"

@@ -14,4 +14,4 @@ repo="$(cd "$(dirname "$0")/.." && pwd)"
 py="$repo/.venv/bin/python"
 [ -x "$py" ] || py=python3
 cd "$repo"
-exec "$py" -m collbench.testbed "$@"
+exec "$py" -m lab.testbed "$@"

@@ -9,7 +9,7 @@ import sys
 
 from conftest import REPO
 
-from collbench import testbed
+from lab import testbed
 from collbench.config import SEED_PLAN, default_plan, load_config
 
 

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from collbench import testbed
+from lab import testbed
 from conftest import REPO, is_root, wait_for
 
 pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
