@@ -94,9 +94,12 @@ def mpicc_for(launcher_path):
 def hydra_command(cfg, launcher, np, extra_env, program_argv):
     """MPICH Hydra's argv: ranks, hosts, per-node count, the variables the ranks need (-genv)."""
     argv = [launcher, "-np", str(np)]
-    if not cfg.implicit_hosts:
+    if getattr(cfg, "hosts_order", None):   # rank r on hosts_order[r]: a machinefile
+        from collbench.engines import rank_order
+        argv += rank_order.hydra_options(cfg, np)
+    elif not cfg.implicit_hosts:
         argv += ["-hosts", ",".join(f"{h.name}:{h.slots}" for h in cfg.hosts)]
-    if cfg.ranks_per_node:
+    if cfg.ranks_per_node and not getattr(cfg, "hosts_order", None):
         argv += ["-ppn", str(cfg.ranks_per_node)]
     for name in sorted(extra_env):
         argv += ["-genv", name, str(extra_env[name])]
