@@ -531,3 +531,25 @@ def test_a_file_given_twice_is_read_once(tmp_path):
     assert sum(1 for i in c.inputs if i["path"].endswith("rccl-429-mismatch.log")) == 1
     assert any("given more than once" in w for w in c.warnings)
     assert [f["position"] for f in c.desync] == [4]     # not a doubled sequence
+
+
+def test_timestamped_lines_hit_the_cache_and_count_the_same(tmp_path, monkeypatch):
+    from collbench.nccl import census as census_mod
+    lines = (NCCL / "nccl-2.23-init-split.log").read_bytes().split(b"\n")[:-1]
+    init = [l for l in lines if b"Init COMPLETE" in l]
+    plain = b"".join(l + b"\n" for l in init + [l for l in lines if l not in init] * 5)
+    stamped = b"".join(b"[2025-06-01 08:15:%02d.%03d] " % (i // 1000 % 60, i % 1000) + line + b"\n"
+                       for i, line in enumerate(plain.split(b"\n")[:-1]))
+    (tmp_path / "plain.log").write_bytes(plain)
+    (tmp_path / "stamped.log").write_bytes(stamped)
+    parsed = []
+    real = census_mod.parse_coll
+    monkeypatch.setattr(census_mod, "parse_coll", lambda line: parsed.append(line) or real(line))
+    a = run_census([str(tmp_path / "plain.log")]).document()
+    n_plain = len(parsed)
+    parsed.clear()
+    b = run_census([str(tmp_path / "stamped.log")]).document()
+    for key in ("groups", "communicators", "communicator_sets", "desync", "collective_lines"):
+        assert a[key] == b[key], key
+    assert a["collective_lines"] == 5 * 28 and a["desync"] == []
+    assert len(parsed) == n_plain < 28              # distinct calls are parsed, stamped or not

@@ -150,6 +150,7 @@ class Scanner:
         self.ordinals = {}
         self.cache = {}                 # normalized COLL line -> bound append of its rank list
         self.dcache = {}                # the same for kernel-trace input: (list, record id, opCount map)
+        self.tail_cache = {}            # the same keyed by the line from its host on (wrapper cut off)
         self._opcounts = None
         self.kernel_algos = {}          # record id -> Counter((algo, proto))
         self.tuning = {}                # (host, pid, op or None, bytes) -> Counter((algo, proto))
@@ -264,6 +265,18 @@ class Scanner:
     # --- COLL ------------------------------------------------------------------------------------
 
     def _coll(self, line, fast, opcount=None):
+        tail = None
+        if fast and self._opcounts is None:
+            # a wrapper prefix that changes on every line (a timestamp) defeats the line cache; the
+            # part from the host on parses the same, so it has a cache of its own
+            i = line.rfind(INFO_MARK)
+            j = line.rfind(b" ", 0, line.rfind(b" ", 0, i - 1)) if i > 1 else -1
+            if j > 0:
+                tail = line[j + 1:]
+                f = self.tail_cache.get(tail)
+                if f is not None:
+                    f()
+                    return
         rec = parse_coll(line.rstrip(b"\r"))
         if type(rec) is Malformed:
             self._bad(line, rec.reason)
@@ -304,7 +317,11 @@ class Scanner:
         elif fast:
             if len(self.cache) >= CACHE_MAX:
                 self.cache.clear()
-            self.cache[line] = partial(target.append, rid)
+            f = self.cache[line] = partial(target.append, rid)
+            if tail is not None:
+                if len(self.tail_cache) >= CACHE_MAX:
+                    self.tail_cache.clear()
+                self.tail_cache[tail] = f
         target.append(rid)
 
     def _rid(self, c):
@@ -380,6 +397,7 @@ class Scanner:
             old.closed = True   # the pointer was re-initialised: its next COLL line starts a new handle
             self.cache.clear()
             self.dcache.clear()
+            self.tail_cache.clear()
 
     def _kernel(self, line):
         if b" KL " not in line:         # kernel end, element and data records: counted, not parsed
