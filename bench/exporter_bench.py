@@ -24,9 +24,12 @@ file with a regular expression per size on every poll), in one run:
        fork on veths   -- the real /usr/sbin/ethtool -S forked per veth and refresh (before);
        ioctl on veths  -- the same statistics by the SIOCETHTOOL ioctl, no fork (the default now);
        no ethtool      -- the collector left out: the floor.
-     Ratios ioctl / fork are printed per round. (veth statistics have no mlx5 pause names,
-     so the veth rows serve no ethtool series: they compare the reading, the fixture row the
-     formatting of moving ethtool series.) Needs root (`ip netns`).
+     With `--baseline-tree DIR` (a checkout of the code before a change, e.g.
+     `git archive <commit> | tar -x -C DIR`) its exporter runs the fixture and veth rows too:
+     before and after in one run. Ratios against the fork rows are printed per round.
+     (veth statistics have no mlx5 pause names, so the veth rows serve no ethtool series: they
+     compare the reading, the fixture row the formatting of moving ethtool series.) Needs root
+     (`ip netns`).
 
 The log is generated once in /tmp and reused; each run appends a fresh 15-minute window of
 records to it (what a running daemon would have written recently).
