@@ -110,7 +110,11 @@ def _parse(line):
     if not text.lstrip().startswith("{"):
         raise _Reject("not a JSON object")
     _check_containers(text)
-    rec = _DECODER.decode(text)
+    # C-speed parsing first; a line with a number out of range (an overflowing float became inf,
+    # an integer past 2**63) is parsed again by the hooked decoder, which says exactly why.
+    rec = _FAST_DECODER.decode(text)
+    if _has_wild_number(rec):
+        rec = _DECODER.decode(text)
     if not isinstance(rec, dict):
         raise _Reject("not a JSON object")
     if "\\u" in text:          # escapes can spell lone surrogates, which cannot be printed
@@ -160,9 +164,32 @@ def _constant(name):
     raise _Reject(f"{name} is not a number (non-finite values are written as null)")
 
 
-# One decoder for every line: every literal passes through these hooks as it is parsed.
+# The careful decoder: every literal passes through these hooks as it is parsed.
 _DECODER = json.JSONDecoder(object_pairs_hook=_object, parse_int=_int_literal,
                             parse_float=_float_literal, parse_constant=_constant)
+# Numbers parsed by the C scanner (constants still refused); _has_wild_number() checks them after.
+_FAST_DECODER = json.JSONDecoder(object_pairs_hook=_object, parse_constant=_constant)
+
+
+def _has_wild_number(value):
+    """A non-finite float or an integer beyond 2**63 anywhere in value (depth bounded by
+    MAX_CONTAINERS, checked before parsing)."""
+    if isinstance(value, dict):
+        value = value.values()
+    elif not isinstance(value, list):
+        value = (value,)
+    for v in value:
+        t = type(v)
+        if t is float:
+            if v - v != 0.0:
+                return True
+        elif t is int:
+            if not -MAX_INT <= v <= MAX_INT:
+                return True
+        elif t is dict or t is list:
+            if _has_wild_number(v):
+                return True
+    return False
 
 
 def _check_surrogates(value):
@@ -252,14 +279,27 @@ def _time(key, v):
         raise _Reject(f"{key}: expected RFC 3339 UTC time (2026-11-22T15:58:48.134Z), got {_what(v)}")
 
 
+_HOST_NAME = _string(1024)
+_hosts_seen = {}   # host lists already validated (a log repeats the same few); bounded below
+
+
 def _hosts(key, v):
     if not isinstance(v, list):
         raise _Reject(f"{key}: expected an array of host names, got {_what(v)}")
     if len(v) > MAX_HOSTS:
         raise _Reject(f"{key}: {len(v)} hosts (at most {MAX_HOSTS})")
-    name = _string(1024)
+    try:
+        seen_key = tuple(v)
+        if seen_key in _hosts_seen:
+            return
+    except TypeError:          # an unhashable entry: not a host name, reported below
+        seen_key = None
     for i, h in enumerate(v):
-        name(f"{key}[{i}]", h)
+        _HOST_NAME(f"{key}[{i}]", h)
+    if seen_key is not None and len(seen_key) <= 4096:
+        if len(_hosts_seen) >= 256:
+            _hosts_seen.clear()
+        _hosts_seen[seen_key] = True
 
 
 def _event_name(key, v):
