@@ -110,6 +110,7 @@ class Config:
     implicit_hosts: bool = False     # no hosts in the config: ranks on this machine only
     slurm: SimpleNamespace = None    # SLURM_SCHEMA's keys
     hosts_order: list = None         # host of each rank (rank r on hosts_order[r]); None: the launcher's fill
+    mpicc: str = None                # the MPI's C compiler wrapper for the engine (default: beside launcher_path, or mpicc)
 
     @property
     def host_names(self):
@@ -314,6 +315,24 @@ def _fraction():
 
 FRACTION = _fraction()
 
+
+def _algorithm_kind():
+    """A plan step's `algorithm`: a name (ring, recursive_doubling) or Open MPI's numeric id; which
+    names exist is the MPI's to say (checked against it before anything runs). default: None."""
+    expected = "an algorithm name such as ring or recursive_doubling (letters, digits, _ and -), or default"
+    pattern = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+    def check(v):
+        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 999:
+            return str(v)
+        if not isinstance(v, str) or not pattern.match(v):
+            raise ValueError(expected)
+        return None if v.lower() == "default" else v
+    return _Kind(check, expected)
+
+
+ALGORITHM = _algorithm_kind()
+
 # Sections with plain keys: key -> (kind, default). None default means "not set".
 STRESS_SCHEMA = {
     "pause": (NONNEG_SECONDS, 0.0),          # seconds between plan passes
@@ -384,11 +403,11 @@ SLURM_SCHEMA = {
     "signal_before": (SECONDS, 60.0),        # SIGTERM the stress job this long before its time limit
     "stress_job": (BOOL, False),             # `stress start` submits the loop as a job (--scheduler slurm)
 }
-PLAN_STEP_KEYS = ("op", "sizes", "iterations", "warmup", "datatype")
+PLAN_STEP_KEYS = ("op", "sizes", "iterations", "warmup", "datatype", "algorithm")
 TOP_KEYS = ("hosts", "ranks", "ranks_per_node", "oversubscribe", "launcher", "launcher_path",
             "launcher_args", "env", "transport", "engine", "osu_path", "engine_path", "datatype",
             "validate", "step_timeout", "plan", "thresholds", "state_dir",
-            "stress", "exporter", "master", "alerts", "slurm", "hosts_order")
+            "stress", "exporter", "master", "alerts", "slurm", "hosts_order", "mpicc")
 
 
 def default_state_dir():
@@ -507,6 +526,7 @@ class _Loader:
                 self.fail(f"{k}.datatype", f"got {bounded_repr(dt)}, expected one of: {', '.join(DATATYPES)}")
             if op.reduction is False and dt != "char" and item.get("datatype") is None:
                 dt = "char"
+            algorithm = self.value(f"{k}.algorithm", ALGORITHM, item["algorithm"]) if item.get("algorithm") is not None else None
             sizes = item.get("sizes", ["0"] if not op.has_size else None)
             if sizes is None:
                 self.fail(f"{k}.sizes", "missing (expected a list such as [1KB, 1MB])")
@@ -526,7 +546,8 @@ class _Loader:
                 iters = self.value(f"{k}.iterations", ITERATIONS, item["iterations"]) if "iterations" in item else osu_iters
                 warmup = self.value(f"{k}.warmup", WARMUP, item["warmup"]) if "warmup" in item else (
                     osu_warmup if "iterations" not in item else max(1, iters // 10))
-                steps.append(Step(op.name, size, iters, warmup, dt, iterations_set="iterations" in item))
+                steps.append(Step(op.name, size, iters, warmup, dt, iterations_set="iterations" in item,
+                                  algorithm=algorithm))
         return steps
 
     def thresholds(self, v):
@@ -769,6 +790,7 @@ def build_config(data, source, base_dir):
         implicit_hosts=local,
         slurm=SimpleNamespace(**ld.section("slurm", data.get("slurm"), SLURM_SCHEMA)),
         hosts_order=hosts_order,
+        mpicc=get("mpicc", STR, None),
     )
     if hosts_order and not cfg.oversubscribe:
         slots = {h.name: h.slots for h in hosts}
@@ -868,17 +890,19 @@ def apply_overrides(cfg, np=None, ops=None, sizes=None, iterations=None, datatyp
                 it, wu = osu_default_iterations(size)
                 if first.iterations_set:
                     it, wu = first.iterations, first.warmup
-                new.append(Step(op_name, size, it, wu, first.datatype))
+                new.append(Step(op_name, size, it, wu, first.datatype, algorithm=first.algorithm))
         plan = new
     if datatype is not None:
         plan = [Step(s.op, s.size_bytes, s.iterations, s.warmup,
-                     cfg.datatype if get_op(s.op).reduction or cfg.datatype == "char" else s.datatype) for s in plan]
+                     cfg.datatype if get_op(s.op).reduction or cfg.datatype == "char" else s.datatype,
+                     algorithm=s.algorithm) for s in plan]
     for s in plan:
         if s.size_bytes % DATATYPES[s.datatype]:
             ld.fail("--sizes", f"{s.size_bytes} B is not a multiple of the {s.datatype} size ({DATATYPES[s.datatype]} B)")
     if iterations is not None:
         it = ld.value("--iterations", ITERATIONS, iterations)
-        plan = [Step(s.op, s.size_bytes, it, max(1, min(s.warmup, it // 10 or 1)), s.datatype) for s in plan]
+        plan = [Step(s.op, s.size_bytes, it, max(1, min(s.warmup, it // 10 or 1)), s.datatype,
+                     algorithm=s.algorithm) for s in plan]
     cfg.plan = plan
     return cfg
 

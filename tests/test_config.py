@@ -72,7 +72,7 @@ CONFIG_CASES = {
     "unknown top-level key": (with_(bogus_key=1), ["bogus_key: unknown key (allowed: hosts, ranks, "]),
     "unknown section key": (with_(stress={"pauze": 5}), ["stress.pauze: unknown key (allowed: pause, duty_cycle"]),
     "unknown plan key": (with_(plan=[{"op": "allreduce", "sizes": ["1KB"], "iters": 5}]),
-                         ["plan[0].iters: unknown key (allowed: op, sizes, iterations, warmup, datatype)"]),
+                         ["plan[0].iters: unknown key (allowed: op, sizes, iterations, warmup, datatype, algorithm)"]),
     "wrong type: ranks": (with_(ranks="four"), ["ranks: got 'four', expected a positive whole number"]),
     "wrong type: validate": (with_(validate="sometimes"), ["validate: got 'sometimes', expected true or false"]),
     "wrong type: step_timeout": (with_(step_timeout="soon"), ["step_timeout: got 'soon'", "30s"]),

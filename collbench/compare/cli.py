@@ -283,8 +283,7 @@ def run(args):
     elif args.format == "csv":
         sys.stdout.write(table.render_csv(rows))
     else:
-        title = [f"{cfg.ranks} ranks on {ctx.nodes} node{'s' if ctx.nodes != 1 else ''}, "
-                 f"{'/'.join(sorted({plan.datatype_for(op) for op in ops}))}, {plan.timing} timing "
+        title = [f"{cfg.ranks} ranks on {ctx.nodes} node{'s' if ctx.nodes != 1 else ''}, {plan.timing} timing "
                  f"({iterations} iterations, {warmup} warm-up{', in place' if plan.inplace else ''}), "
                  f"{cat.version}, transport {cfg.transport}",
                  f"algorithms from {cat.source}; * = fastest per size, with its speed-up over default"]

@@ -118,7 +118,8 @@ def measure(cfg, plan, ctx, flavour, algorithm, op, progress=None, job_cfg=None)
                 continue
             else:
                 failures += 1
-                reason = algs.failure_reason(rec.get("stderr_tail")) or rec.get("error") or "the MPI job failed"
+                reason = (algs.failure_reason(rec.get("stderr_tail"), by_size.get(size))
+                          or rec.get("error") or "the MPI job failed")
                 row = make_row(op, algorithm, size, plan.count(op, size), by_size.get(size, runnable[0]).datatype,
                                FAILED, reason=reason)
             seen.add(size)

@@ -104,7 +104,8 @@ def render_table(rows, title_lines=(), rules_name=None):
                     continue
                 mark = ""
                 if r["fastest"]:
-                    mark = "*" + (f" {r['speedup_vs_default']:.2f}x" if r["speedup_vs_default"] else "")
+                    mark = "*" + (f" {r['speedup_vs_default']:.2f}x"
+                                  if r["speedup_vs_default"] and r["algorithm"] != DEFAULT else "")
                 elif r["algorithm"] == RULES and r["speedup_vs_default"]:
                     mark = f"  {r['speedup_vs_default']:.2f}x"
                 cells.append(head + [_ms(r["avg_us"]), _ms(r["min_us"]), _ms(r["max_us"]),
@@ -125,7 +126,8 @@ def render_table(rows, title_lines=(), rules_name=None):
             parts += [c[8].ljust(widths[8]), c[9]]
             return "  ".join(parts).rstrip()
 
-        out.append(f"{get_op(op).title}")
+        datatypes = "/".join(sorted({r["datatype"] for r in op_rows if r["datatype"]}))
+        out.append(f"{get_op(op).title} ({datatypes})")
         out += list(title_lines)
         out.append(fmt(list(HEADER)))
         out.append("-" * (sum(widths) + 2 * (len(widths) - 1)))

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from collbench.engines import mpi_flavour
 from collbench.errors import UserError
-from collbench.ops import OPS, get_op
+from collbench.ops import DATATYPES, OPS, get_op
 
 DEFAULT = "default"     # the library's own choice: nothing forced
 RULES = "rules"         # the library's choice with a tuning (rules) file loaded
@@ -93,7 +93,7 @@ class Catalogue:
         for a in self.algorithms.get(op, ()):
             if canonical(a.name) == wanted or (self.flavour == mpi_flavour.OPENMPI and a.value == wanted):
                 return a
-        raise UserError(f"{op}: no algorithm {str(name)[:64]!r} in {self.version} (from {self.source}); "
+        raise UserError(f"no algorithm {str(name)[:64]!r} for {op} in {self.version} (listed by {self.source}); "
                         f"available: {', '.join([DEFAULT] + self.names(op))}")
 
     def to_json(self):
@@ -349,11 +349,12 @@ def job_algorithms(steps):
 def same_job_prefix(steps):
     """The longest leading run of steps one MPI job can run (no op with two algorithms)."""
     steps = list(steps)
-    for i in range(1, len(steps) + 1):
-        try:
-            job_algorithms(steps[:i])
-        except ValueError:
-            return steps[:i - 1]
+    chosen = {}
+    for i, s in enumerate(steps):
+        name = None if is_default(getattr(s, "algorithm", None)) else canonical(s.algorithm)
+        if s.op in chosen and chosen[s.op] != name:
+            return steps[:i]
+        chosen[s.op] = name
     return steps
 
 
@@ -377,7 +378,7 @@ def check_steps(cfg, steps):
             cat.find(s.op, s.algorithm)
         except UserError as e:
             size = f" {s.size_label}" if get_op(s.op).has_size else ""
-            raise UserError(f"plan step {s.op}{size}: algorithm: {e}") from None
+            raise UserError(f"{cfg.source}: plan step {s.op}{size}: {e}") from None
 
 
 @dataclass
@@ -447,9 +448,16 @@ def _is_pow2(n):
 def known_constraint(flavour, op, name, nranks, count):
     """Why this algorithm cannot run as itself for nranks ranks and count elements ("" if it
     can), from the library's source: such a row is reported, not measured under a wrong name."""
-    if flavour != mpi_flavour.OPENMPI or is_default(name):
+    if is_default(name):
         return ""
     op, name = get_op(op).name, canonical(name)
+    if flavour == mpi_flavour.MPICH:
+        if op == "allgather" and name == "recursive_doubling" and not _is_pow2(nranks):
+            # MPIR_Allgather_impl: MPII_COLLECTIVE_FALLBACK_CHECK(local_size == coll.pof2)
+            return f"needs a power-of-two number of ranks (MPICH refuses it at {nranks})"
+        return ""
+    if flavour != mpi_flavour.OPENMPI:
+        return ""
     if name == "two_proc" and nranks != 2:
         # coll_base_{allgather,alltoall,barrier}.c: *_two_procs returns MPI_ERR_UNSUPPORTED_OPERATION
         return f"needs exactly 2 ranks (Open MPI aborts with MPI_ERR_UNSUPPORTED_OPERATION at {nranks})"
@@ -467,16 +475,51 @@ def known_constraint(flavour, op, name, nranks, count):
 
 
 _MPICH_BAD_VALUE = re.compile(r"Invalid (MPIR_CVAR_\w+) value \(([^)]*)\)")
+_MPI_CALL = re.compile(r"\b(MPI_[A-Z][a-z_]*)\(([^()]*)\) failed")
+_MPI_NAME = {"allreduce": "MPI_Allreduce", "bcast": "MPI_Bcast", "reduce": "MPI_Reduce",
+             "allgather": "MPI_Allgather", "alltoall": "MPI_Alltoall",
+             "reduce_scatter": "MPI_Reduce_scatter", "barrier": "MPI_Barrier"}
 
 
-def failure_reason(stderr_tail):
-    """What a failed forced run's stderr says about the algorithm ("" when it says nothing)."""
+def _timed_call(call, args, step):
+    """Whether MPICH's failing call is the step's own collective (same op and count)."""
+    if step is None or call != _MPI_NAME.get(get_op(step.op).name):
+        return False
+    m = re.search(r"\b(?:send)?count=(\d+)", args)
+    if m is None:
+        return True
+    return int(m.group(1)) == step.size_bytes // DATATYPES.get(step.datatype, 1)
+
+
+def failure_reason(stderr_tail, step=None):
+    """What a failed forced run's stderr says about the algorithm ("" when it says nothing).
+
+    MPICH names the failing call in its error stack; when that is not the step's own collective
+    (the engine's bookkeeping: count=1 reductions, the plan broadcast), the algorithm was refused
+    for that call, and the row says so rather than blaming the timed one.
+    """
     text = stderr_tail or ""
     m = _MPICH_BAD_VALUE.search(text)
     if m:
         return f"MPICH does not know {m.group(2)!r} for {m.group(1)}"
+    call = _MPI_CALL.search(text)
     if "User set collective algorithm is not usable" in text:
-        return "MPICH: the algorithm cannot serve these arguments (MPIR_CVAR_COLLECTIVE_FALLBACK=error)"
+        if call is None or _timed_call(call.group(1), call.group(2), step):
+            return "MPICH: the algorithm cannot serve this call (MPIR_CVAR_COLLECTIVE_FALLBACK=error)"
+        return (f"MPICH refuses the algorithm for the engine's own {call.group(1)}"
+                f"({_short_args(call.group(2))}), so the timed calls could not run")
     if "MPI_ERR_UNSUPPORTED_OPERATION" in text or "operation not supported" in text:
         return "Open MPI: the algorithm does not support this call (MPI_ERR_UNSUPPORTED_OPERATION)"
+    if call is not None and "Fatal error in" in text:
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        stack = [ln for ln in lines if re.match(r"^MPI[RDI]?\w*\(\d+\)", ln)]
+        where = stack[-1] if stack else lines[-1]
+        return f"MPICH: {call.group(1)} failed under the forced algorithm ({' '.join(where.split())[:160]})"
     return ""
+
+
+def _short_args(args):
+    """The count, datatype and op of an MPI call's argument text (no buffer addresses)."""
+    parts = [p.strip() for p in args.split(",")]
+    keep = [p for p in parts if not re.match(r"^(?:send|recv)?buf(?:fer)?=", p)]
+    return ", ".join(keep)[:120]

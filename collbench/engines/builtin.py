@@ -14,9 +14,9 @@ import tempfile
 from typing import NamedTuple
 
 from collbench import records
-from collbench.engines import launcher
-from collbench.engines.base import (Engine, LoopRecord, Measured, failure_message, step_label,
-                                    step_timeout_error)
+from collbench.engines import algorithms, launcher
+from collbench.engines.base import (Engine, LoopRecord, Measured, failure_message, run_per_step,
+                                    step_label, step_timeout_error)
 from collbench.engines.build import ensure_engine
 from collbench.engines.mpi_job import JobTimeout, describe_exit, stderr_reason
 from collbench.ops import get_op
@@ -83,7 +83,8 @@ def engine_command(cfg, steps, plan_path, loop=False, validate=None, max_loops=N
         program.append("--validate")
     if max_loops is not None:
         program += ["--max-loops", str(int(max_loops))]
-    return launcher.build_command(cfg, program)
+    # an algorithm is forced per job and op: the steps of one job never disagree (same_job_prefix)
+    return launcher.build_command(cfg, program, algorithms=algorithms.job_algorithms(steps))
 
 
 def parse_line(line):
@@ -212,7 +213,8 @@ class BuiltinEngine(Engine):
     loops_in_one_job = True
 
     def preflight(self, cfg, steps):
-        """The engine binary (built now if need be) and a launcher command for it."""
+        """The engine binary (built now if need be), every step's algorithm, a launcher command."""
+        algorithms.check_steps(cfg, steps)
         launcher.build_command(cfg, [ensure_engine(cfg), "--plan", os.devnull])
 
     def measure(self, cfg, steps, ctx, runner, on_progress=None, plan_path=None, iteration=None):
@@ -221,7 +223,7 @@ class BuiltinEngine(Engine):
         done = 0  # steps that have a record
         with _PlanFile(plan_path) as path:
             while done < total:
-                batch = steps[done:]
+                batch = algorithms.same_job_prefix(steps[done:])   # one job per forced algorithm
                 if on_progress:
                     on_progress(done, total, batch[0])
                 in_batch = 0
@@ -265,6 +267,9 @@ class BuiltinEngine(Engine):
     def run_loop(self, cfg, steps, ctx, runner, first_iteration=1, passes=None, plan_path=None):
         """One engine job for all passes (`--loop`; one pass: a plain plan run)."""
         steps = list(steps)
+        if algorithms.needs_separate_jobs(steps):   # two algorithms of one op: a job per step
+            yield from run_per_step(self, cfg, steps, ctx, runner, first_iteration, passes, plan_path)
+            return
         iteration, next_index = first_iteration, 0   # the pass and step the next record is for
         with _PlanFile(plan_path) as path:
             job = _job(cfg, steps, ctx, runner, path, loop=passes != 1,

@@ -16,6 +16,7 @@ import shutil
 import time
 
 from collbench.engines.base import Engine, Measured, failure_message, step_timeout_error
+from collbench.engines import algorithms
 from collbench.engines.launcher import build_command
 from collbench.engines.mpi_job import stderr_reason
 from collbench.engines.osu_parser import OsuOutputError, parse_output
@@ -115,6 +116,7 @@ def osu_argv(binary, step, validate, nranks):
 def preflight(cfg, steps):
     """Everything that can be checked before the first mpirun; returns the OSU directory."""
     check_plan(steps)
+    algorithms.check_steps(cfg, steps)
     return find_osu_dir(cfg, [s.op for s in steps])
 
 
@@ -123,7 +125,7 @@ def run_step(cfg, step, ctx, osu_dir, runner, iteration=None):
     op = get_op(step.op)
     binary = os.path.join(osu_dir, op.osu_binary)
     program = osu_argv(binary, step, cfg.validate, cfg.ranks)
-    argv, env = build_command(cfg, program)
+    argv, env = build_command(cfg, program, algorithms={op.name: getattr(step, "algorithm", None)})
     what = f"{op.osu_binary} {step.size_label}" if op.has_size else op.osu_binary
     lines = []
     job = runner.run(argv, env, idle_timeout=runner.idle_timeout(cfg), on_line=lines.append)
