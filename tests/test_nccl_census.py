@@ -553,3 +553,24 @@ def test_timestamped_lines_hit_the_cache_and_count_the_same(tmp_path, monkeypatc
         assert a[key] == b[key], key
     assert a["collective_lines"] == 5 * 28 and a["desync"] == []
     assert len(parsed) == n_plain < 28              # distinct calls are parsed, stamped or not
+
+
+def test_gunzip_members_padding_and_cut():
+    from collbench.nccl.log_input import Gunzip
+
+    def read_all(data, n):
+        g = Gunzip(io.BytesIO(data))
+        out = []
+        while True:
+            x = g.read(n)
+            if not x:
+                return b"".join(out), g.truncated
+            out.append(x)
+    a = b"".join(b"line %d of member one\n" % i for i in range(50000))
+    b = b"".join(b"line %d of member two\n" % i for i in range(70000))
+    data = gzip.compress(a) + gzip.compress(b)
+    for n in (7, 4096, 1 << 20, len(gzip.compress(a))):     # a member ending exactly at a read, too
+        assert read_all(data, n) == (a + b, False), n
+    assert read_all(data + b"\0\0\0\0 trailing bytes", 4096) == (a + b, False)
+    got, truncated = read_all(gzip.compress(a)[:-100], 4096)
+    assert truncated and a.startswith(got) and len(got) > len(a) - 4096

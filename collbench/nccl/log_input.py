@@ -87,6 +87,7 @@ class Gunzip:
         self.inflate = zlib.decompressobj(wbits=31)
         self.pending = b""          # compressed bytes not yet fed
         self.in_member = False
+        self.members = 0            # members read to their end
         self.done = False
         self.truncated = False
 
@@ -98,17 +99,17 @@ class Gunzip:
                 self.truncated = self.in_member
                 self.done = True
                 break
+            if not self.in_member and self.members and data[:2] != GZIP_MAGIC:
+                self.done = True            # padding or other bytes after the last member
+                break
             self.in_member = True
             out = self.inflate.decompress(data, n)
             self.pending = self.inflate.unconsumed_tail
             if self.inflate.eof:
-                rest = self.inflate.unused_data
+                self.pending = self.inflate.unused_data
                 self.inflate = zlib.decompressobj(wbits=31)
                 self.in_member = False
-                if rest[:2] == GZIP_MAGIC:
-                    self.pending = rest
-                elif rest.strip(b"\0") or self.raw.read(1):
-                    self.done = True        # trailing non-gzip bytes: the log is what came before
+                self.members += 1
             if out:
                 return out
         return b""
