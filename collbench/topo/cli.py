@@ -31,6 +31,8 @@ def register(subparsers):
     add_map(verbs)
     from collbench.topo.measure_cli import add_measure
     add_measure(verbs)
+    from collbench.topo.compare_cli import add_compare
+    add_compare(verbs)
 
 
 def add_map(verbs):
