@@ -9,9 +9,11 @@ Each launcher takes a rank order in its own form (docs/TOPO.md, "Launch files"; 
 | Slurm `srun`        | `SLURM_HOSTFILE=FILE` and `--distribution=arbitrary`: a host per task |
 
 A host may appear several times: its k-th entry is its slot k. An Open MPI rankfile binds each
-rank to the cores it names, and `--bind-to none` cannot undo that; so when the config does not
-bind (`oversubscribe: true`, or `--bind-to none` in launcher_args, as on the namespace testbed,
-whose "hosts" share one machine's cores) every rank gets `slot=*:*`, all of its host's cores.
+rank to the cores it names, `--bind-to none` cannot undo that, and a core number the host does
+not have makes mpirun fail (silently, exit 1). So a rank is bound to core k only when the
+config asks for binding (`--bind-to core`, `hwthread`, ... in launcher_args, without
+`oversubscribe`); otherwise every rank gets `slot=*:*`, all of its host's cores, as an unbound
+launch would.
 
 The files are written atomically into the cache directory (collbench.engines.build.cache_dir,
 `rank-order/`), named by a hash of their content: concurrent jobs with the same order share
@@ -35,16 +37,18 @@ def check_ranks(cfg, np):
 
 
 def binds(cfg):
-    """False when the config asks the launcher not to bind ranks to cores."""
+    """True when the config asks mpirun to bind ranks (`--bind-to X`, X not none) and does not
+    oversubscribe: then rank k of a host is bound to its core k."""
     if cfg.oversubscribe:
         return False
     args = list(cfg.launcher_args)
+    policy = None
     for i, a in enumerate(args):
-        if a in ("--bind-to", "-bind-to") and i + 1 < len(args) and args[i + 1] == "none":
-            return False
-        if a in ("--bind-to=none", "-bind-to=none"):
-            return False
-    return True
+        if a in ("--bind-to", "-bind-to") and i + 1 < len(args):
+            policy = args[i + 1]
+        elif a.startswith(("--bind-to=", "-bind-to=")):
+            policy = a.split("=", 1)[1]
+    return policy is not None and policy.split(":")[0] != "none"
 
 
 def slots(hosts_order):

@@ -63,6 +63,9 @@ def add_measure(verbs):
     m.add_argument("--format", choices=FORMATS, default="table", help="console output (default table)")
     m.add_argument("--outlier-ratio", type=_ratio, default=DEFAULT_RATIO, metavar="X",
                    help=f"how much slower than its class a host or link must be (default {DEFAULT_RATIO:g})")
+    m.add_argument("--outlier-metric", choices=("both",) + METRIC_NAMES, default="both",
+                   help="whose outliers count for --fail-on-outlier and the summary (default both; on a "
+                        "loaded machine latency is noisy: bandwidth)")
     m.add_argument("--fail-on-outlier", action="store_true", help="exit 1 when there are outliers")
     m.add_argument("--results", metavar="FILE",
                    help="append the measurement to a JSONL results file (topo_pair / topo_measure events)")
@@ -173,16 +176,24 @@ def cmd_measure(args):
                     + [measure.summary_event(result, ctx, reports, files)])
         files["results"] = os.path.abspath(results_path)
     if args.format == "json":
-        sys.stdout.write(json.dumps(json_doc(result, lat, bw, reports, files), indent=1) + "\n")
+        doc = json_doc(result, lat, bw, reports, files)
+        doc["any_outliers"] = any(r.any for k, r in reports.items() if k in counted(args.outlier_metric))
+        doc["outlier_metric"] = args.outlier_metric
+        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     elif args.format == "csv":
         sys.stdout.write(csv_text(result, reports))
     else:
-        sys.stdout.write(table_text(result, lat, bw, reports, ctx))
+        sys.stdout.write(table_text(result, lat, bw, reports, ctx, counted(args.outlier_metric)))
         for path in files.values():
             print(f"collbench: wrote {path}", file=sys.stderr)
-    if args.fail_on_outlier and any(r.any for r in reports.values()):
+    if args.fail_on_outlier and any(r.any for k, r in reports.items() if k in counted(args.outlier_metric)):
         return 1
     return 0
+
+
+def counted(outlier_metric):
+    """The metrics whose outliers count (--outlier-metric)."""
+    return METRIC_NAMES if outlier_metric == "both" else (outlier_metric,)
 
 
 def write_files(out_dir, lat, bw, reports, picture):
@@ -245,7 +256,7 @@ def _grid(m, fmt):
     return lines
 
 
-def table_text(result, lat, bw, reports, ctx):
+def table_text(result, lat, bw, reports, ctx, metrics=METRIC_NAMES):
     s = result.settings
     p = result.size
     lines = [f"topo measure: run {ctx.run_id}, {p} ranks ({s.ranks_per_host} per host), "
@@ -264,11 +275,13 @@ def table_text(result, lat, bw, reports, ctx):
             lines.append(f"  host groups joined by the fastest links (racks): "
                          + "; ".join(" ".join(g) for g in rep.groups))
         lines += ["  " + ln for ln in rep.lines()]
-    flagged = sorted({h.host for r in reports.values() for h in r.hosts})
-    links = sorted({f"{lk.a}-{lk.b}" for r in reports.values() for lk in r.links})
+    counted_reports = [r for k, r in reports.items() if k in metrics]
+    flagged = sorted({h.host for r in counted_reports for h in r.hosts})
+    links = sorted({f"{lk.a}-{lk.b}" for r in counted_reports for lk in r.links})
     lines.append("")
     if flagged or links:
-        lines.append("look first at: " + ", ".join([f"host {h}" for h in flagged] + [f"link {x}" for x in links]))
+        lines.append(f"look first at ({' and '.join(metrics)}): "
+                     + ", ".join([f"host {h}" for h in flagged] + [f"link {x}" for x in links]))
     else:
-        lines.append("no outliers")
+        lines.append(f"no outliers ({' and '.join(metrics)})")
     return "\n".join(lines) + "\n"
