@@ -328,7 +328,23 @@ def _ask_mpich(launcher, tool):
     else:
         source = MPICH_DOCUMENTED_SOURCE
         algorithms = {op: tuple(Algorithm(n, n) for n in names) for op, names in MPICH_4_0_DOCUMENTED.items()}
+    if tool:
+        algorithms = {op: tuple(a for a in found if _mpich_accepts(tool, op, a.value))
+                      for op, found in algorithms.items()}
+        source += ", each value accepted by MPICH"
     return Catalogue(mpi_flavour.MPICH, version, source, algorithms, ())
+
+
+def _mpich_accepts(tool, op, value):
+    """MPICH's own check of a CVAR value: MPI_Init (of mpivars, an MPI program) refuses an unknown one."""
+    env = dict(os.environ)
+    env[f"MPIR_CVAR_{MPICH_INFIX[op]}_INTRA_ALGORITHM"] = value
+    try:
+        out = subprocess.run([tool, "-nodesc"], capture_output=True, text=True, timeout=LISTER_TIMEOUT,
+                             stdin=subprocess.DEVNULL, env=env, errors="replace")
+    except (OSError, subprocess.SubprocessError):
+        return True   # cannot ask: the job itself will say (failure_reason)
+    return not _MPICH_BAD_VALUE.search(out.stdout + out.stderr)
 
 
 # ---------------------------------------------------------------- jobs and launch settings
@@ -391,10 +407,15 @@ def launch_settings(cfg, algorithms=None, rules_file=None):
     """What forces algorithms ({op: name}) or loads a tuning file for one job of cfg's MPI.
     Nothing (and no MPI tool run) when neither is asked for."""
     algorithms = {op: name for op, name in (algorithms or {}).items() if not is_default(name)}
-    settings = LaunchSettings()
     if not algorithms and not rules_file:
-        return settings
-    cat = catalogue(cfg)
+        return LaunchSettings()
+    return settings_for(catalogue(cfg), algorithms, rules_file)
+
+
+def settings_for(cat, algorithms, rules_file=None):
+    """launch_settings for a given Catalogue."""
+    algorithms = {op: name for op, name in (algorithms or {}).items() if not is_default(name)}
+    settings = LaunchSettings()
     if cat.flavour == mpi_flavour.OPENMPI:
         settings.mca.append(("coll_tuned_use_dynamic_rules", "1"))
         for op, name in sorted(algorithms.items()):
