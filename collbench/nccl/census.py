@@ -41,7 +41,7 @@ SAMPLES_MAX = 50            # malformed lines kept for -v / JSON
 ROOTS_MAX = 16              # distinct roots listed per configuration
 TUNING_KEYS_MAX = 100_000
 FLUSH_BYTES = 4 << 20      # input bytes between folds of the per-rank lists (bounds their length)
-PAIRS_MAX = 200_000         # (rank, direction, peer) p2p digests; beyond, p2p lines are only counted
+PAIRS_MAX = 50_000          # (rank, direction, peer) p2p digests; beyond, p2p lines are only counted
 KIND_CODE = {COLL: 0, SEND: 1, RECV: 2}     # anything else (RMA) is 3: counted, not checked
 
 NO_COLL_HINT = ("collective lines come from NCCL_DEBUG=INFO with COLL in NCCL_DEBUG_SUBSYS "

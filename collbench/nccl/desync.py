@@ -22,7 +22,7 @@ taken for separate communicators, not a desync. Findings from inferred sets say 
 """
 
 BLOCK0 = 64             # first block size (calls); small logs locate from the digest alone
-MAX_BLOCKS = 1024       # blocks kept per rank before pairs are merged and the block size doubles
+MAX_BLOCKS = 256        # blocks kept per rank (up to twice as many) before pairs merge and the size doubles
 P2P_LOCATE_CAP = 200_000  # p2p signatures collected per side when locating a pair's mismatch
 SHOW_MEMBERS = 16       # members listed per side of a finding
 
@@ -83,7 +83,7 @@ def window(a, b):
     return common * bs, min(a.n, b.n) + 1
 
 
-PAIR_BLOCK = 64         # p2p signatures per hashed block of a pair digest
+PAIR_BLOCK = 32         # p2p signatures per hashed block of a pair digest
 
 
 def common_prefix(a, b):
