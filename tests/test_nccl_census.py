@@ -389,10 +389,10 @@ def test_bad_inputs_are_user_errors(tmp_path):
 
 # --- the real command -----------------------------------------------------------------------------
 
-def cli(*args, stdin=None):
+def cli(*args, stdin=None, env=None):
     exe = [str(COLLBENCH)] if COLLBENCH.exists() else [sys.executable, "-m", "collbench"]
     return subprocess.run(exe + ["nccl", "census", *args], input=stdin, capture_output=True,
-                          timeout=CLI_TIMEOUT, cwd=REPO)
+                          timeout=CLI_TIMEOUT, cwd=REPO, env=None if env is None else {**os.environ, **env})
 
 
 def test_cli_table_csv_json():
@@ -574,3 +574,26 @@ def test_gunzip_members_padding_and_cut():
     assert read_all(data + b"\0\0\0\0 trailing bytes", 4096) == (a + b, False)
     got, truncated = read_all(gzip.compress(a)[:-100], 4096)
     assert truncated and a.startswith(got) and len(got) > len(a) - 4096
+
+
+def test_cli_reads_a_named_pipe(tmp_path):
+    """`collbench nccl census <(zcat log.gz)` hands over a pipe: read once, spooled, gunzipped."""
+    import threading
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    data = gzip.compress((NCCL / "rccl-429-mismatch.log").read_bytes())
+
+    def feed():
+        with open(fifo, "wb") as f:
+            f.write(data)
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    spool_dir = tmp_path / "tmp"
+    spool_dir.mkdir()
+    r = cli(str(fifo), "--format", "json", env={"TMPDIR": str(spool_dir)})
+    writer.join(timeout=30)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["inputs"][0]["compressed"] and doc["collective_lines"] == 16
+    assert [f["position"] for f in doc["desync"]] == [4]
+    assert list(spool_dir.iterdir()) == []      # the spool is gone

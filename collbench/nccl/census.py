@@ -44,7 +44,7 @@ FLUSH_BYTES = 4 << 20      # input bytes between folds of the per-rank lists (bo
 PAIRS_MAX = 50_000          # (rank, direction, peer) p2p digests; beyond, p2p lines are only counted
 KIND_CODE = {COLL: 0, SEND: 1, RECV: 2}     # anything else (RMA) is 3: counted, not checked
 
-NO_COLL_HINT = ("collective lines come from NCCL_DEBUG=INFO with COLL in NCCL_DEBUG_SUBSYS "
+NO_COLL_HINT = ("Collective lines come from NCCL_DEBUG=INFO with COLL in NCCL_DEBUG_SUBSYS "
                 "(NCCL_DEBUG_SUBSYS=INIT,COLL also gives ranks and commIds); the default subsystems "
                 "(INIT; INIT,ENV from 2.16; INIT,BOOTSTRAP,ENV from 2.23) and NCCL_DEBUG=WARN log none. "
                 "RCCL reads the same variables")

@@ -8,6 +8,7 @@ it is read, so that a second pass (locating a desync) can read it again.
 """
 
 import os
+import stat
 import sys
 import tempfile
 import zlib
@@ -27,18 +28,20 @@ class LogInputError(UserError):
 class Source:
     """One input: `name` for messages, `open()` returns a binary file object (decompressed)."""
 
-    def __init__(self, name, path=None, explicit=True):
+    def __init__(self, name, path=None, explicit=True, stream=False):
         self.name = name
         self.path = path                # None for stdin
         self.explicit = explicit        # named on the command line (errors) or found in a directory (warnings)
-        self.spool = None               # stdin's copy, after the first pass
+        self.stream = stream or path is None    # read once (stdin, a pipe such as <(zcat ...)): spooled
+        self.spool = None               # the stream's copy, after the first pass
         self.compressed = False
 
     def open(self):
-        if self.path is None:
+        if self.stream:
             if self.spool is not None:
                 return open(self.spool, "rb")
-            return _StdinSpool(self)
+            raw = sys.stdin.buffer if self.path is None else open(self.path, "rb")
+            return _Spool(self, raw, own=self.path is not None)
         raw = open(self.path, "rb")
         try:
             head = raw.read(2)
@@ -52,8 +55,8 @@ class Source:
         return raw
 
     def sniff(self, marker, size=1 << 20):
-        """Whether marker occurs in the first `size` bytes (False for stdin and unreadable files)."""
-        if self.path is None and self.spool is None:
+        """Whether marker occurs in the first `size` bytes (False for unread streams and unreadable files)."""
+        if self.stream and self.spool is None:
             return False
         try:
             f = self.open()
@@ -118,12 +121,12 @@ class Gunzip:
         self.raw.close()
 
 
-class _StdinSpool:
-    """stdin (gunzipped when it starts with the gzip magic), copied to a temporary file as read."""
+class _Spool:
+    """A stream (gunzipped when it starts with the gzip magic), copied to a temporary file as read."""
 
-    def __init__(self, source):
+    def __init__(self, source, stream, own):
         self.source = source
-        stream = sys.stdin.buffer
+        self.raw = stream if own else None
         try:
             head = stream.peek(2)[:2]
         except (AttributeError, OSError, ValueError):
@@ -147,6 +150,8 @@ class _StdinSpool:
 
     def close(self):
         self.copy.close()
+        if self.raw is not None:
+            self.raw.close()
 
 
 def expand_paths(paths, warnings):
@@ -183,9 +188,13 @@ def expand_paths(paths, warnings):
             for source in found:
                 add(source)
         elif os.path.exists(arg):
-            if not os.path.isfile(arg):
-                raise LogInputError(f"{arg}: not a regular file or directory")
-            add(Source(arg, arg))
+            mode = os.stat(arg).st_mode
+            if stat.S_ISREG(mode):
+                add(Source(arg, arg))
+            elif stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):   # <(zcat log.gz), /dev/stdin
+                sources.append(Source(arg, arg, stream=True))
+            else:
+                raise LogInputError(f"{arg}: not a file, pipe or directory")
         else:
             raise LogInputError(f"{arg}: no such file or directory")
     return sources
