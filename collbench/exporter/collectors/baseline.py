@@ -15,6 +15,7 @@ per distinct problem), never a failed scrape; the previous file's series are not
 
 import logging
 import os
+import stat
 
 from prometheus_client.core import GaugeMetricFamily
 
@@ -63,6 +64,8 @@ class BaselineCollector(Collector):
 
     def _identity(self):
         st = os.stat(self.path)
+        if not stat.S_ISREG(st.st_mode):   # a FIFO would block the loader's open(), a directory fail it
+            raise OSError(0, "not a regular file")
         return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
     def load(self):
@@ -118,6 +121,7 @@ class BaselineCollector(Collector):
                                     "Unix time the served baseline was saved.", unit="seconds")
         if baseline.created_ts is not None:
             created.add_metric([], baseline.created_ts)
-        info = GaugeMetricFamily("collbench_baseline_info", "The served baseline (always 1).", labels=["name"])
+        info = GaugeMetricFamily("collbench_baseline_info", "The served baseline's name (always 1).",
+                                  labels=["baseline"])
         info.add_metric([baseline.name], 1)
         return [median, sigma, busbw, runs, created, info]
