@@ -1,7 +1,8 @@
-"""Processes as /proc shows them: stat fields, liveness, start times, descendants.
+"""Processes as /proc shows them: stat fields, liveness, start times, descendants; and the one
+way collbench signals a process tree (signal_tree, stop_tree).
 
 The one /proc parser of collbench: the job runner, the stress daemon, the SSH agent and the
-`servers` probe all read processes through it. A pid alone proves nothing once a process may
+`servers` probe all read processes through it, and signal them through it. A pid alone proves nothing once a process may
 have ended (the kernel reuses pids), so whoever keeps a pid to signal later keeps its start time
 (/proc/<pid>/stat field 22, clock ticks since boot) with it and checks same_process() first.
 
@@ -10,6 +11,8 @@ where collbench is not installed (see servers._probe_script).
 """
 
 import os
+import signal
+import time
 from typing import NamedTuple
 
 # A zombie (Z) has ended and only waits for its parent to reap it; X is the moment of reaping.
@@ -163,3 +166,84 @@ def net_namespace(pid, proc_root="/proc"):
         return os.readlink(f"{proc_root}/{pid}/ns/net")
     except OSError:
         return None
+
+
+# ---------------------------------------------------------------- signalling a process tree
+# The one place collbench signals a job, a command or what they left behind. Never by name:
+# by process group and by pid, a pid with its start time when it was kept for later.
+
+def signal_tree(groups, sig, pids=()):
+    """Send sig to process group(s) `groups` (an id, several, or None), then to each of `pids`.
+
+    pids is a list, or {pid: start ticks} to skip a pid that now names another process (the
+    kernel reuses pids). Our own process group is never signalled; processes that are gone or
+    not ours to signal are skipped. Returns the pids signalled.
+    """
+    if groups is None:
+        groups = ()
+    elif isinstance(groups, int):
+        groups = (groups,)
+    own = os.getpgrp()
+    for pgid in groups:
+        if pgid and pgid > 0 and pgid != own:
+            try:
+                os.killpg(pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+    starts = pids if isinstance(pids, dict) else None
+    sent = []
+    for pid in pids:
+        if starts is not None and not same_process(pid, starts[pid]):
+            continue
+        try:
+            os.kill(pid, sig)
+            sent.append(pid)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return sent
+
+
+def reap_children():
+    """Reap every child of ours that has ended (without waiting for the others)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def stop_tree(find, grace, groups=None, on_wait=None, poll=0.05, kill_wait=10.0):
+    """SIGTERM a process tree, SIGKILL what is left of it after `grace` seconds.
+
+    find() gives the tree's live processes as signal_tree's pids (asked again while waiting, so
+    processes started meanwhile are found too); groups is signal_tree's, or a function giving
+    it at each signal (a group id names another group once its leader is gone and the id is
+    reused); on_wait() runs at every poll (reap what ended). After SIGKILL it waits up to
+    kill_wait s for the kernel to end them. Returns the pids that needed SIGKILL.
+    """
+    def signal_all(sig, alive):
+        signal_tree(groups() if callable(groups) else groups, sig, alive)
+
+    def waiting(seconds):
+        deadline = time.monotonic() + seconds
+        while True:
+            if on_wait is not None:
+                on_wait()
+            alive = find()
+            if not alive or time.monotonic() >= deadline:
+                return alive
+            time.sleep(poll)
+
+    alive = find()
+    if not alive:
+        return []
+    signal_all(signal.SIGTERM, alive)
+    alive = waiting(grace)
+    if not alive:
+        return []
+    killed = sorted(alive)
+    signal_all(signal.SIGKILL, alive)
+    waiting(kill_wait)
+    return killed

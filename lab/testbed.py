@@ -38,10 +38,11 @@ import os
 import secrets
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
+
+from collbench import proctree
 
 SUBNET = ipaddress.ip_network("198.18.0.0/24")
 LOCK_FILE = "/run/collbench-testbed.lock"
@@ -354,16 +355,7 @@ def down(directory, grace=3.0):
     namespaces = [h["netns"] for h in desc.get("hosts", [])]
     existing = set(_run(["ip", "netns", "list"], check=False).stdout.split())
     namespaces = [ns for ns in namespaces if ns in existing]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for ns in namespaces:
-            for pid in netns_pids(ns):
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(netns_pids(ns) for ns in namespaces):
-            time.sleep(0.05)
+    proctree.stop_tree(lambda: [pid for ns in namespaces for pid in netns_pids(ns)], grace, kill_wait=grace)
     for h in desc.get("hosts", []):
         _run(["ip", "link", "del", h["veth"]], check=False)
     for ns in namespaces:

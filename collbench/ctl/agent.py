@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 from collbench import proctree
 
@@ -32,34 +31,16 @@ def tree(root):
     return {pid: stats[pid].start_ticks for pid in pids}
 
 
-def _signal_tree(procs, pgid, sig):
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-    stats = proctree.all_stats()
-    for pid, start in procs.items():
-        if proctree.same_process(pid, start, stats):   # same process, not a reused pid
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
 def stop(child, grace):
     """SIGTERM the command's group and tree, SIGKILL what is left after `grace` seconds."""
-    procs = tree(child.pid)
-    _signal_tree(procs, child.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
+    procs = {}   # every process seen in the tree, with its start time: signalled only while it is that one
+
+    def live():
         procs.update(tree(child.pid))
-        child.poll()
         stats = proctree.all_stats()
-        if child.returncode is not None and not any(
-                proctree.same_process(p, s, stats) for p, s in procs.items()):
-            return
-        time.sleep(0.1)
-    _signal_tree(procs, child.pid, signal.SIGKILL)
+        return {p: s for p, s in procs.items() if proctree.same_process(p, s, stats)}
+
+    proctree.stop_tree(live, grace, groups=child.pid, on_wait=child.poll, poll=0.1)
     child.wait()
 
 

@@ -1,9 +1,9 @@
 """Run one MPI job: stream its stdout lines, keep the tail of its stderr, stop it for good.
 
 The job leads its own process group and session (start_new_session), so stop() can reach
-mpirun, its daemons and the ranks with one killpg; it also signals every descendant found
-by walking /proc parent links and every process left in the job's session (ranks that a
-dying mpirun orphaned), never by name. Processes that ignore SIGTERM get SIGKILL after the
+mpirun, its daemons and the ranks by their process group; it also signals every descendant
+found by walking /proc parent links and every process left in the job's session (ranks that a
+dying mpirun orphaned), never by name (collbench.proctree.stop_tree). Processes that ignore SIGTERM get SIGKILL after the
 grace period; stop() reports their pids.
 """
 
@@ -11,7 +11,6 @@ import collections
 import os
 import queue
 import re
-import signal
 import subprocess
 import threading
 import time
@@ -135,43 +134,19 @@ class MpiJob:
                 self._known.setdefault(pid, stats[pid].start_ticks)
         return [p for p, start in self._known.items() if proctree.same_process(p, start)]
 
-    def _signal_all(self, sig, pids):
-        if self._owns_ids(proctree.read_stat(self.pid)):
-            try:
-                os.killpg(self.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        for pid in pids:
-            if proctree.same_process(pid, self._known[pid]):
-                try:
-                    os.kill(pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
+    def _group(self):
+        """The job's process group while its launcher's pid is still the launcher's (else None)."""
+        return self.pid if self._owns_ids(proctree.read_stat(self.pid)) else None
+
+    def _live(self):
+        """{pid: start ticks} of the job's processes still running."""
+        return {pid: self._known[pid] for pid in self._remember_tree()}
 
     def stop(self, grace=10.0):
         """SIGTERM the whole job, SIGKILL what is left after grace s, reap; pids that needed SIGKILL."""
         if self.proc is None:
             return []
-        alive = self._remember_tree()
-        killed = []
-        if alive:
-            self._signal_all(signal.SIGTERM, alive)
-            deadline = time.monotonic() + grace
-            while time.monotonic() < deadline:
-                self.proc.poll()
-                alive = self._remember_tree()
-                if not alive:
-                    break
-                time.sleep(POLL)
-            alive = self._remember_tree()
-            if alive:
-                killed = sorted(alive)
-                self._signal_all(signal.SIGKILL, alive)
-                # SIGKILL cannot be ignored: wait (bounded) until the kernel has them all
-                deadline = time.monotonic() + 10.0
-                while self._remember_tree() and time.monotonic() < deadline:
-                    self.proc.poll()
-                    time.sleep(POLL)
+        killed = proctree.stop_tree(self._live, grace, groups=self._group, on_wait=self.proc.poll, poll=POLL)
         self.proc.wait()
         self.reap_adopted()
         self._join_readers()

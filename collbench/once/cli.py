@@ -66,28 +66,11 @@ def stop_leftover_jobs(grace=5.0):
     started (inside subprocess.Popen, before the engine holds the job) leaves it running with
     nobody to stop it. Whatever is still our descendant then is exactly such a job.
     """
-    left = proctree.descendants(os.getpid())
-    deadline = time.monotonic() + grace
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in left:
-            try:
-                os.killpg(pid, sig)  # launchers lead their own process group
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        while time.monotonic() < deadline:
-            try:
-                while os.waitpid(-1, os.WNOHANG)[0] > 0:  # reap our own children
-                    pass
-            except ChildProcessError:
-                pass
-            if not proctree.descendants(os.getpid()):
-                return left
-            time.sleep(0.05)
-        deadline = time.monotonic() + grace
+    me = os.getpid()
+    left = proctree.descendants(me)
+    # launchers lead their own process group: each leftover's group too
+    proctree.stop_tree(lambda: proctree.descendants(me), grace, groups=left,
+                       on_wait=proctree.reap_children, kill_wait=grace)
     return left
 
 

@@ -266,7 +266,7 @@ def cmd_stop(args):
         if escalated:
             print(f"collbench stress: daemon pid {st.pid} still running {grace:.0f}s after SIGTERM: SIGKILL",
                   file=sys.stderr)
-            _kill_pid(st.pid, signal.SIGKILL)
+            proctree.signal_tree(None, signal.SIGKILL, [st.pid])
         killed = _kill_token(token)
         left = _wait_gone([st.pid] + killed, 5.0)
         if left:
@@ -296,20 +296,12 @@ def _daemon_alive(st):
     return is_daemon(st.pid, st.info.get("proc_start"))
 
 
-def _kill_pid(pid, sig):
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def _kill_token(token):
     """SIGKILL every process carrying the daemon's token (its job's processes); their pids."""
     if not token:
         return []
     pids = [p for p in processes.token_pids(token) if proctree.pid_alive(p)]
-    for p in pids:
-        _kill_pid(p, signal.SIGKILL)
+    proctree.signal_tree(None, signal.SIGKILL, pids)
     return pids
 
 

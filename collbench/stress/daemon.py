@@ -170,8 +170,8 @@ class Daemon:
             os.write(self._wake_w, b"x")
         except OSError:
             pass
-        if self.job_pid:
-            _signal_group(self.job_pid, signal.SIGTERM)
+        if self.job_pid:   # the job leads its own process group (MpiJob)
+            proctree.signal_tree(self.job_pid, signal.SIGTERM)
 
     def _install_signals(self):
         def on_term(signum, _frame):
@@ -182,9 +182,7 @@ class Daemon:
         def on_alarm(_signum, _frame):
             if self.stopping and self.job_pid:
                 log.warning("job did not stop within %.0fs of SIGTERM: SIGKILL", self.cfg.stress.stop_grace)
-                _signal_group(self.job_pid, signal.SIGKILL)
-                for pid in self._token_pids():
-                    _kill(pid, signal.SIGKILL)
+                proctree.signal_tree(self.job_pid, signal.SIGKILL, self._token_pids())
 
         signal.signal(signal.SIGTERM, on_term)
         signal.signal(signal.SIGINT, on_term)
@@ -201,8 +199,7 @@ class Daemon:
         token = old.get("token")
         if token:
             left = processes.token_pids(token)
-            for p in left:
-                _kill(p, signal.SIGKILL)
+            proctree.signal_tree(None, signal.SIGKILL, left)
             if left:
                 log.warning("killed %d process(es) left by the previous daemon: %s", len(left), left)
 
@@ -341,7 +338,7 @@ class Daemon:
         self.job_pid = job.pid
         self._write_state("running", force=True)
         if self.stopping:   # a stop that came while we were launching
-            _signal_group(job.pid, signal.SIGTERM)
+            proctree.signal_tree(job.pid, signal.SIGTERM)
 
     def _stop_job(self):
         """Make sure the current job is gone (SIGTERM, SIGKILL after stop_grace); pids that needed SIGKILL."""
@@ -530,11 +527,10 @@ class Daemon:
             left = [p for p in self._token_pids() if proctree.pid_alive(p)]
             if not left:
                 break
-            for p in left:
-                _kill(p, signal.SIGKILL)
+            proctree.signal_tree(None, signal.SIGKILL, left)
             killed += left
             time.sleep(0.2)
-        _reap_children()
+        proctree.reap_children()
         return sorted(set(killed))
 
 
@@ -655,28 +651,6 @@ class RawOutputLog:
             self._f.close()
 
 
-def _signal_group(pid, sig):
-    """Signal a job's process group (it is started as its own group), or the pid alone."""
-    try:
-        pgid = os.getpgid(pid)
-    except ProcessLookupError:
-        return
-    try:
-        if pgid != os.getpgrp():
-            os.killpg(pgid, sig)
-        else:
-            os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _kill(pid, sig):
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def _become_subreaper():
     """Orphaned descendants (ranks whose mpirun died) re-parent to us, not to init."""
     try:
@@ -704,13 +678,3 @@ def _reopen_stdio(path):
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-
-
-def _reap_children():
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
