@@ -19,8 +19,8 @@ import tarfile
 import time
 
 from collbench.ctl import ssh
-from collbench.ctl.servers import is_this_machine
 from collbench.errors import UserError
+from collbench.hosts import is_this_machine
 
 TREE_PARTS = ("pyproject.toml", "README.md", "collbench", "scripts")
 SKIP_DIRS = ("__pycache__", ".venv", ".git", "collbench.egg-info", ".pytest_cache")

@@ -9,7 +9,6 @@ reason, never a hang: the check of each host is bounded by --timeout.
 
 import concurrent.futures
 import inspect
-import ipaddress
 import json
 import os
 import socket
@@ -18,11 +17,11 @@ import time
 
 from collbench import proctree
 from collbench.ctl import ssh
+from collbench.hosts import is_this_machine
 from collbench.record_parser import is_record, parse_record
 from collbench.stress import processes
 from collbench.stress.state import StatePaths
 
-LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
 RESULTS_TAIL_BYTES = 1 << 20
 
 
@@ -106,22 +105,6 @@ def _error_kind(exc):
     return {ssh.HostUnreachableError: "unreachable", ssh.SSHTimeoutError: "timeout",
             ssh.AuthenticationFailedError: "auth", ssh.UnknownHostKeyError: "hostkey-unknown",
             ssh.HostKeyMismatchError: "hostkey-changed"}.get(type(exc), "error")
-
-
-def is_this_machine(host):
-    """True for localhost, this machine's name, or an address bound here (no SSH needed)."""
-    if host in LOCAL_NAMES or host == socket.gethostname():
-        return True
-    try:
-        addr = ipaddress.ip_address(host)   # names are not resolved here: DNS may hang
-    except ValueError:
-        return False
-    try:
-        with socket.socket(socket.AF_INET6 if addr.version == 6 else socket.AF_INET) as s:
-            s.bind((host, 0))   # only succeeds for an address of one of our interfaces
-        return True
-    except OSError:
-        return False
 
 
 def check_host(host, master, timeout, accept_new_host_key=False):

@@ -22,6 +22,7 @@ from collbench import proctree
 from collbench.cli import add_config_arg
 from collbench.config import load_config
 from collbench.errors import UserError
+from collbench.hosts import is_this_machine
 from collbench.once.report_table import format_latency
 from collbench.stress import processes, slurm_job
 from collbench.stress.results_log import LogFollower, tail_records
@@ -517,10 +518,9 @@ def cmd_servers(args):
     cfg, paths = resolve(args)
     info = read_state(paths) or {}
     token = info.get("token")
-    local_names = _local_names()
     data, out, shown = None, [], None
     for host in cfg.host_names:
-        if host in local_names:
+        if is_this_machine(host):
             if data is None:
                 data = processes.collect(interval=args.interval, token=token)
                 shown = host
@@ -540,15 +540,6 @@ def cmd_servers(args):
         else:
             print(f"{item['host']}: remote host; `collbench ctl` queries it over SSH")
     return 0
-
-
-def _local_names():
-    names = {"localhost", "127.0.0.1", "::1", socket.gethostname()}
-    try:
-        names.add(socket.getfqdn())
-    except OSError:
-        pass
-    return names
 
 
 # ---------------------------------------------------------------- formatting
