@@ -17,7 +17,7 @@ import time
 
 from collbench.atomic_file import write_atomic
 from collbench.compare import rules_file, table
-from collbench.compare.runner import Plan, Progress, measure, with_rules
+from collbench.compare.runner import Plan, Progress, measure, median_rows, with_rules
 from collbench.config import ITERATIONS, MESSAGE_SIZE, WARMUP, apply_overrides, check_flag, int_flag, load_config
 from collbench.engines import algorithms as algs
 from collbench.engines import get_engine, mpi_flavour
@@ -27,6 +27,7 @@ from collbench.records import RunContext, dumps
 from collbench.sizes import format_size
 
 MAX_SIZES = 64
+MAX_REPEATS = 100
 TIMINGS = ("sustained", "osu")
 
 
@@ -58,6 +59,9 @@ def register(subparsers):
                    help="only these algorithms (default: every one the MPI offers; default always runs)")
     p.add_argument("--iterations", type=int_flag, metavar="N", default=20, help="timed iterations per size (default 20)")
     p.add_argument("--warmup", type=int_flag, metavar="N", default=5, help="untimed warm-up iterations (default 5)")
+    p.add_argument("--repeats", type=int_flag, metavar="N", default=1,
+                   help="run every algorithm's job N times, in a rotated order each round, and report the "
+                        "run with the median latency (a shared machine's load drifts; default 1)")
     p.add_argument("--timing", choices=TIMINGS, default="sustained",
                    help="sustained: iterations back to back, one sync at the end (default); osu: a barrier between iterations")
     p.add_argument("--in-place", action="store_true", help="MPI_IN_PLACE where the op has a receive buffer")
@@ -191,6 +195,9 @@ def run(args):
     ops = parse_ops(args)
     sizes = parse_sizes(args)
     iterations = check_flag("--iterations", ITERATIONS, args.iterations)
+    if not 1 <= args.repeats <= MAX_REPEATS:
+        raise UserError(f"--repeats: got {args.repeats}, expected a whole number from 1 to {MAX_REPEATS}")
+    repeats = args.repeats
     warmup = check_flag("--warmup", WARMUP, args.warmup)
     if args.datatype is not None and args.datatype not in DATATYPES:
         raise UserError(f"--datatype: got {args.datatype[:40]!r}, expected one of: {', '.join(DATATYPES)}")
@@ -217,6 +224,7 @@ def run(args):
     ctx = RunContext(cfg, "builtin", mpi_version(resolve_launcher(cfg)))
     total = sum(len(plan.steps(op, a)) for op in ops for a in plan.algorithms[op])
     total += sum(len(plan.steps(op, algs.RULES)) for op in ops) if check_path else 0
+    total *= repeats
     progress = Progress(total, quiet=args.quiet)
     rows, records, notes = [], [], []
     for op, names in missing.items():
@@ -225,15 +233,21 @@ def run(args):
                 rows.append(table.make_row(op, n, size, plan.count(op, size), plan.datatype_for(op), table.SKIPPED,
                                            reason=f"{cat.version} offers no {n!r} for {op} "
                                                   f"(available: {', '.join(cat.names(op))})"))
+                rows[-1]["runs"] = 0
     started = time.monotonic()
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        for op in ops:
-            for name in plan.algorithms[op]:
-                r, rec, n = measure(cfg, plan, ctx, cat.flavour, name, op, progress)
-                rows += r
-                records += rec
-                notes += n
+        measured = []
+        for round_ in range(repeats):
+            for op in ops:
+                names = plan.algorithms[op]
+                k = round_ % len(names)
+                for name in names[k:] + names[:k]:     # each round starts with another algorithm
+                    r, rec, n = measure(cfg, plan, ctx, cat.flavour, name, op, progress)
+                    measured += r
+                    records += rec
+                    notes += n
+        rows += median_rows(measured, repeats)
         written = None
         if write_path:
             table.annotate(rows)
@@ -242,13 +256,16 @@ def run(args):
             notes.append(f"--check-rules {check_path}: not run, no tuning file was written")
         elif check_path:
             job_cfg = with_rules(cfg, check_path)
-            for op in ops:
-                r, rec, n = measure(cfg, plan, ctx, cat.flavour, algs.RULES, op, progress, job_cfg=job_cfg)
-                for x in rec:
-                    x["rules_file"] = check_path
-                rows += r
-                records += rec
-                notes += n
+            checked = []
+            for _ in range(repeats):
+                for op in ops:
+                    r, rec, n = measure(cfg, plan, ctx, cat.flavour, algs.RULES, op, progress, job_cfg=job_cfg)
+                    for x in rec:
+                        x["rules_file"] = check_path
+                    checked += r
+                    records += rec
+                    notes += n
+            rows += median_rows(checked, repeats)
     except (KeyboardInterrupt, Terminated) as e:
         print(f"collbench compare: {'terminated' if isinstance(e, Terminated) else 'interrupted'}; "
               f"no result file written", file=sys.stderr)
@@ -276,7 +293,7 @@ def run(args):
     meta = {"run_id": ctx.run_id, "mpi": cat.version, "flavour": cat.flavour,
             "algorithms_source": cat.source, "ranks": cfg.ranks, "nodes": ctx.nodes,
             "hosts": list(ctx.hosts), "transport": cfg.transport, "timing": plan.timing,
-            "iterations": iterations, "warmup": warmup, "inplace": plan.inplace,
+            "iterations": iterations, "warmup": warmup, "repeats": repeats, "inplace": plan.inplace,
             "validate": cfg.validate, "rules_written": written, "rules_checked": check_path, "notes": notes}
     if args.format == "json":
         sys.stdout.write(table.render_json(rows, meta))

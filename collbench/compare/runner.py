@@ -139,3 +139,24 @@ def measure(cfg, plan, ctx, flavour, algorithm, op, progress=None, job_cfg=None)
                 progress.row(rows[-1])
     rows.sort(key=lambda r: r["size_bytes"])
     return rows, records, notes
+
+
+def median_rows(rows, repeats):
+    """One row per (op, algorithm, size) from `repeats` rounds: the run with the median average
+    latency when every round measured it; else the first round that did not, its reason saying
+    how many rounds failed."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["op"], r["algorithm"], r["size_bytes"]), []).append(r)
+    out = []
+    for group in groups.values():
+        ok = sorted((r for r in group if r["status"] == OK), key=lambda r: r["avg_us"])
+        if len(ok) == len(group):
+            row = dict(ok[(len(ok) - 1) // 2])
+        else:
+            row = dict(next(r for r in group if r["status"] != OK))
+            if ok:
+                row["reason"] = f"in {len(group) - len(ok)} of {len(group)} runs: {row['reason']}"
+        row["runs"] = len(group)
+        out.append(row)
+    return out

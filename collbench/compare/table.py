@@ -25,7 +25,7 @@ def make_row(op, algorithm, size_bytes, count, datatype, status, record=None, re
     row = {"op": op, "algorithm": algorithm, "size_bytes": size_bytes, "count": count,
            "datatype": datatype, "status": status, "reason": reason, "fastest": False,
            "speedup_vs_default": None, "avg_us": None, "min_us": None, "max_us": None,
-           "algbw_bytes_per_s": None, "busbw_bytes_per_s": None, "validation": None}
+           "algbw_bytes_per_s": None, "busbw_bytes_per_s": None, "validation": None, "runs": 1}
     if record is not None and status == OK:
         row.update(avg_us=record.get("latency_avg_us"), min_us=record.get("latency_min_us"),
                    max_us=record.get("latency_max_us"), algbw_bytes_per_s=record.get("algbw_bytes_per_s"),
