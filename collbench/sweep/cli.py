@@ -14,11 +14,11 @@ import time
 from collbench import engines
 from collbench.cli import add_config_arg
 from collbench.config import apply_overrides, int_flag, load_config
-from collbench.errors import UserError
 from collbench.engines.launcher import mpi_version, resolve_launcher
+from collbench.errors import UserError
+from collbench.once.results_files import check_writable, write_jsonl
 from collbench.ops import DATATYPES
 from collbench.records import RunContext
-from collbench.once.results_files import check_writable, write_jsonl
 from collbench.sweep import metrics_report, plan, table
 
 def register(subparsers):
