@@ -201,9 +201,10 @@ def test_a_directory_or_fifo_in_place_of_the_file_fails_the_collector(tmp_path):
 
 
 def entry(op="allreduce", size=1 << 20, ranks=4, nodes=2, transport="ucx", engine="builtin", algorithm=None, n=3,
-          median=100.0, last_ts=1.0):
+          median=100.0, last_ts=1.0, variant=""):
     return {"op": op, "size_bytes": size, "ranks": ranks, "nodes": nodes, "transport": transport, "engine": engine,
-            "algorithm": algorithm, "n": n, "latency_avg_us": {"median": median, "mad": 1.0}, "last_ts": last_ts}
+            "algorithm": algorithm, "variant": variant, "n": n, "latency_avg_us": {"median": median, "mad": 1.0},
+            "last_ts": last_ts}
 
 
 def test_one_series_per_live_label_set_the_exporters_transport_and_engine_first():
@@ -211,6 +212,8 @@ def test_one_series_per_live_label_set_the_exporters_transport_and_engine_first(
         entry(transport="ucx", median=100.0, n=3),
         entry(transport="ob1-tcp", median=200.0, n=9),
         entry(transport="ucx", algorithm="ring", median=50.0, n=9),
+        entry(transport="ucx", variant="sustained", median=60.0, n=9),
+        entry(op="bcast", transport="ob1-tcp", variant="inplace", median=500.0, n=9, last_ts=20.0),
         entry(op="bcast", transport="ob1-tcp", median=300.0, n=5, last_ts=5.0),
         entry(op="bcast", transport="ob1-tcp", engine="osu", median=400.0, n=2, last_ts=9.0),
         entry(op="reduce", transport="ob1-tcp", median=10.0, n=2, last_ts=5.0),
@@ -220,7 +223,7 @@ def test_one_series_per_live_label_set_the_exporters_transport_and_engine_first(
     chosen = choose_entries(b, transport="ucx", engine="builtin")
     assert {k: e.median_us for k, e in chosen.items()} == {
         ("allreduce", "1MB", str(1 << 20), "2", "4"): 100.0,   # ucx/builtin without an algorithm
-        ("bcast", "1MB", str(1 << 20), "2", "4"): 300.0,       # none matches: the most runs
+        ("bcast", "1MB", str(1 << 20), "2", "4"): 300.0,       # none matches: a plain one, the most runs
         ("reduce", "1MB", str(1 << 20), "2", "4"): 20.0,       # ... then the newest
     }
     chosen = choose_entries(b, transport="ob1-tcp", engine="builtin")

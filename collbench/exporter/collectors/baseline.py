@@ -4,8 +4,9 @@ Series carry the live result series' labels (op, size, size_bytes, nodes, ranks)
 else, so `collbench_latency_avg_seconds / collbench_baseline_latency_seconds` matches one to one
 (the CollbenchLatencyRegression rule, the dashboard's "vs baseline" panel). The live series are
 not split by transport, engine or algorithm; where the baseline holds several entries for one
-label set, the one of the exporter's own transport and engine without a forced algorithm is
-served, else the one with the most runs (then the newest).
+label set, the one of the exporter's own transport and engine, plain (OSU timing, no forced
+algorithm: what the stress daemon measures), is served; else a plain one, then the one with the
+most runs, then the newest.
 
 The file is read through collbench.baseline's loader (untrusted input) and re-read when it
 changes (`baseline save --force` takes effect at the next scrape). A missing or malformed file
@@ -37,8 +38,8 @@ def choose_entries(baseline, transport=None, engine=None):
 
     def rank(e):
         k = e.key
-        return (k.transport == transport and k.engine == engine and not k.algorithm,
-                e.n, e.last_ts or 0.0)
+        plain = not k.algorithm and not getattr(k, "variant", "")   # OSU timing, the MPI's own algorithm
+        return (plain and k.transport == transport and k.engine == engine, plain, e.n, e.last_ts or 0.0)
     for e in baseline.sorted_entries():
         if e.key.nodes is None:
             continue
