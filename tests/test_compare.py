@@ -212,3 +212,18 @@ def test_mpich_ring_and_recursive_doubling(tmp_path, mpich_engine):
     assert [r["status"] for r in doc["rows"] if r["algorithm"] == "rules"] == ["ok", "ok"]
     p = compare(tmp_path, ["--op", "allreduce", "--algorithms", "ring", "--sizes", "16KB"], cfg, timeout=300)
     assert p.returncode == 2 and "recursive_doubling" in p.stderr and "'ring'" in p.stderr
+
+
+def test_repeats_report_the_median_run(tmp_path, engine_bin):
+    results = tmp_path / "r.jsonl"
+    p = compare(tmp_path, ["--op", "allgather", "--sizes", "4KB", "--algorithms", "ring", "--repeats", "3",
+                           "--iterations", "2", "--warmup", "1", "--format", "json", "--results", str(results), "-q"],
+                {"ranks": 4, "engine_path": engine_bin})
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["repeats"] == 3
+    recs = [json.loads(line) for line in results.read_text(encoding="utf-8").splitlines()]
+    for row in doc["rows"]:
+        runs = sorted(r["latency_avg_us"] for r in recs if r["algorithm"] == row["algorithm"])
+        assert row["runs"] == 3 and len(runs) == 3
+        assert row["avg_us"] == runs[1]
