@@ -291,8 +291,10 @@ def test_bad_input_exits_2_and_runs_nothing(tmp_path, args, expected):
 def test_bad_output_paths_exit_2(tmp_path):
     (tmp_path / "file").write_text("x")
     (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "metrics_report.jsonl").mkdir()
     for args, expected in (
             (["--out-dir", str(tmp_path / "file")], "exists and is not a directory"),
+            (["--out-dir", str(tmp_path / "dir")], f"{tmp_path / 'dir' / 'metrics_report.jsonl'}: is a directory"),
             (["--out-dir", str(tmp_path / "file" / "sub")], "cannot be created"),
             (["--results", str(tmp_path / "dir")], "--results " + str(tmp_path / "dir") + ": is a directory"),
             (["--results", str(tmp_path / "no" / "r.jsonl")], "does not exist"),
@@ -301,6 +303,7 @@ def test_bad_output_paths_exit_2(tmp_path):
                                                      else []), *args, timeout=60)
         assert res.returncode == 2 and expected in res.stderr, (args, res.stderr)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "file"]
+    assert [p.name for p in (tmp_path / "dir").iterdir()] == ["metrics_report.jsonl"]
 
 
 def test_sigterm_stops_the_job_and_writes_nothing(tmp_path):

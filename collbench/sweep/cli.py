@@ -74,6 +74,8 @@ def check_out_dir(path):
             raise UserError(f"--out-dir {path}: exists and is not a directory")
         if not os.access(path, os.W_OK | os.X_OK):
             raise UserError(f"--out-dir {path}: directory is not writable")
+        # the report is appended to: it must be a readable file
+        check_writable(os.path.join(path, metrics_report.REPORT_NAME), "--out-dir")
         return path
     parent = path
     while not os.path.exists(parent):
@@ -137,17 +139,21 @@ def run(args):
         signal.signal(signal.SIGTERM, previous)
     progress.close()
 
-    # Files first: a closed stdout (`| head`) must not lose the measurements.
+    # Files first: a closed stdout (`| head`) must not lose the measurements. Each file on its
+    # own: one that cannot be written (a full disk) does not cost the others.
     status = 0
-    try:
-        for what, path in metrics_report.write_files(out_dir, ctx.run_id, records, op_names):
-            print(f"collbench: {what} written to {path}", file=sys.stderr)
-        if results_path:
-            write_jsonl(results_path, records)
-            print(f"collbench: results appended to {results_path}", file=sys.stderr)
-    except OSError as e:
-        print(f"collbench: cannot write {e.filename or 'a result file'}: {e.strerror or e}", file=sys.stderr)
-        status = 1
+    files = metrics_report.output_files(out_dir, ctx.run_id, records, op_names)
+    if results_path:
+        files.insert(0, ("results", results_path, lambda: write_jsonl(results_path, records)))
+    for what, path, write in files:
+        try:
+            write()
+        except OSError as e:
+            print(f"collbench: cannot write {what} {path}: {e.strerror or e}", file=sys.stderr)
+            status = 1
+            continue
+        done = "appended to" if what == "results" else "written to"
+        print(f"collbench: {what} {done} {path}", file=sys.stderr)
 
     if args.format == "csv":
         sys.stdout.write(table.render_csv(records))

@@ -153,16 +153,20 @@ def records_by_op(records, op_names):
     return out
 
 
-def write_files(out_dir, run_id, records, op_names):
-    """Append the report lines to <out_dir>/metrics_report.jsonl and write one TSV per op, each
-    atomically; [(what, path)] written. OSError if a file cannot be written."""
-    os.makedirs(out_dir, exist_ok=True)
-    written = []
+def output_files(out_dir, run_id, records, op_names):
+    """[(what, path, write())] for the report and each op's TSV; each write() is atomic and
+    raises OSError if its file cannot be written (the caller goes on with the others)."""
     report = os.path.join(out_dir, REPORT_NAME)
-    write_atomic(report, (dumps_line(line) + "\n" for line in report_lines(records)), keep_existing=True)
-    written.append(("metrics report", report))
+
+    def write_report():
+        os.makedirs(out_dir, exist_ok=True)
+        write_atomic(report, (dumps_line(line) + "\n" for line in report_lines(records)), keep_existing=True)
+    files = [("metrics report", report, write_report)]
     for op_name, recs in records_by_op(records, op_names).items():
         path = os.path.join(out_dir, tsv_name(op_name, run_id))
-        write_atomic(path, [tsv_text(recs)])
-        written.append((f"{op_name} table", path))
-    return written
+
+        def write_tsv(path=path, recs=recs):
+            os.makedirs(out_dir, exist_ok=True)
+            write_atomic(path, [tsv_text(recs)])
+        files.append((f"{op_name} table", path, write_tsv))
+    return files
