@@ -1,19 +1,23 @@
 """`collbench nccl census PATH...`: what collectives an NCCL/RCCL job ran, and whether its ranks agreed.
+`collbench nccl replay PATH...`: time them through MPI on this cluster (collbench/nccl/replay.py).
 
-Exit codes: 0 done, 1 a desync was found and --fail-on-desync was given, 2 bad input (no file,
-empty, binary, no COLL lines; the message names the file and what was expected).
+Exit codes: census: 0 done, 1 a desync was found and --fail-on-desync was given; replay: 0 done,
+1 a replayed step failed (the records say which); both: 2 bad input (no file, empty, binary, no
+COLL lines, nothing replayable, a config without the log's ranks; the message names the file and
+what was expected), nothing written.
 """
 
 import sys
 
 from collbench.atomic_file import write_output
+from collbench.config import int_flag
 
 FORMATS = ("table", "csv", "json")
 
 
 def register(subparsers):
     p = subparsers.add_parser(
-        "nccl", help="NCCL/RCCL collective logs: census and desync finder",
+        "nccl", help="NCCL/RCCL collective logs: census, desync finder, replay on this fabric",
         description="Read NCCL/RCCL debug logs (NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL).")
     verbs = p.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
@@ -33,6 +37,57 @@ def register(subparsers):
     c.add_argument("--fail-on-desync", action="store_true",
                    help="exit 1 when a desync is found")
     c.set_defaults(func=cmd_census)
+    register_replay(verbs)
+
+
+def register_replay(verbs):
+    from collbench.cli import add_config_arg
+    from collbench.nccl.replay_plan import DEFAULT_MAX_CALLS, DEFAULTS
+    r = verbs.add_parser(
+        "replay", help="time a log's collectives through MPI on this cluster (built-in engine)",
+        description="Run the collectives of NCCL/RCCL logs with the built-in engine on the config's hosts, "
+                    "launcher and transport. --order grouped (default) times each distinct configuration and "
+                    "estimates the log's total collective time on this fabric; --order log replays one rank's "
+                    "calls on one communicator in the log's order (the RCCL replayer's CSV with --format csv). "
+                    "See docs/NCCL.md.",
+        epilog="float16/bfloat16 (and fp8) have no MPI datatype: they are timed as integers of their width. "
+               "Outputs (-o, --csv, --results) are written atomically after the run. Exit 1 if a step "
+               "failed, 2 on bad input (nothing runs, nothing is written).")
+    r.add_argument("paths", nargs="+", metavar="PATH",
+                   help="log files, directories (read recursively), .gz files, or - for stdin")
+    add_config_arg(r)
+    r.add_argument("--np", type=int_flag, metavar="N",
+                   help="ranks the cluster provides (default: the config's ranks); a communicator larger than "
+                        "that is replayed at N ranks, with a warning")
+    r.add_argument("--order", choices=("grouped", "log"), default="grouped",
+                   help="grouped: each distinct configuration, with repetitions (default); log: one rank's "
+                        "sequence in the log's order")
+    r.add_argument("--iterations", type=int_flag, metavar="N",
+                   help=f"timed calls per configuration (grouped, default {DEFAULTS['grouped'][0]}) or "
+                        f"iterations per call (log, default {DEFAULTS['log'][0]})")
+    r.add_argument("--warmup", type=int_flag, metavar="N",
+                   help=f"untimed calls before them (default {DEFAULTS['grouped'][1]} grouped, "
+                        f"{DEFAULTS['log'][1]} per call in log order)")
+    r.add_argument("--max-bytes", metavar="SIZE", default="64MB",
+                   help="cap on nccl-tests' size of a call (the larger of a rank's send and receive buffers); "
+                        "larger calls are timed at the cap and their time scaled by bytes (default 64MB)")
+    r.add_argument("--comm", metavar="COMM",
+                   help="log order: the communicator (as the census lists it, a commId, a comm pointer or "
+                        "host:pid:pointer; default: the largest)")
+    r.add_argument("--max-calls", type=int_flag, metavar="N", default=DEFAULT_MAX_CALLS,
+                   help=f"log order: replay at most the first N calls of the sequence (default {DEFAULT_MAX_CALLS})")
+    r.add_argument("--format", choices=FORMATS, default="table",
+                   help="table (default); csv: the RCCL replayer's CSV (log order) or one row per "
+                        "configuration (grouped); json: everything")
+    r.add_argument("-o", "--output", metavar="FILE", help="write the output to FILE atomically instead of stdout")
+    r.add_argument("--csv", metavar="FILE", help="also write the CSV to FILE (atomically)")
+    r.add_argument("--results", metavar="FILE",
+                   help="append the JSONL records (one result per timed configuration, failures, and an "
+                        "nccl_replay event) to FILE")
+    r.add_argument("--validate", action="store_true", help="check every result element (on untimed calls)")
+    r.add_argument("-v", "--verbose", action="store_true", help="every row of the tables")
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    r.set_defaults(func=cmd_replay)
 
 
 def cmd_census(args):
@@ -53,3 +108,91 @@ def cmd_census(args):
         for w in census.warnings:
             print(f"collbench: warning: {w}", file=sys.stderr)
     return 1 if census.desync and args.fail_on_desync else 0
+
+
+def _count_flag(name, value, low, high):
+    from collbench.errors import UserError
+    if value is not None and not low <= value <= high:
+        raise UserError(f"{name} {value}: expected a whole number from {low} to {high}")
+    return value
+
+
+def cmd_replay(args):
+    import signal
+
+    from collbench.config import load_config
+    from collbench.errors import UserError
+    from collbench.nccl import replay, replay_report
+    from collbench.once.cli import stop_leftover_jobs
+    from collbench.once.results_files import check_writable, write_jsonl
+    from collbench.sizes import parse_message_size
+
+    # everything that can be wrong with the flags is found before the log is read or anything runs
+    try:
+        max_bytes = parse_message_size(args.max_bytes)
+    except ValueError as e:
+        raise UserError(f"--max-bytes: {e}") from None
+    settings = replay.Settings(
+        order=args.order, iterations=_count_flag("--iterations", args.iterations, 1, 10**6),
+        warmup=_count_flag("--warmup", args.warmup, 0, 10**6), max_bytes=max_bytes,
+        np=_count_flag("--np", args.np, 1, 1 << 20), comm=args.comm,
+        max_calls=_count_flag("--max-calls", args.max_calls, 1, 10**8), validate=args.validate,
+        quiet=args.quiet)
+    if args.comm is not None and args.order != "log":
+        raise UserError("--comm picks the communicator of --order log")
+    checked = {}
+    for flag, path in (("--results", args.results), ("--csv", args.csv), ("-o", args.output)):
+        if path not in (None, "-"):
+            checked[flag] = check_writable(path, flag)
+    cfg = load_config(args.config)
+
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        run = replay.replay_log if args.order == "log" else replay.replay_grouped
+        result = run(args.paths, cfg, settings)
+    except _Terminated:
+        stop_leftover_jobs()
+        print("collbench: replay terminated; nothing written", file=sys.stderr)
+        return 143
+    except KeyboardInterrupt:
+        stop_leftover_jobs()
+        print("collbench: replay interrupted; nothing written", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+    if args.format == "json":
+        text = replay_report.render_json(result)
+    elif args.format == "csv":
+        text = replay_report.render_csv(result)
+    else:
+        text = replay_report.render_table(result, verbose=args.verbose)
+    # files first: a closed stdout must not lose the measurements
+    from collbench.atomic_file import write_atomic
+    try:
+        if "--results" in checked:
+            write_jsonl(checked["--results"], result.records)
+        if "--csv" in checked:
+            write_atomic(checked["--csv"], [replay_report.render_csv(result)])
+    except OSError as e:
+        print(f"collbench: cannot write {e.filename or 'a result file'}: {e.strerror or e}", file=sys.stderr)
+        write_output(args.output, text)
+        return 1
+    write_output(args.output, text)
+    if args.format != "table":
+        for w in result.warnings:
+            print(f"collbench: warning: {w}", file=sys.stderr)
+    failed = result.failed or [r for r in result.records if r.get("type") == "result" and r.get("validation") == "fail"]
+    if failed:
+        print(f"collbench: replay: {len(result.failed)} configuration(s) failed, "
+              f"{len(result.runner.failures)} failure record(s)", file=sys.stderr)
+        return 1
+    return 0
+
+
+class _Terminated(Exception):
+    """SIGTERM: unwind like Ctrl-C so the running MPI job is stopped, not orphaned."""
+
+
+def _terminated(signum, frame):
+    raise _Terminated()
