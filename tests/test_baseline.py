@@ -244,3 +244,15 @@ def test_bad_names_flags_and_inputs_are_exit_2(tmp_path):
     p = collbench("baseline", "save", "b3", "--from", str(junk), *args)
     assert p.returncode == 2 and "no result records" in p.stderr
     assert not (tmp_path / "state" / "baselines" / "b3.json").exists()
+
+
+def test_baseline_fifo_is_refused_not_waited_on(tmp_path):
+    """A FIFO in place of a baseline file: exit 2 at once, never a reader blocked on open()."""
+    import os
+    import subprocess
+    import sys
+    fifo = tmp_path / "weekly.json"
+    os.mkfifo(fifo)
+    res = subprocess.run([sys.executable, "-m", "collbench", "baseline", "compare", str(fifo), os.devnull],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "not a regular file" in res.stderr

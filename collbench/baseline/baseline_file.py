@@ -24,6 +24,7 @@ import json
 import math
 import os
 import re
+import stat
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -279,8 +280,12 @@ def load(name_or_path, state_dir):
     if size > MAX_FILE_BYTES:
         raise UserError(f"baseline {path}: {size} bytes, over the {MAX_FILE_BYTES >> 20} MB limit")
     try:
-        with open(path, "rb") as f:
-            data = json.loads(f.read().decode("utf-8"), parse_constant=_no_constant)
+        # non-blocking and regular files only: a FIFO put in its place must not hang the reader
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise UserError(f"baseline {path}: not a regular file")
+            data = json.loads(f.read(MAX_FILE_BYTES + 1).decode("utf-8"), parse_constant=_no_constant)
     except OSError as e:
         raise UserError(f"baseline {path}: cannot read: {e.strerror}") from None
     except UnicodeDecodeError:
