@@ -1,8 +1,10 @@
 """The YAML configuration: load, validate, and the embedded local default.
 
-Every section is declared once in SCHEMA; validation walks it, so an unknown key, a wrong type
-or a bad value is reported with the file, the dotted key and what was expected, before anything
-runs (exit code 2).
+Every top-level key and section is declared once in SCHEMA; validation walks it, so an unknown
+key, a wrong type or a bad value is reported with the file, the dotted key and what was
+expected, before anything runs (exit code 2). Paths come out resolved (Config.resolve_path:
+relative to the config file); command-line flags narrow a config through apply_overrides (one
+override_* function per flag) and check_flag.
 """
 
 import math
@@ -111,10 +113,16 @@ class Config:
     slurm: SimpleNamespace = None    # SLURM_SCHEMA's keys
     hosts_order: list = None         # host of each rank (rank r on hosts_order[r]); None: the launcher's fill
     mpicc: str = None                # the MPI's C compiler wrapper for the engine (default: beside launcher_path, or mpicc)
+    base_dir: str = None             # what relative paths in the config are relative to (its directory)
 
     @property
     def host_names(self):
         return [h.name for h in self.hosts]
+
+    def resolve_path(self, path):
+        """A path as this config writes it: ~ expanded, relative to the config file's directory
+        (the current one for the embedded default). The loader resolves every PATH key with it."""
+        return resolve_path(path, self.base_dir or os.getcwd())
 
     def placement(self):
         """Host names the ranks land on, in order (mpirun's by-slot fill, or ranks_per_node)."""
@@ -404,10 +412,59 @@ SLURM_SCHEMA = {
     "stress_job": (BOOL, False),             # `stress start` submits the loop as a job (--scheduler slurm)
 }
 PLAN_STEP_KEYS = ("op", "sizes", "iterations", "warmup", "datatype", "algorithm")
-TOP_KEYS = ("hosts", "ranks", "ranks_per_node", "oversubscribe", "launcher", "launcher_path",
-            "launcher_args", "env", "transport", "engine", "osu_path", "engine_path", "datatype",
-            "validate", "step_timeout", "plan", "thresholds", "state_dir",
-            "stress", "exporter", "master", "alerts", "slurm", "hosts_order", "mpicc")
+# Keys whose value is more than one kind: their loader method reads them (hosts, plan, ...).
+HOSTS = _Kind(None, "a hostfile path or a non-empty list of hosts (name, 'name:slots' or {host: name, slots: N})")
+HOSTS_ORDER = _Kind(None, "a list of the config's hosts, one per rank")
+PLAN = _Kind(None, "a non-empty list of {op, sizes, iterations, warmup, datatype, algorithm}")
+THRESHOLDS = _Kind(None, "a mapping with keys: latency, ecn_rate, seed_defaults")
+
+# The config: every top-level key, declared once. A plain key maps to (kind, default; None:
+# not set), a section to its schema. Defaults that depend on other keys are build_config's
+# (noted here). Validation walks this table; the order is the one error messages list.
+SCHEMA = {
+    "hosts": (HOSTS, None),                  # unset: this machine only (implicit_hosts)
+    "ranks": (RANKS, None),                  # default: len(hosts_order), the hosts' slots, or min(4, 2 x CPUs) here
+    "ranks_per_node": (RANKS, None),         # unset: fill slots in order
+    "oversubscribe": (BOOL, None),           # default: true on this machine only, false with hosts
+    "launcher": (_choice(*LAUNCHERS), "mpirun"),
+    "launcher_path": (STR, None),
+    "launcher_args": (STR_LIST, []),
+    "env": (STR_MAP, {}),
+    "transport": (_choice(*TRANSPORTS), None),   # default: shm on this machine, ob1-tcp with hosts
+    "engine": (_choice(*ENGINES), "builtin"),
+    "osu_path": (PATH, None),
+    "engine_path": (PATH, None),
+    "datatype": (_choice(*DATATYPES), None),     # unset: per op (reductions float, the others char)
+    "validate": (BOOL, False),
+    "step_timeout": (SECONDS, 600.0),
+    "plan": (PLAN, None),                    # unset: the default plans (SEED_PLAN ...)
+    "thresholds": (THRESHOLDS, None),        # unset: the prototype's defaults
+    "state_dir": (PATH, None),               # default: default_state_dir()
+    "stress": STRESS_SCHEMA,                 # and stress.plan (PLAN)
+    "exporter": EXPORTER_SCHEMA,
+    "master": MASTER_SCHEMA,
+    "alerts": ALERTS_SCHEMA,
+    "slurm": SLURM_SCHEMA,
+    "hosts_order": (HOSTS_ORDER, None),      # one config host per rank
+    "mpicc": (STR, None),                    # the MPI C compiler wrapper for the built-in engine
+}
+TOP_KEYS = tuple(SCHEMA)
+
+
+def resolve_path(path, base_dir):
+    """path with ~ expanded, made absolute against base_dir if relative."""
+    path = os.path.expanduser(path)
+    return path if os.path.isabs(path) else os.path.normpath(os.path.join(base_dir, path))
+
+
+def flag_path(path):
+    """A path given on the command line: ~ expanded, relative to the current directory."""
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def _fresh(default):
+    """A default list or mapping copied: each Config gets its own, the table's stays as declared."""
+    return type(default)(default) if isinstance(default, (list, dict)) else default
 
 
 def default_state_dir():
@@ -458,8 +515,7 @@ class _Loader:
             self.fail(key, f"got {shown}, expected {detail}")
 
     def path(self, p):
-        p = os.path.expanduser(p)
-        return p if os.path.isabs(p) else os.path.normpath(os.path.join(self.base_dir, p))
+        return resolve_path(p, self.base_dir)
 
     def section(self, name, data, schema):
         if data is None:
@@ -471,7 +527,7 @@ class _Loader:
             self.fail(f"{name}.{unknown[0]}", f"unknown key (allowed: {', '.join(schema)})")
         out = {}
         for key, (kind, default) in schema.items():
-            v = default if data.get(key) is None else self.value(f"{name}.{key}", kind, data[key])
+            v = _fresh(default) if data.get(key) is None else self.value(f"{name}.{key}", kind, data[key])
             if kind is PATH and data.get(key) is not None:
                 v = self.path(v)
             out[key] = v
@@ -738,8 +794,17 @@ def build_config(data, source, base_dir):
     if unknown:
         ld.fail(unknown[0], f"unknown key (allowed: {', '.join(TOP_KEYS)})")
 
-    def get(key, kind, default):
-        return default if data.get(key) is None else ld.value(key, kind, data[key])
+    def get(key, default=None):
+        """A plain key's value: checked against its SCHEMA kind, paths resolved; else the
+        SCHEMA default (or `default`, for the defaults that depend on other keys)."""
+        kind, schema_default = SCHEMA[key]
+        if data.get(key) is None:
+            return _fresh(schema_default) if default is None else default
+        value = ld.value(key, kind, data[key])
+        return ld.path(value) if kind is PATH else value
+
+    def section(name):
+        return SimpleNamespace(**ld.section(name, data.get(name), SCHEMA[name]))
 
     local = "hosts" not in data
     if local:
@@ -751,14 +816,14 @@ def build_config(data, source, base_dir):
         ld.fail("ranks", f"not set, and the hosts' {total_slots} slots are more ranks than MPI's int "
                          f"holds (set ranks, at most {INT_MAX})")
     hosts_order = _hosts_order(ld, data, hosts) if data.get("hosts_order") is not None else None
-    ranks = get("ranks", RANKS, len(hosts_order) if hosts_order else local_default_ranks() if local else total_slots)
+    ranks = get("ranks", len(hosts_order) if hosts_order else local_default_ranks() if local else total_slots)
     if hosts_order and ranks != len(hosts_order):
         ld.fail("hosts_order", f"{len(hosts_order)} entries for {ranks} ranks (expected one entry per rank)")
-    datatype = get("datatype", _choice(*DATATYPES), None)
+    datatype = get("datatype")
     plan = ld.plan(data["plan"], "plan", datatype) if data.get("plan") is not None else None
 
     stress = ld.section("stress", {k: v for k, v in (data.get("stress") or {}).items() if k != "plan"}
-                        if isinstance(data.get("stress"), dict) else data.get("stress"), STRESS_SCHEMA)
+                        if isinstance(data.get("stress"), dict) else data.get("stress"), SCHEMA["stress"])
     stress_plan = (data.get("stress") or {}).get("plan") if isinstance(data.get("stress"), dict) else None
     stress["plan"] = ld.plan(stress_plan, "stress.plan", datatype) if stress_plan is not None else None
 
@@ -767,30 +832,31 @@ def build_config(data, source, base_dir):
         hosts=hosts,
         hostfile=hostfile,
         ranks=ranks,
-        ranks_per_node=get("ranks_per_node", RANKS, None),
-        oversubscribe=get("oversubscribe", BOOL, local),
-        launcher=get("launcher", _choice(*LAUNCHERS), "mpirun"),
-        launcher_path=get("launcher_path", STR, None),
-        launcher_args=get("launcher_args", STR_LIST, []),
-        env=get("env", STR_MAP, {}),
-        transport=get("transport", _choice(*TRANSPORTS), "shm" if local else "ob1-tcp"),
-        engine=get("engine", _choice(*ENGINES), "builtin"),
-        osu_path=_path_or_none(ld, get("osu_path", PATH, None)),
-        engine_path=_path_or_none(ld, get("engine_path", PATH, None)),
+        ranks_per_node=get("ranks_per_node"),
+        oversubscribe=get("oversubscribe", local),
+        launcher=get("launcher"),
+        launcher_path=get("launcher_path"),
+        launcher_args=get("launcher_args"),
+        env=get("env"),
+        transport=get("transport", "shm" if local else "ob1-tcp"),
+        engine=get("engine"),
+        osu_path=get("osu_path"),
+        engine_path=get("engine_path"),
         datatype=datatype,
-        validate=get("validate", BOOL, False),
-        step_timeout=get("step_timeout", SECONDS, 600.0),
+        validate=get("validate"),
+        step_timeout=get("step_timeout"),
         plan=plan,
         thresholds=ld.thresholds(data.get("thresholds")),
-        state_dir=_path_or_none(ld, get("state_dir", PATH, None)) or default_state_dir(),
+        state_dir=get("state_dir") or default_state_dir(),
         stress=SimpleNamespace(**stress),
-        exporter=SimpleNamespace(**ld.section("exporter", data.get("exporter"), EXPORTER_SCHEMA)),
-        master=SimpleNamespace(**ld.section("master", data.get("master"), MASTER_SCHEMA)),
-        alerts=SimpleNamespace(**ld.section("alerts", data.get("alerts"), ALERTS_SCHEMA)),
+        exporter=section("exporter"),
+        master=section("master"),
+        alerts=section("alerts"),
         implicit_hosts=local,
-        slurm=SimpleNamespace(**ld.section("slurm", data.get("slurm"), SLURM_SCHEMA)),
+        slurm=section("slurm"),
         hosts_order=hosts_order,
-        mpicc=get("mpicc", STR, None),
+        mpicc=get("mpicc"),
+        base_dir=base_dir,
     )
     if hosts_order and not cfg.oversubscribe:
         slots = {h.name: h.slots for h in hosts}
@@ -825,10 +891,6 @@ def _hosts_order(ld, data, hosts):
     return list(v)
 
 
-def _path_or_none(ld, value):
-    return None if value is None else ld.path(value)
-
-
 def check_flag(flag, kind, value):
     """A command-line value checked as the config key it overrides (kind: POS_INT, POS_FLOAT,
     POS_SECONDS ...); ConfigError naming the flag."""
@@ -848,61 +910,102 @@ def int_flag(text):
 
 
 def apply_overrides(cfg, np=None, ops=None, sizes=None, iterations=None, datatype=None, validate=None):
-    """Narrow a config from command-line flags; errors name the flag. Returns cfg (modified)."""
-    ld = _Loader("command line", os.getcwd())
+    """Narrow a config from command-line flags, each by its own override_* function below (in
+    this order: a flag's error names it, and ops/sizes/datatype shape the plan before its sizes
+    are checked against the datatypes and --iterations is applied). Returns cfg (modified)."""
     if np is not None:
-        cfg.ranks = ld.value("--np", RANKS, np)
-        if cfg.implicit_hosts:
-            cfg.hosts = [Host("localhost", max(cfg.ranks, 1))]
+        override_np(cfg, np)
     if datatype is not None:
-        cfg.datatype = ld.value("--datatype", _choice(*DATATYPES), datatype)
+        override_datatype(cfg, datatype)
     if validate is not None:
-        cfg.validate = validate
-    if ops is None and sizes is None and iterations is None and datatype is None:
-        return cfg
-    plan = cfg.once_plan()
+        override_validate(cfg, validate)
     if ops is not None:
-        names = []
-        for name in [o for o in ops.split(",") if o.strip()]:
-            try:
-                names.append(get_op(name.strip()).name)
-            except KeyError:
-                ld.fail("--ops", f"got {bounded_repr(name)}, expected a comma list of: {', '.join(OPS)}")
-        if not names:
-            ld.fail("--ops", f"expected a comma list of: {', '.join(OPS)}")
-        known = {s.op for s in plan}
-        # An op named on the command line but absent from the plan runs at 1MB (or no size), 100 iterations.
-        extra = [n for n in names if n not in known]
-        plan = [s for s in plan if s.op in names]
-        for n in extra:
-            plan += default_plan([(n, ("1MB",) if get_op(n).has_size else ("0",), 100)], cfg.datatype)
+        override_ops(cfg, ops)
     if sizes is not None:
-        size_list = [ld.value("--sizes", MESSAGE_SIZE, s.strip()) for s in sizes.split(",") if s.strip()]
-        if not size_list:
-            ld.fail("--sizes", "expected a comma list of sizes such as 1KB,1MB")
-        new = []
-        for op_name in dict.fromkeys(s.op for s in plan):
-            op = get_op(op_name)
-            first = next(s for s in plan if s.op == op_name)
-            for size in (size_list if op.has_size else [0]):
-                # OSU's count for each size, unless the config's plan set one (the built-in
-                # default plan's fixed counts are for its own sizes, not configured ones)
-                it, wu = osu_default_iterations(size)
-                if first.iterations_set:
-                    it, wu = first.iterations, first.warmup
-                new.append(Step(op_name, size, it, wu, first.datatype, algorithm=first.algorithm))
-        plan = new
-    if datatype is not None:
-        plan = [Step(s.op, s.size_bytes, s.iterations, s.warmup,
+        override_sizes(cfg, sizes)
+    if ops is not None or sizes is not None or datatype is not None:
+        check_plan_sizes(cfg.plan, "--sizes")
+    if iterations is not None:
+        override_iterations(cfg, iterations)
+    return cfg
+
+
+def _flags():
+    return _Loader("command line", os.getcwd())
+
+
+def override_np(cfg, np):
+    """--np: the number of ranks (on this machine only, the one host gets that many slots)."""
+    cfg.ranks = _flags().value("--np", RANKS, np)
+    if cfg.implicit_hosts:
+        cfg.hosts = [Host("localhost", max(cfg.ranks, 1))]
+
+
+def override_validate(cfg, validate):
+    """--validate: check every result element."""
+    cfg.validate = validate
+
+
+def override_datatype(cfg, datatype):
+    """--datatype: the datatype of the reductions (and of every op when it is char)."""
+    cfg.datatype = _flags().value("--datatype", _choice(*DATATYPES), datatype)
+    cfg.plan = [Step(s.op, s.size_bytes, s.iterations, s.warmup,
                      cfg.datatype if get_op(s.op).reduction or cfg.datatype == "char" else s.datatype,
-                     algorithm=s.algorithm) for s in plan]
+                     algorithm=s.algorithm, iterations_set=s.iterations_set) for s in cfg.once_plan()]
+
+
+def override_ops(cfg, ops):
+    """--ops: only these ops; one the plan lacks runs at 1MB (or no size), 100 iterations."""
+    ld = _flags()
+    names = []
+    for name in [o for o in ops.split(",") if o.strip()]:
+        try:
+            names.append(get_op(name.strip()).name)
+        except KeyError:
+            ld.fail("--ops", f"got {bounded_repr(name)}, expected a comma list of: {', '.join(OPS)}")
+    if not names:
+        ld.fail("--ops", f"expected a comma list of: {', '.join(OPS)}")
+    plan = cfg.once_plan()
+    known = {s.op for s in plan}
+    extra = [n for n in names if n not in known]
+    plan = [s for s in plan if s.op in names]
+    for n in extra:
+        plan += default_plan([(n, ("1MB",) if get_op(n).has_size else ("0",), 100)], cfg.datatype)
+    cfg.plan = plan
+
+
+def override_sizes(cfg, sizes):
+    """--sizes: every op of the plan at these sizes (bytes per rank)."""
+    ld = _flags()
+    size_list = [ld.value("--sizes", MESSAGE_SIZE, s.strip()) for s in sizes.split(",") if s.strip()]
+    if not size_list:
+        ld.fail("--sizes", "expected a comma list of sizes such as 1KB,1MB")
+    plan = cfg.once_plan()
+    new = []
+    for op_name in dict.fromkeys(s.op for s in plan):
+        op = get_op(op_name)
+        first = next(s for s in plan if s.op == op_name)
+        for size in (size_list if op.has_size else [0]):
+            # OSU's count for each size, unless the config's plan set one (the built-in
+            # default plan's fixed counts are for its own sizes, not configured ones)
+            it, wu = osu_default_iterations(size)
+            if first.iterations_set:
+                it, wu = first.iterations, first.warmup
+            new.append(Step(op_name, size, it, wu, first.datatype, algorithm=first.algorithm))
+    cfg.plan = new
+
+
+def override_iterations(cfg, iterations):
+    """--iterations: timed iterations of every step (warm-up a tenth, at most the plan's)."""
+    it = _flags().value("--iterations", ITERATIONS, iterations)
+    cfg.plan = [Step(s.op, s.size_bytes, it, max(1, min(s.warmup, it // 10 or 1)), s.datatype,
+                     algorithm=s.algorithm) for s in cfg.once_plan()]
+
+
+def check_plan_sizes(plan, key):
+    """Every step's size a whole number of its datatype's elements; ConfigError naming key."""
     for s in plan:
         if s.size_bytes % DATATYPES[s.datatype]:
-            ld.fail("--sizes", f"{s.size_bytes} B is not a multiple of the {s.datatype} size ({DATATYPES[s.datatype]} B)")
-    if iterations is not None:
-        it = ld.value("--iterations", ITERATIONS, iterations)
-        plan = [Step(s.op, s.size_bytes, it, max(1, min(s.warmup, it // 10 or 1)), s.datatype,
-                     algorithm=s.algorithm) for s in plan]
-    cfg.plan = plan
-    return cfg
+            _flags().fail(key, f"{s.size_bytes} B is not a multiple of the {s.datatype} size "
+                               f"({DATATYPES[s.datatype]} B)")
 

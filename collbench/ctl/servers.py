@@ -159,7 +159,7 @@ def last_results(results_log, hosts):
 
 
 def results_log_path(cfg):
-    return StatePaths(cfg.state_dir, cfg.stress.results_log or None).results_log
+    return StatePaths.for_config(cfg).results_log
 
 
 def check_all(cfg, timeout=10.0, accept_new_host_key=False):

@@ -12,7 +12,7 @@ import sys
 import threading
 from types import SimpleNamespace
 
-from collbench.config import EXPORTER_SCHEMA, POS_FLOAT, POS_INT, _Loader, load_config
+from collbench.config import EXPORTER_SCHEMA, POS_FLOAT, POS_INT, check_flag, flag_path, load_config
 from collbench.errors import ConfigError, UserError
 from collbench.stress.state import StatePaths
 
@@ -66,13 +66,9 @@ def _comma(value):
 def exporter_settings(args):
     """The resolved exporter settings (SimpleNamespace) from config + flags; UserError if bad."""
     cfg = load_config(args.config)
+    # Paths in the config come resolved against the config file's directory; on the command
+    # line they are relative to the cwd (flag_path).
     ex = vars(cfg.exporter).copy()
-    base = os.path.dirname(os.path.abspath(cfg.source)) if cfg.source != "<default>" else os.getcwd()
-    loader = _Loader("command line", os.getcwd())
-    # Paths in the config are relative to the config file; on the command line, to the cwd.
-    for key in ("results_log", "tls_cert", "tls_key", "basic_auth_password_file", "sysfs_root", "procfs_root"):
-        if ex.get(key):
-            ex[key] = os.path.normpath(os.path.join(base, os.path.expanduser(ex[key])))
     flags = {"listen": args.listen, "results_log": args.results_log, "legacy_metrics": args.legacy_metrics,
              "tls_cert": args.tls_cert, "tls_key": args.tls_key, "basic_auth_user": args.basic_auth_user,
              "basic_auth_password_file": args.basic_auth_password_file, "sysfs_root": args.sysfs_root,
@@ -80,25 +76,23 @@ def exporter_settings(args):
              "device_include": args.device_include, "device_exclude": args.device_exclude}
     for key, value in flags.items():
         if value is not None:
-            ex[key] = os.path.abspath(os.path.expanduser(value)) if key in (
+            ex[key] = flag_path(value) if key in (
                 "results_log", "tls_cert", "tls_key", "basic_auth_password_file",
                 "sysfs_root", "procfs_root") else value
     if args.max_age is not None:
-        ex["max_age"] = loader.value("--max-age", POS_FLOAT, args.max_age)
+        ex["max_age"] = check_flag("--max-age", POS_FLOAT, args.max_age)
     if args.poll_interval is not None:
-        ex["poll_interval"] = loader.value("--poll-interval", POS_FLOAT, args.poll_interval)
+        ex["poll_interval"] = check_flag("--poll-interval", POS_FLOAT, args.poll_interval)
     if args.max_series is not None:
-        ex["max_series"] = loader.value("--max-series", POS_INT, args.max_series)
+        ex["max_series"] = check_flag("--max-series", POS_INT, args.max_series)
     if args.collectors is not None:
         ex["collectors"] = _comma(args.collectors)
     if args.netdevs is not None:
         ex["netdevs"] = _comma(args.netdevs)
-    state_dir = os.path.abspath(args.state_dir) if args.state_dir else cfg.state_dir
-    ex["state_dir"] = state_dir
+    paths = StatePaths.for_config(cfg, args.state_dir)
+    ex["state_dir"] = paths.state_dir
     if not ex.get("results_log"):
-        ex["results_log"] = StatePaths(state_dir, cfg.stress.results_log or None).results_log
-        if not os.path.isabs(ex["results_log"]):
-            ex["results_log"] = os.path.normpath(os.path.join(base, ex["results_log"]))
+        ex["results_log"] = paths.results_log
 
     if args.baseline is not None:
         ex["baseline"] = args.baseline
@@ -107,10 +101,9 @@ def exporter_settings(args):
         # it comes from the config, to the cwd on the command line
         from collbench.baseline.baseline_file import resolve_path
         if ex["baseline"].endswith(".json"):
-            ex["baseline"] = os.path.join(base if args.baseline is None else os.getcwd(),
-                                          os.path.expanduser(ex["baseline"]))
+            ex["baseline"] = cfg.resolve_path(ex["baseline"]) if args.baseline is None else flag_path(ex["baseline"])
         try:   # a bad name is exit 2 now; a missing or bad file is the collector's failure at scrape time
-            resolve_path(ex["baseline"], state_dir)
+            resolve_path(ex["baseline"], paths.state_dir)
         except UserError as e:
             raise UserError(f"{'--baseline' if args.baseline is not None else 'exporter.baseline'}: {e}") from None
     ex["transport"], ex["engine"] = cfg.transport, cfg.engine   # which baseline entry matches the live series

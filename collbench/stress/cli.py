@@ -71,16 +71,9 @@ def register(subparsers):
 def resolve(args):
     """(cfg, StatePaths) from --config and --state-dir (paths made absolute: start chdirs to /)."""
     cfg = load_config(args.config)
-    state_dir = os.path.abspath(os.path.expanduser(args.state_dir or cfg.state_dir))
-    results = cfg.stress.results_log
-    if results:
-        results = os.path.expanduser(results)
-        if not os.path.isabs(results):
-            base = os.path.dirname(os.path.abspath(cfg.source)) if os.path.isfile(cfg.source) else state_dir
-            results = os.path.join(base, results)
     if os.path.isfile(cfg.source):
         cfg.source = os.path.abspath(cfg.source)
-    return cfg, StatePaths(state_dir, results)
+    return cfg, StatePaths.for_config(cfg, args.state_dir)
 
 
 def _results_path(paths, info):

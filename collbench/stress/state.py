@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 
 from collbench import proctree
+from collbench.config import flag_path
 from collbench.errors import UserError
 
 PID_FILE = "stress.pid"
@@ -40,6 +41,15 @@ class StatePaths:
     def __post_init__(self):
         if self.results_log is None:
             self.results_log = os.path.join(self.state_dir, RESULTS_FILE)
+
+    @classmethod
+    def for_config(cls, cfg, state_dir=None):
+        """The daemon's files for a config: in state_dir (a --state-dir flag, relative to the
+        current directory) or the config's; the results log where stress.results_log puts it
+        (already resolved by the config loader), else in the state directory."""
+        directory = flag_path(state_dir) if state_dir else os.path.abspath(cfg.state_dir)
+        results = cfg.stress.results_log
+        return cls(directory, os.path.abspath(results) if results else None)
 
     @property
     def pid(self):
