@@ -182,10 +182,10 @@ def cmd_replay(args):
     if args.format != "table":
         for w in result.warnings:
             print(f"collbench: warning: {w}", file=sys.stderr)
-    failed = result.failed or [r for r in result.records if r.get("type") == "result" and r.get("validation") == "fail"]
-    if failed:
-        print(f"collbench: replay: {len(result.failed)} configuration(s) failed, "
-              f"{len(result.runner.failures)} failure record(s)", file=sys.stderr)
+    bad_validation = [r for r in result.records if r.get("type") == "result" and r.get("validation") == "fail"]
+    if result.failed or bad_validation:
+        print(f"collbench: replay: {len(result.failed)} configuration(s) failed ({len(result.runner.failures)} "
+              f"failure record(s)), {len(bad_validation)} failed validation", file=sys.stderr)
         return 1
     return 0
 

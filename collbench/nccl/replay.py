@@ -341,7 +341,7 @@ def replay_grouped(paths, cfg, settings, run_id=None):
     _shares(timed)
     result = ReplayResult("grouped", runner, settings, _census_totals(census), timed, warnings,
                           [i["path"] for i in census.inputs])
-    result.records = (result_records(runner, timed, iterations, warmup, per_iteration=True) + runner.failures
+    result.records = (result_records(runner, timed, 1, warmup, per_iteration=True) + runner.failures
                       + [replay_event(result)])
     return result
 
@@ -524,10 +524,11 @@ def validation_of(states):
     return "pass" if states and all(s == "pass" for s in states) else "off"
 
 
-def result_records(runner, timed, iterations, warmup, per_iteration):
+def result_records(runner, timed, unit_iterations, warmup, per_iteration):
     """One result record per timed configuration: what was measured (the timed size, not the
-    estimate). per_iteration: each unit was one iteration (grouped order), so the slowest rank's
-    unit times are the per-iteration times whose percentiles the record carries."""
+    estimate). unit_iterations: iterations per timed unit (step); per_iteration: each unit was one
+    iteration (grouped order), so the slowest rank's unit times are the per-iteration times whose
+    percentiles the record carries."""
     out = []
     for t in timed:
         if not t.replayed or not t.times_us:
@@ -545,7 +546,7 @@ def result_records(runner, timed, iterations, warmup, per_iteration):
         # min/max (the fastest and slowest rank's averages) are not known: each unit is its own step
         out.append(records.result_record(
             runner.ctx(call.nranks), call.op, call.size_bytes, call.datatype, round(statistics.fmean(t.times_us), 4),
-            None, None, len(t.times_us) * iterations, warmup, validation=validation_of(t.validation),
+            None, None, len(t.times_us) * unit_iterations, warmup, validation=validation_of(t.validation),
             straggler_rank=None, ranks=call.nranks, ts=t.last_ts, **optional))
     return out
 

@@ -186,11 +186,14 @@ def plan_warnings(items, max_bytes, what):
                  f"datatype char)")
     capped = [it for it in timed if it.call.capped]
     if capped:
-        w.append(f"{len(capped)} {what} exceed --max-bytes {format_size(max_bytes)} (nccl-tests' size): "
-                 f"timed with fewer elements, their times scaled by the bytes ratio (an estimate)")
+        k = len(capped)
+        w.append(f"{k} {what if k != 1 else what[:-1]} {'exceed' if k != 1 else 'exceeds'} --max-bytes "
+                 f"{format_size(max_bytes)} (nccl-tests' size): timed with fewer elements, the time scaled by "
+                 f"the bytes ratio (an estimate)")
     redops = sorted({it.redop for it in timed if it.redop and it.redop != "sum"})
     if redops:
-        w.append(f"reductions {', '.join(redops)} are timed as MPI_SUM (the engine's only reduction)")
+        w.append(f"reduction ops other than sum ({', '.join(redops)}) are timed as MPI_SUM (the engine's only "
+                 f"reduction)")
     w += sorted({it.call.root_note for it in timed if it.call.root_note})[:5]
     for it in [it for it in timed if len(getattr(it, "roots", ())) > 1][:5]:
         w.append(f"{it.op} count={it.count} {it.datatype} was called with roots {', '.join(map(str, it.roots))}: "

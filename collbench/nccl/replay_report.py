@@ -100,6 +100,11 @@ def _notes(result, timed, extra_marks=()):
     if failed:
         out += ["", f"Failed ({len(failed)}; their records are in --results):"]
         out += [f"  - {t.op} count={t.count} {t.datatype}: {t.failure}" for t in failed]
+    bad = [t for t in timed if t.replayed and "fail" in t.validation]
+    if bad:
+        out += ["", f"Validation failed ({len(bad)}; --validate checked every result element):"]
+        out += [f"  - {t.op} count={t.count} {t.datatype}: {t.validation.count('fail')} of "
+                f"{len(t.validation)} timed units had wrong results" for t in bad]
     return out
 
 
