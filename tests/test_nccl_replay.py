@@ -396,3 +396,20 @@ def test_validation_failure_is_recorded_and_exit_1(tmp_path, engine_bin):  # noq
                "--results", str(results), "-q")
     assert p.returncode == 0, p.stderr
     assert [r["validation"] for r in records_of(results) if r["type"] == "result"] == ["fail", "pass"]
+
+
+@pytest.mark.mpi
+def test_grouped_replays_each_communicator_at_its_own_size(tmp_path, engine_bin):  # noqa: F811
+    """The 2.23 fixture: a 4-rank communicator (Broadcast, AllReduce avg) and two 2-rank splits
+    (bfloat16 AllGather in place by offset, ReduceScatter): one job per size, each at its size."""
+    fixture = REPO / "tests" / "fixtures" / "nccl" / "nccl-2.23-init-split.log"
+    p = replay(str(fixture), "--config", config(tmp_path, engine_bin, 4, "shm"), "--format", "json",
+               "--iterations", "2", "--warmup", "0")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    got = {(c["op"], c["nranks"], c["replay_nranks"], c["inplace"], c["size_bytes"]) for c in doc["configurations"]}
+    assert got == {("AllGather", 2, 2, True, 1048576 * 2), ("ReduceScatter", 2, 2, False, 1048576 * 2 * 2),
+                   ("Broadcast", 4, 4, True, 4000), ("AllReduce", 4, 4, True, 16)}
+    assert "at 2 ranks" in p.stderr and "at 4 ranks" in p.stderr        # one job per size
+    assert any("avg" in w and "MPI_SUM" in w for w in doc["warnings"])
+    assert not any("replayed at" in w for w in doc["warnings"])
