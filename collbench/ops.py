@@ -5,14 +5,21 @@ legacy names, dashboard reference) reads this table instead of branching on name
 """
 
 from dataclasses import dataclass
+from typing import Callable, NamedTuple
 
 
-# bus_factor_kind -> busbw / algbw at n ranks (nccl-tests' PERFORMANCE.md)
+class BusFactor(NamedTuple):
+    """busbw / algbw at n ranks (nccl-tests' PERFORMANCE.md), and the formula as people write it."""
+    factor: Callable
+    formula: str
+
+
+# bus_factor_kind -> its factor
 BUS_FACTORS = {
-    "allreduce": lambda n: 2.0 * (n - 1) / n,   # reduce-scatter + allgather
-    "ring": lambda n: (n - 1) / n,              # each rank lacks (n-1)/n of the data
-    "one": lambda n: 1.0,                       # every byte crosses once (bcast, reduce)
-    "none": lambda n: None,
+    "allreduce": BusFactor(lambda n: 2.0 * (n - 1) / n, "2(n-1)/n"),   # reduce-scatter + allgather
+    "ring": BusFactor(lambda n: (n - 1) / n, "(n-1)/n"),               # each rank lacks (n-1)/n of the data
+    "one": BusFactor(lambda n: 1.0, "1"),                              # every byte crosses once (bcast, reduce)
+    "none": BusFactor(lambda n: None, "-"),                            # no data moved (barrier)
 }
 
 
@@ -25,8 +32,8 @@ class Op:
     has_size: bool       # barrier has none
     data_per_rank: bool  # S = size x n (allgather, alltoall) instead of S = size
     bus_factor_kind: str  # a key of BUS_FACTORS
-    legacy_name: str     # seed prototype's metric infix (mpi_<legacy>_latency_us), or ""
-    training_use: str    # seed 001: what it means for training
+    legacy_name: str     # the prototype's metric infix (mpi_<legacy>_latency_us), or ""
+    training_use: str    # what it means for training (the prototype's reference table)
 
     def data_bytes(self, size_bytes, nranks):
         """S, the bytes that define algorithm bandwidth (docs/METRICS.md)."""
@@ -34,7 +41,12 @@ class Op:
 
     def bus_factor(self, nranks):
         """nccl-tests' factor from algbw to busbw, or None (barrier moves no data)."""
-        return BUS_FACTORS[self.bus_factor_kind](nranks)
+        return BUS_FACTORS[self.bus_factor_kind].factor(nranks)
+
+    @property
+    def bus_factor_formula(self):
+        """The factor as text: '2(n-1)/n', '(n-1)/n', '1', or '-' for none."""
+        return BUS_FACTORS[self.bus_factor_kind].formula
 
     def bandwidth(self, size_bytes, nranks, latency_us):
         """(algbw, busbw) in bytes per second for one average latency; (None, None) if n/a."""
@@ -46,20 +58,27 @@ class Op:
 
 
 OPS = {op.name: op for op in (
-    Op("allreduce", "Allreduce", "osu_allreduce", True, True, False, "allreduce", "allreduce",
-       "Gradient synchronization across GPUs, every training step"),
-    Op("bcast", "Broadcast", "osu_bcast", False, True, False, "one", "broadcast",
-       "Model weight distribution at initialization"),
-    Op("reduce", "Reduce", "osu_reduce", True, True, False, "one", "reduce",
-       "Loss aggregation for logging, every N steps"),
-    Op("allgather", "Allgather", "osu_allgather", False, True, True, "ring", "allgather",
-       "Batch-norm statistics, sharded-parameter gathers (ZeRO/FSDP)"),
-    Op("alltoall", "Alltoall", "osu_alltoall", False, True, True, "ring", "alltoall",
-       "Expert routing in MoE models, per layer"),
-    Op("reduce_scatter", "Reduce_scatter", "osu_reduce_scatter", True, True, False, "ring", "",
-       "Sharded gradient reduction (ZeRO/FSDP)"),
-    Op("barrier", "Barrier", "osu_barrier", False, False, False, "none", "",
-       "Synchronization; pure latency"),
+    Op(name="allreduce", title="Allreduce", osu_binary="osu_allreduce", reduction=True, has_size=True,
+       data_per_rank=False, bus_factor_kind="allreduce", legacy_name="allreduce",
+       training_use="Gradient synchronization across GPUs, every training step"),
+    Op(name="bcast", title="Broadcast", osu_binary="osu_bcast", reduction=False, has_size=True,
+       data_per_rank=False, bus_factor_kind="one", legacy_name="broadcast",
+       training_use="Model weight distribution at initialization"),
+    Op(name="reduce", title="Reduce", osu_binary="osu_reduce", reduction=True, has_size=True,
+       data_per_rank=False, bus_factor_kind="one", legacy_name="reduce",
+       training_use="Loss aggregation for logging, every N steps"),
+    Op(name="allgather", title="Allgather", osu_binary="osu_allgather", reduction=False, has_size=True,
+       data_per_rank=True, bus_factor_kind="ring", legacy_name="allgather",
+       training_use="Batch-norm statistics, sharded-parameter gathers (ZeRO/FSDP)"),
+    Op(name="alltoall", title="Alltoall", osu_binary="osu_alltoall", reduction=False, has_size=True,
+       data_per_rank=True, bus_factor_kind="ring", legacy_name="alltoall",
+       training_use="Expert routing in MoE models, per layer"),
+    Op(name="reduce_scatter", title="Reduce_scatter", osu_binary="osu_reduce_scatter", reduction=True,
+       has_size=True, data_per_rank=False, bus_factor_kind="ring", legacy_name="",
+       training_use="Sharded gradient reduction (ZeRO/FSDP)"),
+    Op(name="barrier", title="Barrier", osu_binary="osu_barrier", reduction=False, has_size=False,
+       data_per_rank=False, bus_factor_kind="none", legacy_name="",
+       training_use="Synchronization; pure latency"),
 )}
 
 ALIASES = {"broadcast": "bcast", "reducescatter": "reduce_scatter", "reduce-scatter": "reduce_scatter"}

@@ -342,9 +342,8 @@ def congestion_row(cfg):
 def reference_text(cfg):
     lines = ["#### What each collective means for training (seed 001)", "",
              "| Op | Training use | busbw factor |", "|---|---|---|"]
-    factors = {"allreduce": "2(n-1)/n", "ring": "(n-1)/n", "one": "1", "none": "-"}
     for op in OPS.values():
-        lines.append(f"| {op.title} | {op.training_use} | {factors[op.bus_factor_kind]} |")
+        lines.append(f"| {op.title} | {op.training_use} | {op.bus_factor_formula} |")
     lines += ["", "Allreduce is the critical path: it runs every training step.", "",
               f"#### What good looks like ({cfg.alerts.nodes} nodes at {cfg.alerts.link_gbps:g} Gb/s)", "",
               "| Metric | Good | Warning | Critical |", "|---|---|---|---|"]
