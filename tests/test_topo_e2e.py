@@ -122,3 +122,40 @@ def test_measure_map_and_compare_on_two_racks(racks_bed, tmp_path):
     assert {x["order"] for x in res} == {"original", "file:ring.rankfile"}
     assert {tuple(x["hosts"]) for x in res if x["order"] != "original"} == {tuple(new_order)}
     assert sum(x["iterations"] for x in res if x["order"] == "original") >= 100
+
+
+def test_testbed_script_builds_racks_joined_by_shaped_uplinks(tmp_path):
+    """scripts/testbed.sh up N --racks R --inter-rack-rate RATE: a bridge per rack, each host on its
+    rack's bridge (h1, h3 in rack 0; h2, h4 in rack 1), the uplinks shaped both ways; down removes all."""
+    assert is_root(), "the testbed needs root"
+    script = str(REPO / "scripts" / "testbed.sh")
+    d = tmp_path / "tb"
+    r = subprocess.run([script, "up", "4", "--dir", str(d), "--prefix", "cbtr13", "--racks", "2",
+                        "--inter-rack-rate", "50mbit"], capture_output=True, text=True, timeout=120)
+    try:
+        assert r.returncode == 0, r.stderr
+        assert "2 racks" in r.stderr
+        desc = json.loads((d / "testbed.json").read_text())
+        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        master = {}
+        for line in links.splitlines():
+            name = line.split(": ")[1].split("@")[0]
+            if " master " in line:
+                master[name] = line.split(" master ")[1].split()[0]
+        assert [master[h["veth"]] for h in desc["hosts"]] == [desc["rack_bridges"][i % 2] for i in range(4)]
+        for r_index, up in enumerate(desc["uplinks"]):
+            assert master[up] == desc["rack_bridges"][r_index]
+            qdisc = subprocess.run(["tc", "class", "show", "dev", up], capture_output=True, text=True).stdout
+            assert "rate 50Mbit" in qdisc, qdisc
+        spine_ports = [n for n, m in master.items() if m == desc["bridge"]]
+        assert len(spine_ports) == 2
+        for port in spine_ports:
+            qdisc = subprocess.run(["tc", "class", "show", "dev", port], capture_output=True, text=True).stdout
+            assert "rate 50Mbit" in qdisc, qdisc
+        bad = subprocess.run([script, "up", "4", "--dir", str(tmp_path / "bad"), "--inter-rack-rate", "1mbit"],
+                             capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 1 and "--inter-rack-rate needs --racks 2" in bad.stderr
+    finally:
+        subprocess.run([script, "down", str(d)], capture_output=True, text=True, timeout=120)
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert not [b for b in desc["rack_bridges"] + desc["uplinks"] + [desc["bridge"]] if b in links]

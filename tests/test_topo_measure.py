@@ -329,3 +329,72 @@ def test_measure_names_the_host_whose_link_is_slow(slow_host_bed, tmp_path):
     report = json.loads((out / "outliers.json").read_text())
     assert report["bandwidth"]["hosts"][0]["host"] == slow
     assert (out / "bandwidth.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.mpi
+def test_compare_on_this_machine_forces_both_algorithms_in_both_orders(tmp_path):
+    """hosts_order of the config as the new order (ranks swapped between the two slots of this
+    machine's two host names): every point measured in both orders, records labelled."""
+    host = os.uname().nodename
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml_text({"hosts": [f"{host}:2", "localhost:2"], "transport": "shm", "step_timeout": 120,
+                              "oversubscribe": True,
+                              "hosts_order": ["localhost", host, "localhost", host]}))
+    results = tmp_path / "r.jsonl"
+    r = subprocess.run([sys.executable, "-m", "collbench", "topo", "compare", "--config", str(cfg),
+                        "--ops", "allgather,allreduce", "--sizes", "4KB", "--iterations", "12", "--blocks", "3",
+                        "--format", "json", "--results", str(results)],
+                       capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    for pattern in ("ring", "recursive-doubling"):
+        assert doc["orders"][pattern] == {"original": [host, host, "localhost", "localhost"],
+                                          "new": ["localhost", host, "localhost", host], "label": "hosts_order"}
+    assert [(p["pattern"], p["op"]) for p in doc["points"]] == [
+        ("ring", "allgather"), ("ring", "allreduce"), ("recursive-doubling", "allgather"),
+        ("recursive-doubling", "allreduce")]
+    for p in doc["points"]:
+        assert p["blocks_original"] == p["blocks_new"] == 3 and not p["errors"], p
+        assert p["speedup"] > 0 and p["ci_low"] <= p["speedup"] <= p["ci_high"]
+        assert p["predicted_speedup"] is None      # no matrix, no prediction
+    recs = [parse_record(line) for line in open(results)]
+    assert all(is_record(x) for x in recs)
+    res = [x for x in recs if x["type"] == "result"]
+    assert len(res) == 4 * 2 * 3
+    assert {(x["pattern"], x["algorithm"], x["order"]) for x in res} == {
+        (p, a, o) for p, a in (("ring", "ring"), ("recursive-doubling", "recursive_doubling"))
+        for o in ("original", "hosts_order")}
+    assert len({x["run_id"] for x in res}) == 1
+    assert recs[-1]["event"] == "topo_compare"
+
+
+def test_compare_without_a_new_order_is_exit_2(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("hosts: [a, b]\n")
+    r = subprocess.run([sys.executable, "-m", "collbench", "topo", "compare", "--config", str(cfg)],
+                       capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 2 and "no new order" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "collbench", "topo", "compare", "--config", str(cfg),
+                        "--order", str(cfg), "--patterns", "ring,butterfly"],
+                       capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 2 and "--patterns" in r.stderr, r.stderr
+
+
+@pytest.mark.mpi
+def test_concurrent_measurement_of_four_ranks(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("ranks: 4\ntransport: shm\nstep_timeout: 120\n")
+    r = subprocess.run([sys.executable, "-m", "collbench", "topo", "measure", "--config", str(cfg), "--concurrent",
+                        "--iterations", "10", "--bw-size", "16KB", "--out-dir", str(tmp_path / "o"), "--format", "csv"],
+                       capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = r.stdout.splitlines()
+    assert rows[0] == "a,b,round,latency_us,bandwidth_GBps,latency_outlier,bandwidth_outlier"
+    assert len(rows) == 1 + 6
+    assert sorted({int(x.split(",")[2]) for x in rows[1:]}) == [0, 1, 2]     # 3 rounds of 2 pairs
+    assert load_matrices(str(tmp_path / "o" / "matrix.json"))["latency"].meta["concurrent"] is True
+
+
+def yaml_text(data):
+    import yaml
+    return yaml.safe_dump(data)
