@@ -12,7 +12,7 @@ timed iterations). The window opens when the daemon starts (before mpirun is lau
 launch cost counts against the mode that pays it.
 
     .venv/bin/python bench/duty_cycle.py                 # seed ops/sizes, iterations / 10, 20 s each
-    .venv/bin/python bench/duty_cycle.py --plan seed     # seed 001's plan as is
+    .venv/bin/python bench/duty_cycle.py --plan seed     # the plan of the prototype this project replaces, as is
 """
 
 import argparse
@@ -68,8 +68,8 @@ def main():
     p.add_argument("--np", type=int, default=4, help="ranks (default 4)")
     p.add_argument("--seconds", type=float, default=20.0, help="window per mode (default 20)")
     p.add_argument("--plan", choices=("scaled", "seed"), default="scaled",
-                   help="scaled: seed 001's ops and sizes with iterations / --scale (default); "
-                        "seed: seed 001's plan as is")
+                   help="scaled: the prototype's ops and sizes with iterations / --scale (default); "
+                        "seed: the prototype's plan as is")
     p.add_argument("--scale", type=int, default=10, help="iteration divisor for --plan scaled")
     args = p.parse_args()
 

@@ -41,7 +41,7 @@ MAX_ROTATE_KEEP = 10000        # rotated results logs kept (readers look for eac
 MAX_CONFIG_BYTES = 256 << 10   # a config is a few KB
 MAX_HOSTFILE_BYTES = 1 << 20   # ~40,000 hosts
 
-# seed 001's stress plan: (op, sizes, iterations)
+# the stress plan of the prototype this project replaces (its bash loop): (op, sizes, iterations)
 SEED_PLAN = (
     ("allreduce", ("4MB", "1MB", "64KB", "1KB"), 500),
     ("bcast", ("4MB", "1MB"), 500),

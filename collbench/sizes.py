@@ -1,4 +1,4 @@
-"""Message sizes: '4MB', '64KB', '1024' <-> bytes. Binary units, as OSU and seed 001 use."""
+"""Message sizes: '4MB', '64KB', '1024' <-> bytes. Binary units, as OSU and the prototype this project replaces use."""
 
 import math
 import re

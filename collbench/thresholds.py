@@ -1,6 +1,6 @@
 """Latency thresholds and the Good / Warning / Critical verdict.
 
-Defaults are seed 001's figures for an 8-node 25 Gb/s RoCEv2 cluster. Where its "What good
+Defaults are the figures of the prototype this project replaces, for an 8-node 25 Gb/s RoCEv2 cluster. Where its "What good
 looks like" table gives warning and critical bounds they are used as they stand; where only the
 "Target" column gives a bound, the target is the warning threshold and twice the target the
 critical one. Other (op, size) pairs get no verdict unless the config sets one.

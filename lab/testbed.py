@@ -15,7 +15,8 @@ root login by a generated key only). The testbed directory holds everything to u
     id_ed25519      the client key
     collbench.yaml  a config: master = h1 over SSH, ranks on every host, ob1 over TCP, and
                     a short plan (QUICK_PLAN: first results within seconds; --full-plan
-                    leaves it out, so the defaults, seed 001's plan, apply)
+                    leaves it out, so the defaults apply: the plan of the prototype
+                    this project replaces)
     testbed.json    what `down` removes
 
 Several testbeds can run at once: names carry a random id, and each takes its own aligned
@@ -296,6 +297,7 @@ def _keys_and_files(desc, slots, python, full_plan=False):
     desc.update(ssh_config=ssh_config, hostfile=os.path.join(d, "hostfile"), key=key,
                 known_hosts=os.path.join(d, "known_hosts"), config=os.path.join(d, "collbench.yaml"),
                 master=master["alias"], master_addr=master["addr"], master_netns=master["netns"],
+                # "seed 001": the prototype this project replaces (a value readers of testbed.json know)
                 plan="seed 001 (full)" if full_plan else "quick")
 
 
@@ -424,7 +426,7 @@ def main(argv=None):
     u.add_argument("--inter-rack-rate", metavar="RATE",
                    help="tc rate of each rack's uplink, both directions, e.g. 200mbit (default unshaped)")
     u.add_argument("--full-plan", action="store_true",
-                   help="generated config without the short plan: seed 001's (4MB steps, 500 iterations; "
+                   help="generated config without the short plan: the prototype's (4MB steps, 500 iterations; "
                         "minutes per pass on a small machine)")
     for verb in ("down", "env"):
         s = sub.add_parser(verb)

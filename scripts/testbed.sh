@@ -3,7 +3,7 @@
 # each, addresses in 198.18.0.0/24, a hostfile, an ssh config and a ready collbench config.
 #
 #   scripts/testbed.sh up 4 [--dir DIR] [--rate-limit 1gbit] [--link-rate h2=100mbit] [--shaper htb|tbf]
-#                           [--full-plan]   # generated config: seed 001's plan instead of a short one
+#                           [--full-plan]   # generated config: the prototype's plan instead of a short one
 #   scripts/testbed.sh env DIR      # shell variables: eval "$(scripts/testbed.sh env DIR)"
 #   scripts/testbed.sh down DIR     # kill everything in it, delete namespaces and bridge (idempotent)
 #   scripts/testbed.sh list

@@ -12,7 +12,7 @@ from functools import lru_cache
 from collbench.errors import UserError
 
 TRANSPORT_PRESETS = {
-    # RDMA clusters (seed 001): UCX with UD verbs
+    # RDMA clusters (as the prototype this project replaces ran them): UCX with UD verbs
     "ucx": {"mca": (("pml", "ucx"), ("osc", "ucx")),
             "env": {"UCX_TLS": "ud_verbs,self,sm", "UCX_NET_DEVICES": "all"}},
     # UCX over TCP: the UCX code path without RDMA devices (pml_ucx refuses tcp unless told "any")

@@ -1,9 +1,9 @@
 """The Grafana dashboard, generated from one panel table.
 
 `grafana/collbench-dashboard.json` (the exporter's metric names) and
-`grafana/collbench-dashboard-legacy.json` (seed 001's `mpi_*` names, `exporter.legacy_metrics`)
+`grafana/collbench-dashboard-legacy.json` (the `mpi_*` names of the prototype this project replaces, `exporter.legacy_metrics`)
 are both built here from the same rows; only the result panels differ. The stat panels' colours
-come from the thresholds (config or seed 001's defaults), the reference text from the op table.
+come from the thresholds (config or the prototype's defaults), the reference text from the op table.
 `collbench dashboard [--config] [--legacy] [-o FILE]` (dashboard_cli.py) writes them; the checked-in files are its
 output for the embedded default config (tests/test_dashboard.py keeps them equal).
 """
@@ -182,7 +182,7 @@ def status_row(cfg, legacy):
 
 
 def ordered_thresholds(thresholds):
-    """Thresholds.items() in the op table's order, largest size first (seed 001's table order)."""
+    """Thresholds.items() in the op table's order, largest size first (the prototype's table order)."""
     order = list(OPS)
     return sorted(thresholds.items(), key=lambda item: (order.index(item[0]), -item[1]))
 
@@ -340,7 +340,7 @@ def congestion_row(cfg):
 
 
 def reference_text(cfg):
-    lines = ["#### What each collective means for training (seed 001)", "",
+    lines = ["#### What each collective means for training", "",
              "| Op | Training use | busbw factor |", "|---|---|---|"]
     for op in OPS.values():
         lines.append(f"| {op.title} | {op.training_use} | {op.bus_factor_formula} |")

@@ -22,7 +22,7 @@ def register(subparsers):
                     "the stat panels coloured by the config's thresholds.")
     add_config_arg(p)
     p.add_argument("--legacy", action="store_true",
-                   help="the variant for seed 001's mpi_* metric names (exporter.legacy_metrics)")
+                   help="the variant for the prototype's mpi_* metric names (exporter.legacy_metrics)")
     p.add_argument("-o", "--output", metavar="FILE", help="write here (atomically) instead of stdout")
     p.set_defaults(func=_run)
 

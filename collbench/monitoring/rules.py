@@ -1,6 +1,6 @@
 """Prometheus alerting rules built from the config's thresholds (`collbench rules`: rules_cli.py).
 
-The latency bounds in the config (or seed 001's defaults) are for the cluster named by
+The latency bounds in the config (or the defaults of the prototype this project replaces) are for the cluster named by
 `alerts.nodes` and `alerts.link_gbps`; the rules carry them as they are. `--nodes` / `--link-gbps`
 rescale them to another cluster with the bandwidth-bound model in `scale_factor` (docs/METRICS.md,
 "Alerts"). The document is built as data and dumped with PyYAML, never templated as text.
