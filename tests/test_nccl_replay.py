@@ -9,6 +9,7 @@ the `ncclCommInitRank ... commId` INIT line), one process per rank.
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -17,8 +18,8 @@ import pytest
 from collbench.nccl import replay_plan
 from collbench.nccl.replay_plan import EngineCall, NotReplayed, plan_call
 from collbench.record_parser import ParseError, parse_record
-from conftest import REPO
-from engine_helpers import engine_bin  # noqa: F401
+from conftest import REPO, wait_for
+from engine_helpers import engine_bin, is_gone, pids_of_exe  # noqa: F401
 
 DT = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5, "float16": 6, "float32": 7,
       "float64": 8, "bfloat16": 9, "float8e4m3": 10, "float8e5m2": 11}
@@ -413,3 +414,30 @@ def test_grouped_replays_each_communicator_at_its_own_size(tmp_path, engine_bin)
     assert "at 2 ranks" in p.stderr and "at 4 ranks" in p.stderr        # one job per size
     assert any("avg" in w and "MPI_SUM" in w for w in doc["warnings"])
     assert not any("replayed at" in w for w in doc["warnings"])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupted_replay_stops_mpi_and_writes_nothing(tmp_path, engine_bin, sig, code):  # noqa: F811
+    log = make_log(tmp_path / "nccl.log", 2, [("AllReduce", 1 << 16, "float32", "sum", 0, True)])
+    results, out = tmp_path / "r.jsonl", tmp_path / "out.txt"
+    results.write_text('{"kept": true}\n')
+    proc = subprocess.Popen([sys.executable, "-m", "collbench", "nccl", "replay", str(log), "--config",
+                             config(tmp_path, engine_bin, 2, "shm"), "--iterations", "1000000", "--results",
+                             str(results), "-o", str(out)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert "collbench: replay:" in proc.stderr.readline()       # the job is being started
+        running = wait_for(lambda: pids_of_exe(engine_bin), timeout=120)
+        assert running
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == code, err
+    assert "nothing written" in err
+    assert wait_for(lambda: all(is_gone(p) for p in running), timeout=30)     # the ranks were stopped
+    assert results.read_text() == '{"kept": true}\n' and not out.exists()
+    assert [p for p in os.listdir(tmp_path) if p.startswith(".")] == []

@@ -276,7 +276,7 @@ class ReplayResult:
                "engine": "builtin", "mpi": self.runner.mpi, "transport": self.runner.cfg.transport,
                "config": self.runner.cfg.source, "inputs": self.inputs, "iterations": it, "warmup": wu,
                "max_bytes": self.settings.max_bytes, "np": self.settings.np,
-               "time": "ranks' average per call (nccl-tests' convention), microseconds",
+               "time_definition": "a call's time is the ranks' average (nccl-tests' convention); *_us in microseconds",
                "total_time_s": self.total_us / 1e6, "warnings": self.warnings,
                "census": self.census_totals,
                "configurations": [t.row() for t in self.configurations]}
