@@ -35,6 +35,11 @@ def load():
     return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} CPUs"
 
 
+def median_busbw(rows):
+    values = sorted(r["busbw_bytes_per_s"] for r in rows if r["busbw_bytes_per_s"] is not None)
+    return values[(len(values) - 1) // 2] if values else None
+
+
 def gbps(bps):
     return "-" if bps is None else f"{bps / 1e9:.3f}"
 
@@ -87,7 +92,7 @@ def main():
                     break
                 for r in json.loads(q.stdout)["rows"]:
                     if r["status"] == "ok":
-                        paired.setdefault(r["size_bytes"], {}).setdefault(r["algorithm"], []).append(r["avg_us"])
+                        paired.setdefault(r["size_bytes"], {}).setdefault(r["algorithm"], []).append(r)
             print(f"after {args.repeats} default/rules passes: {load()}  ({time.monotonic() - t0:.0f}s)")
 
     rows = doc["rows"]
@@ -100,7 +105,8 @@ def main():
         print(f"  {name}: not measured: {reason}")
     width = max(9, *(len(a) for a in shown))
     header = f"{'size':>7}  " + "  ".join(f"{a[:width]:>{width}}" for a in shown)
-    header += f"  {'fastest':>{width}}  {'default deficit':>15}  {'rules':>{width}}  {'rules gain':>10}"
+    header += f"  {'fastest':>{width}}  {'default deficit':>15}"
+    header += f"  {'default*':>9}  {'rules*':>9}  {'rules gain':>10}" if paired else f"  {'rules':>9}  {'rules gain':>10}"
     print(header)
     gains, deficits = [], []
     for size in sorted({r["size_bytes"] for r in rows}):
@@ -113,10 +119,12 @@ def main():
             deficit = 1 - best["avg_us"] / default["avg_us"]
             deficits.append(deficit)
         pairs = paired.get(size, {})
+        paired_cells = ["-", "-"]
         if pairs.get("default") and pairs.get("rules"):
-            ratios = sorted(d / r for d, r in zip(pairs["default"], pairs["rules"]))
-            gain = ratios[len(ratios) // 2] - 1
+            ratios = sorted(d["avg_us"] / r["avg_us"] for d, r in zip(pairs["default"], pairs["rules"]))
+            gain = ratios[(len(ratios) - 1) // 2] - 1
             gains.append(gain)
+            paired_cells = [gbps(median_busbw(pairs["default"])), gbps(median_busbw(pairs["rules"]))]
         elif checked and checked["status"] == "ok" and default and default["status"] == "ok":
             gain = default["avg_us"] / checked["avg_us"] - 1
             gains.append(gain)
@@ -124,9 +132,14 @@ def main():
         line = f"{label:>7}  " + "  ".join(f"{c:>{width}}" for c in cells)
         line += f"  {(best['algorithm'] if best else '-')[:width]:>{width}}"
         line += f"  {'-' if deficit is None else f'{deficit * 100:.0f}%':>15}"
-        line += f"  {gbps(checked['busbw_bytes_per_s']) if checked and checked['status'] == 'ok' else '-':>{width}}"
+        if paired:
+            line += f"  {paired_cells[0]:>9}  {paired_cells[1]:>9}"
+        else:
+            line += f"  {gbps(checked['busbw_bytes_per_s']) if checked and checked['status'] == 'ok' else '-':>9}"
         line += f"  {'-' if gain is None else f'{gain * 100:+.0f}%':>10}"
         print(line)
+    if paired:
+        print(f"* default and rules: median busbw of the {args.repeats} back-to-back passes after the comparison")
     if gains:
         geo = math.exp(sum(math.log(1 + g) for g in gains) / len(gains)) - 1
         how = f"median of {args.repeats} back-to-back passes" if paired else "the comparison's own check"
