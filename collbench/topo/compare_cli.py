@@ -272,9 +272,9 @@ def table_text(doc, rows, s, mapped):
         src = o["label"]
         res = mapped.get(pattern)
         if res is not None:
-            src += f" (topo map {pattern}, predicted {res.speedup(res.chosen):.2f}x against the matrix's order)"
-        lines.append(f"{pattern}: original order {' '.join(o['original'][:32])}{' ...' if len(o['original']) > 32 else ''}")
-        lines.append(f"{' ' * len(pattern)}  new order ({src}) {' '.join(o['new'][:32])}"
+            src += f", topo map predicts {res.speedup(res.chosen):.2f}x against the matrix's order"
+        lines.append(f"{pattern}: original order: {' '.join(o['original'][:32])}{' ...' if len(o['original']) > 32 else ''}")
+        lines.append(f"{' ' * len(pattern)}  new order ({src}): {' '.join(o['new'][:32])}"
                      f"{' ...' if len(o['new']) > 32 else ''}")
     header = ("pattern", "op", "size", "algorithm", "original us", "new us", "speed-up",
               f"{int(compare.CONFIDENCE * 100)}% CI", "predicted", "pred. shared", "note")
