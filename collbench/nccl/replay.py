@@ -37,7 +37,7 @@ from collbench.config import apply_overrides
 from collbench.errors import UserError
 from collbench.nccl.formats import OPS as NCCL_OPS
 from collbench.nccl.replay_plan import (CSV_HEADER, DEFAULT_MAX_BYTES, DEFAULT_MAX_CALLS, DEFAULTS,
-                                        RCCL_DATATYPE_NAMES, EngineCall, NotReplayed, check_capacity,
+                                        RCCL_DATATYPE_NAMES, EngineCall, check_capacity,
                                         plan_call, plan_warnings, rcclname_redop, replay_ranks)
 
 SCHEMA = 1
