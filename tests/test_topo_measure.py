@@ -398,3 +398,22 @@ def test_concurrent_measurement_of_four_ranks(tmp_path):
 def yaml_text(data):
     import yaml
     return yaml.safe_dump(data)
+
+
+@pytest.mark.mpi
+def test_compare_with_a_host_that_cannot_be_reached_is_exit_1_with_the_error_on_its_row(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("hosts: [localhost, no-such-host.invalid]\ntransport: ob1-tcp\nstep_timeout: 60\n"
+                   "hosts_order: [no-such-host.invalid, localhost]\n"
+                   "launcher_args: [--mca, plm_rsh_args, '-o BatchMode=yes -o ConnectTimeout=5']\n")
+    results = tmp_path / "r.jsonl"
+    r = subprocess.run([sys.executable, "-m", "collbench", "topo", "compare", "--config", str(cfg), "--patterns",
+                        "ring", "--sizes", "1KB", "--iterations", "2", "--blocks", "2", "--format", "json",
+                        "--results", str(results)], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    (point,) = json.loads(r.stdout)["points"]
+    assert point["speedup"] is None and point["blocks_original"] == point["blocks_new"] == 0
+    assert point["errors"] and point["errors"][0].startswith("original order: ")
+    fails = [parse_record(line) for line in open(results)]
+    fails = [x for x in fails if x["type"] == "failure"]
+    assert fails and all(x["order"] in ("original", "hosts_order") and x["pattern"] == "ring" for x in fails)
