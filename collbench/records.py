@@ -51,7 +51,7 @@ class RunContext:
 
 # Optional result fields: set only when a run used them, so records of plain runs keep their shape.
 OPTIONAL_RESULT_FIELDS = ("algorithm", "inplace", "root", "timing", "latency_p50_us",
-                          "latency_p90_us", "latency_p99_us", "latency_pmax_us")
+                          "latency_p90_us", "latency_p99_us", "latency_pmax_us", "order", "pattern")
 
 
 def result_record(ctx, op_name, size_bytes, datatype, avg_us, min_us, max_us, iterations, warmup,
