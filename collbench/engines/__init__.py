@@ -7,6 +7,9 @@
     osu.py               the OSU Micro-Benchmarks, one job per step; osu_parser.py reads them
     launcher.py          the mpirun / srun command line and environment from the config
     mpi_job.py           one MPI job: stream its output, stop its whole process tree
+    algorithms.py        the MPI's own collective algorithms and how to force one
+    mpi_flavour.py       Open MPI or MPICH, and the tools beside the launcher
+    rank_order.py        the config's hosts_order at launch
 
 Callers find an engine by its config name with get_engine() and use only the Engine interface:
 nothing outside this package branches on an engine's name.
