@@ -5,9 +5,11 @@ Runs `collbench compare --op allgather` at 4 ranks from 1 KB to 16 MB per rank (
 sustained timing, with --write-rules and --check-rules on the same file, and prints per size:
 each algorithm's busbw, the fastest, the default's deficit against it, and the gain the rules
 file delivers, measured: default with the file loaded, run after the forced runs, against the
-default run without it (not predicted from the table): after the comparison, --repeats passes
-of default then default-with-the-file (`--algorithms default --check-rules FILE`), back to back;
-per size the median of their ratios.
+default run without it (not predicted from the table): after the comparison, --repeats pairs of
+jobs, default without and with the file (`--algorithms default`, the file loaded by MCA
+parameters), in ABBA order; per size the median of the pairs' ratios. Where the file keeps the
+library's own choice the two jobs run the same algorithm: their "gain" there is printed as the
+control, the noise floor of the figure.
 
     .venv/bin/python bench/compare_allgather.py [--np 4] [--transport shm] [--iterations 20]
                                                 [--repeats 3] [--min-bytes 1KB] [--max-bytes 16MB]
@@ -21,11 +23,14 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -36,8 +41,8 @@ def load():
 
 
 def median_busbw(rows):
-    values = sorted(r["busbw_bytes_per_s"] for r in rows if r["busbw_bytes_per_s"] is not None)
-    return values[(len(values) - 1) // 2] if values else None
+    values = [r["busbw_bytes_per_s"] for r in rows if r["busbw_bytes_per_s"] is not None]
+    return statistics.median(values) if values else None
 
 
 def gbps(bps):
@@ -65,12 +70,12 @@ def main():
             with open(cfg, "w", encoding="utf-8") as f:
                 f.write(f"ranks: {args.np}\ntransport: {args.transport}\nstep_timeout: 1200\n")
         rules = os.path.join(tmp, "allgather-rules.conf")
-        common = [sys.executable, "-m", "collbench", "compare", "-c", cfg, "--op", "allgather",
+        common = [sys.executable, "-m", "collbench", "compare", "--op", "allgather",
                   "--np", str(args.np), "--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes,
                   "--factor", "2", "--iterations", str(args.iterations), "--warmup", str(args.warmup),
-                  "--timing", "sustained", "--format", "json", "--check-rules", rules, "-q"]
-        argv = common + ["--repeats", str(args.repeats), "--write-rules", rules]
-        base = common + ["--repeats", "1"]   # the re-check passes: the file is not rewritten
+                  "--timing", "sustained", "--format", "json", "-q"]
+        argv = common + ["-c", cfg, "--check-rules", rules, "--repeats", str(args.repeats), "--write-rules", rules]
+        single = common + ["--repeats", "1", "--algorithms", "default"]   # one job: default, +/- the file
         print(f"before: {load()}")
         t0 = time.monotonic()
         p = subprocess.run(argv, capture_output=True, text=True, cwd=str(REPO))
@@ -81,19 +86,30 @@ def main():
             return p.returncode or 1
         doc = json.loads(p.stdout)
         rules_text = open(rules, encoding="utf-8").read() if os.path.exists(rules) else ""
-        # the gain, measured again: default and default-with-the-file back to back, N times, so
-        # a drift of the machine's load between the comparison and its check does not decide it
+        # The gain, measured again: default without and with the file, each its own job, in
+        # alternating order (ABBA: without/with, with/without, ...), so neither the machine's
+        # drift nor the position in a pair decides it.
         paired = {}
         if rules_text:
-            for n in range(args.repeats):
-                q = subprocess.run(base + ["--algorithms", "default"], capture_output=True, text=True, cwd=str(REPO))
+            with open(cfg, encoding="utf-8") as f:
+                data = yaml.safe_load(f) or {}
+            data["launcher_args"] = list(data.get("launcher_args") or []) + [
+                "--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_dynamic_rules_filename", rules]
+            tuned_cfg = os.path.join(tmp, "tuned.yaml")
+            with open(tuned_cfg, "w", encoding="utf-8") as f:
+                yaml.safe_dump(data, f)
+            runs = {"default": single + ["-c", cfg], "rules": single + ["-c", tuned_cfg]}
+            for n in range(2 * args.repeats):
+                order = ("default", "rules") if n % 4 < 2 else ("rules", "default")
+                which = order[n % 2]
+                q = subprocess.run(runs[which], capture_output=True, text=True, cwd=str(REPO))
                 if q.returncode not in (0, 1) or not q.stdout.strip():
                     sys.stderr.write(q.stderr)
                     break
                 for r in json.loads(q.stdout)["rows"]:
                     if r["status"] == "ok":
-                        paired.setdefault(r["size_bytes"], {}).setdefault(r["algorithm"], []).append(r)
-            print(f"after {args.repeats} default/rules passes: {load()}  ({time.monotonic() - t0:.0f}s)")
+                        paired.setdefault(r["size_bytes"], {}).setdefault(which, []).append(r)
+            print(f"after {args.repeats} default/rules pairs: {load()}  ({time.monotonic() - t0:.0f}s)")
 
     rows = doc["rows"]
     algorithms = list(dict.fromkeys(r["algorithm"] for r in rows if r["algorithm"] != "rules"))
@@ -108,7 +124,7 @@ def main():
     header += f"  {'fastest':>{width}}  {'default deficit':>15}"
     header += f"  {'default*':>9}  {'rules*':>9}  {'rules gain':>10}" if paired else f"  {'rules':>9}  {'rules gain':>10}"
     print(header)
-    gains, deficits = [], []
+    gains, deficits, control = [], [], []
     for size in sorted({r["size_bytes"] for r in rows}):
         group = {r["algorithm"]: r for r in rows if r["size_bytes"] == size}
         cells = [gbps(group[a]["busbw_bytes_per_s"]) if a in group and group[a]["status"] == "ok" else "-" for a in shown]
@@ -121,9 +137,10 @@ def main():
         pairs = paired.get(size, {})
         paired_cells = ["-", "-"]
         if pairs.get("default") and pairs.get("rules"):
-            ratios = sorted(d["avg_us"] / r["avg_us"] for d, r in zip(pairs["default"], pairs["rules"]))
-            gain = ratios[(len(ratios) - 1) // 2] - 1
+            gain = statistics.median(d["avg_us"] / r["avg_us"] for d, r in zip(pairs["default"], pairs["rules"])) - 1
             gains.append(gain)
+            if best is not None and best["algorithm"] == "default":   # the file's rule there: algorithm 0
+                control.append(gain)
             paired_cells = [gbps(median_busbw(pairs["default"])), gbps(median_busbw(pairs["rules"]))]
         elif checked and checked["status"] == "ok" and default and default["status"] == "ok":
             gain = default["avg_us"] / checked["avg_us"] - 1
@@ -139,10 +156,14 @@ def main():
         line += f"  {'-' if gain is None else f'{gain * 100:+.0f}%':>10}"
         print(line)
     if paired:
-        print(f"* default and rules: median busbw of the {args.repeats} back-to-back passes after the comparison")
+        print(f"* default and rules: median busbw of {args.repeats} jobs each, run after the comparison in ABBA order")
+    if control:
+        print(f"control: where the file keeps the library's own choice (algorithm 0) the same algorithm runs "
+              f"with and without it, so the measured gain there is noise: median {statistics.median(control) * 100:+.0f}% "
+              f"over {len(c)} sizes")
     if gains:
         geo = math.exp(sum(math.log(1 + g) for g in gains) / len(gains)) - 1
-        how = f"median of {args.repeats} back-to-back passes" if paired else "the comparison's own check"
+        how = f"median of {args.repeats} ABBA-ordered pairs of jobs" if paired else "the comparison's own check"
         print(f"\nrules gain ({how}) vs default, measured: geometric mean {geo * 100:+.1f}% over {len(gains)} sizes "
               f"(best {max(gains) * 100:+.0f}%, worst {min(gains) * 100:+.0f}%)")
     if deficits:
