@@ -159,8 +159,8 @@ def main():
         print(f"* default and rules: median busbw of {args.repeats} jobs each, run after the comparison in ABBA order")
     if control:
         print(f"control: where the file keeps the library's own choice (algorithm 0) the same algorithm runs "
-              f"with and without it, so the measured gain there is noise: median {statistics.median(control) * 100:+.0f}% "
-              f"over {len(c)} sizes")
+              f"with and without it, so the measured gain there is noise: "
+              f"{', '.join(f'{g * 100:+.0f}%' for g in control)} ({len(control)} sizes)")
     if gains:
         geo = math.exp(sum(math.log(1 + g) for g in gains) / len(gains)) - 1
         how = f"median of {args.repeats} ABBA-ordered pairs of jobs" if paired else "the comparison's own check"
