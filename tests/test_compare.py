@@ -18,13 +18,13 @@ import pytest
 import yaml
 
 from conftest import require_tool
+from algorithm_helpers import mpich_engine, run_monitored, sends  # noqa: F401
 from engine_helpers import engine_bin, engine_cfg  # noqa: F401
-from test_mpi_algorithms import mpich_engine, run_monitored, sends  # noqa: F401
 
 from collbench.compare import rules_file
 from collbench.compare.runner import with_rules
 from collbench.compare.table import CSV_FIELDS
-from collbench.config import Step, build_config
+from collbench.config import Step
 from collbench.engines import algorithms as algs
 
 OPS = ("allgather", "allreduce", "bcast", "alltoall")

@@ -15,13 +15,12 @@ import sys
 import pytest
 
 from conftest import require_tool
+from algorithm_helpers import mpich_engine, run_monitored, sends  # noqa: F401
 from engine_helpers import engine_bin, engine_cfg  # noqa: F401
 
-from collbench.compare import pml_monitoring as pm
 from collbench.config import Step, build_config
 from collbench.engines import algorithms as algs
 from collbench.engines import builtin, launcher, mpi_flavour
-from collbench.engines.build import ensure_engine
 from collbench.engines.mpi_job import JobRunner
 from collbench.errors import UserError
 from collbench.records import RunContext
@@ -36,21 +35,6 @@ def private_cache(tmp_path, monkeypatch):
     algs._MEMORY.clear()
     yield
     algs._MEMORY.clear()
-
-
-@pytest.fixture(scope="session")
-def mpich_engine(tmp_path_factory):
-    """collbench-engine built with MPICH's mpicc.mpich (the build picks it from launcher_path)."""
-    require_tool("mpirun.mpich")
-    require_tool("mpicc.mpich")
-    cache = tmp_path_factory.mktemp("mpich-engine-cache")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("COLLBENCH_CACHE_DIR", str(cache))
-    try:
-        cfg = build_config({"launcher_path": "mpirun.mpich"}, "<test>", str(cache))
-        return ensure_engine(cfg)
-    finally:
-        mp.undo()
 
 
 def ompi_cfg(tmp_path, engine, transport="shm", ranks=4):
@@ -164,19 +148,6 @@ def test_one_job_never_forces_two_algorithms_of_one_op():
 
 
 # ---------------------------------------------------------------- the proof: what really ran
-
-def run_monitored(tmp_path, cfg, steps, name="run"):
-    """(records, profiles) of the steps run through the built-in engine with pml monitoring."""
-    directory = tmp_path / name
-    directory.mkdir()
-    mc = pm.monitored(cfg, directory)
-    recs = list(builtin.run_steps(mc, steps, RunContext(mc, "builtin", "test")))
-    return recs, pm.read_profiles(directory)
-
-
-def sends(profiles, size):
-    return pm.sends_of_size(profiles, 0, size)
-
 
 # rank 0's messages per call at 4 ranks, {fraction of S: {peer: messages}}, from each algorithm's
 # definition (coll_base_<op>.c): whom it talks to and how much it sends at each step
