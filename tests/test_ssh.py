@@ -412,8 +412,14 @@ def test_servers_rows_for_up_down_and_silent_hosts(sshd, tmp_path, silent_port):
     cfg.hosts = [SimpleNamespace(name=n, slots=1) for n in ("up1", "down1", "silent1")]
     log = tmp_path / "results.jsonl"
     now = time.time()
-    log.write_text(f'{{"type": "result", "ts": {now - 5}, "hosts": ["up1"], "op": "allreduce", "size": "1MB", '
-                   f'"verdict": "Good"}}\nnot json\n')
+    # a documented result record (ctl servers reads the log through record_parser), then garbage
+    record = {"schema": 1, "type": "result", "time": "2026-11-22T15:58:48.134Z", "ts": round(now - 5, 3),
+              "run_id": "r1", "hosts": ["up1"], "nodes": 1, "ranks": 2, "engine": "builtin", "mpi": "test",
+              "transport": "shm", "op": "allreduce", "datatype": "float", "size": "1MB", "size_bytes": 1 << 20,
+              "latency_avg_us": 100.0, "latency_min_us": 99.0, "latency_max_us": 101.0, "iterations": 10,
+              "warmup": 1, "algbw_bytes_per_s": 1.0e10, "busbw_bytes_per_s": 1.0e10, "validation": "off",
+              "straggler_rank": 1, "verdict": "Good", "status": "ok"}
+    log.write_text(json.dumps(record) + "\nnot json\n")
     cfg.stress.results_log = str(log)
     t0 = time.monotonic()
     report = servers.check_all(cfg, timeout=8.0)
