@@ -65,3 +65,19 @@ def write_output(path, text, flag="-o"):
         write_atomic(path, [text])
     except OSError as e:
         raise UserError(f"{flag} {path}: cannot write: {e.strerror}") from None
+
+
+def check_writable(path, flag, append=False):
+    """Fail before a run (UserError, exit 2) if path cannot be written, so nothing measured is
+    lost at the end; its absolute path. append: the file is appended to, so it must be readable."""
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    if os.path.isdir(path):
+        raise UserError(f"{flag} {path}: is a directory (expected a file path)")
+    if not os.path.isdir(parent):
+        raise UserError(f"{flag} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {path}: directory {parent} is not writable")
+    if append and os.path.exists(path) and not os.access(path, os.R_OK):
+        raise UserError(f"{flag} {path}: exists and is not readable (it is appended to)")
+    return path

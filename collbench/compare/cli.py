@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 
-from collbench.atomic_file import write_atomic
+from collbench.atomic_file import check_writable, write_atomic
 from collbench.compare import rules_file, table
 from collbench.compare.runner import Plan, Progress, measure, median_rows, with_rules
 from collbench.config import ITERATIONS, MESSAGE_SIZE, WARMUP, apply_overrides, check_flag, int_flag, load_config
@@ -82,18 +82,6 @@ class Terminated(Exception):
 
 def _raise_terminated(signum, frame):
     raise Terminated()
-
-
-def _writable(path, flag):
-    path = os.path.abspath(path)
-    parent = os.path.dirname(path)
-    if os.path.isdir(path):
-        raise UserError(f"{flag} {path}: is a directory (expected a file path)")
-    if not os.path.isdir(parent):
-        raise UserError(f"{flag} {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UserError(f"{flag} {path}: directory {parent} is not writable")
-    return path
 
 
 def parse_ops(args):
@@ -207,9 +195,9 @@ def run(args):
         bad = [s for s in sizes if get_op(op).has_size and s % DATATYPES[dt]]
         if bad:
             raise UserError(f"{op}: size {bad[0]} B is not a multiple of the {dt} size ({DATATYPES[dt]} B)")
-    results_path = _writable(args.results, "--results") if args.results else None
-    tsv_path = _writable(args.tsv, "--tsv") if args.tsv else None
-    write_path = _writable(args.write_rules, "--write-rules") if args.write_rules else None
+    results_path = check_writable(args.results, "--results", append=True) if args.results else None
+    tsv_path = check_writable(args.tsv, "--tsv") if args.tsv else None
+    write_path = check_writable(args.write_rules, "--write-rules") if args.write_rules else None
     check_path = os.path.abspath(args.check_rules) if args.check_rules else None
 
     cat = algs.catalogue(cfg)

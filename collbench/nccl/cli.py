@@ -123,8 +123,9 @@ def cmd_replay(args):
     from collbench.config import load_config
     from collbench.errors import UserError
     from collbench.nccl import replay, replay_report
+    from collbench.atomic_file import check_writable
     from collbench.once.cli import stop_leftover_jobs
-    from collbench.once.results_files import check_writable, write_jsonl
+    from collbench.once.results_files import write_jsonl
     from collbench.sizes import parse_message_size
 
     # everything that can be wrong with the flags is found before the log is read or anything runs
@@ -143,7 +144,7 @@ def cmd_replay(args):
     checked = {}
     for flag, path in (("--results", args.results), ("--csv", args.csv), ("-o", args.output)):
         if path not in (None, "-"):
-            checked[flag] = check_writable(path, flag)
+            checked[flag] = check_writable(path, flag, append=flag == "--results")
     cfg = load_config(args.config)
 
     previous = signal.signal(signal.SIGTERM, _terminated)

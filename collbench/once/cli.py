@@ -18,7 +18,8 @@ from collbench.engines.launcher import mpi_version, resolve_launcher
 from collbench.errors import UserError
 from collbench.once.progress import Progress
 from collbench.once.report_table import render_other_failures, render_tables
-from collbench.once.results_files import check_writable, write_jsonl, write_tsv
+from collbench.atomic_file import check_writable
+from collbench.once.results_files import write_jsonl, write_tsv
 from collbench.records import RunContext
 
 
@@ -88,7 +89,7 @@ def run(args):
     steps = list(cfg.once_plan())
     if not steps:
         raise UserError("the plan has no steps")
-    results_path = check_writable(args.results, "--results") if args.results else None
+    results_path = check_writable(args.results, "--results", append=True) if args.results else None
     tsv_path = check_writable(args.tsv, "--tsv") if args.tsv else None
     engine = engines.get_engine(cfg.engine)
     engine.preflight(cfg, steps)

@@ -10,10 +10,7 @@ never a half-written one.
 * TSV (`--tsv`) is this run's table (like seed 000's `t_<op>_<id>.tsv`): replaced each run.
 """
 
-import os
-
 from collbench.atomic_file import write_atomic
-from collbench.errors import UserError
 from collbench.records import dumps
 
 TSV_COLUMNS = (
@@ -25,21 +22,6 @@ TSV_COLUMNS = (
     ("data_GB", None), ("validation", "validation"), ("straggler_rank", "straggler_rank"),
     ("verdict", "verdict"), ("status", "status"), ("error", "error"),
 )
-
-
-def check_writable(path, flag):
-    """Fail before the run (UserError, exit 2) if path cannot be written: nothing measured is lost."""
-    path = os.path.abspath(path)
-    parent = os.path.dirname(path)
-    if os.path.isdir(path):
-        raise UserError(f"{flag} {path}: is a directory (expected a file path)")
-    if not os.path.isdir(parent):
-        raise UserError(f"{flag} {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UserError(f"{flag} {path}: directory {parent} is not writable")
-    if os.path.exists(path) and not os.access(path, os.R_OK):
-        raise UserError(f"{flag} {path}: exists and is not readable (it is appended to)")
-    return path
 
 
 def write_jsonl(path, records):

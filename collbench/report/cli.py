@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from collbench.atomic_file import write_atomic
+from collbench.atomic_file import check_writable, write_atomic
 from collbench.cli import add_config_arg
 from collbench.errors import UserError
 from collbench.report.aggregate import Aggregate
@@ -49,18 +49,6 @@ def register(subparsers):
     add_config_arg(p)
     p.add_argument("--quiet", "-q", action="store_true", help="no summary on stderr")
     p.set_defaults(func=run)
-
-
-def _check_output(path, flag):
-    path = os.path.abspath(path)
-    parent = os.path.dirname(path)
-    if os.path.isdir(path):
-        raise UserError(f"{flag} {path}: is a directory (expected a file path)")
-    if not os.path.isdir(parent):
-        raise UserError(f"{flag} {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UserError(f"{flag} {path}: directory {parent} is not writable")
-    return path
 
 
 def peak_source(args):
@@ -104,8 +92,8 @@ def build(paths, peak_fn, title="collbench report", since=None, group_by="auto")
 
 
 def run(args):
-    out = _check_output(args.output, "-o")
-    md = _check_output(args.markdown, "--markdown") if args.markdown else None
+    out = check_writable(args.output, "-o")
+    md = check_writable(args.markdown, "--markdown") if args.markdown else None
     if args.png:
         if os.path.exists(args.png) and not os.path.isdir(args.png):
             raise UserError(f"--png {args.png}: exists and is not a directory")

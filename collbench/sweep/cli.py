@@ -16,7 +16,8 @@ from collbench.cli import add_config_arg
 from collbench.config import apply_overrides, int_flag, load_config
 from collbench.engines.launcher import mpi_version, resolve_launcher
 from collbench.errors import UserError
-from collbench.once.results_files import check_writable, write_jsonl
+from collbench.atomic_file import check_writable
+from collbench.once.results_files import write_jsonl
 from collbench.ops import DATATYPES
 from collbench.records import RunContext
 from collbench.sweep import metrics_report, plan, table
@@ -116,7 +117,7 @@ def run(args):
     steps = plan.build_steps(op_names, sizes, datatype=args.datatype, config_datatype=cfg.datatype,
                              iterations=args.iterations, warmup=args.warmup)
     out_dir = check_out_dir(args.out_dir)
-    results_path = check_writable(args.results, "--results") if args.results else None
+    results_path = check_writable(args.results, "--results", append=True) if args.results else None
     engine = engines.get_engine(cfg.engine)
     engine.preflight(cfg, steps)
     ctx = RunContext(cfg, cfg.engine, mpi_version(resolve_launcher(cfg)))

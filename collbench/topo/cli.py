@@ -12,7 +12,6 @@ import json
 import os
 import sys
 
-from collbench.errors import UserError
 from collbench.topo.mapping import EXACT_MAX, METHODS, map_order
 from collbench.topo.matrix import METRICS, load_matrix
 from collbench.topo.order_files import write_order_files

@@ -195,8 +195,8 @@ def cmd_compare(args):
     orders, matrix, mapped = resolve_orders(cfg, args, patterns)
     results_path = None
     if args.results:
-        from collbench.once.results_files import check_writable
-        results_path = check_writable(args.results, "--results")
+        from collbench.atomic_file import check_writable
+        results_path = check_writable(args.results, "--results", append=True)
     ctx = RunContext(cfg, "builtin", mpi_version(resolve_launcher(cfg)))
     predicted = predictions(matrix, orders)
 

@@ -179,7 +179,6 @@ def exact_rounds(cost, rnds, upper=None, node_limit=5_000_000, time_limit=30.0, 
     p = len(cost)
     if p <= 2:
         return list(range(p)), True
-    nrounds = len(rnds)
     weights = [rd.weight for rd in rnds]
     # per rank: the (round, partner) pairs closed when it is placed after its partner
     seq = _bit_reversed(p) if power_of_two else list(range(p))

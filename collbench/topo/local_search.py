@@ -108,7 +108,7 @@ class _Tour:
 
 def _ring_bottleneck_pass(tour, near, deadline):
     """Remove slowest links while possible. True if the tour improved."""
-    c, p = tour.c, tour.p
+    p = tour.p
     improved = False
     stuck = set()
     while time.monotonic() < deadline:
@@ -239,7 +239,7 @@ def _rotation_move(tour, i, b, near):
 
 def _ring_sum_pass(tour, near, cap, deadline):
     """2-opt and Or-opt on the sum of links, never adding a link above cap. True if improved."""
-    c, p = tour.c, tour.p
+    p = tour.p
     improved = False
     active = list(range(p))
     queued = [True] * p
@@ -311,7 +311,6 @@ def _improve_at(tour, a, near, cap):
         for _ in range(length):
             seg.add(v)
             v = tour.succ(v)
-        ce = c[seg_end]
         for end, x_list in ((a, near[a]), (seg_end, near[seg_end])):
             for x in x_list:
                 if c[end][x] >= gain:

@@ -19,7 +19,8 @@ from collbench.config import load_config
 from collbench.engines.launcher import mpi_version, resolve_launcher
 from collbench.errors import UserError
 from collbench.records import RunContext
-from collbench.once.results_files import check_writable, write_jsonl
+from collbench.atomic_file import check_writable
+from collbench.once.results_files import write_jsonl
 from collbench.sizes import format_size, parse_message_size
 from collbench.topo import measure
 from collbench.topo.heatmap import write_heatmap
@@ -148,7 +149,7 @@ def cmd_measure(args):
         concurrent=args.concurrent, timeout=args.timeout or cfg.step_timeout)
     measure.measure_config(cfg, settings.ranks_per_host)     # a bad host/slot combination: exit 2 now
     out_dir = check_out_dir(args.out_dir)
-    results_path = check_writable(args.results, "--results") if args.results else None
+    results_path = check_writable(args.results, "--results", append=True) if args.results else None
     ctx = RunContext(cfg, "builtin", mpi_version(resolve_launcher(cfg)))
 
     previous = signal.signal(signal.SIGTERM, _terminate)
@@ -272,7 +273,7 @@ def table_text(result, lat, bw, reports, ctx, metrics=METRIC_NAMES):
             lines += _grid(m, fmt)
         rep = reports[name]
         if rep.groups and len(rep.groups) > 1:
-            lines.append(f"  host groups joined by the fastest links (racks): "
+            lines.append("  host groups joined by the fastest links (racks): "
                          + "; ".join(" ".join(g) for g in rep.groups))
         lines += ["  " + ln for ln in rep.lines()]
     counted_reports = [r for k, r in reports.items() if k in metrics]
