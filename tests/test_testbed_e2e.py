@@ -65,8 +65,10 @@ def bed(tmp_path):
     desc = testbed.up(4, str(tmp_path / "tb"), python=sys.executable)
     try:
         with open(desc["config"], "a") as f:
+            # no pause: one long-lived loop job, so `servers` sees the job's processes on every host
+            # at once (with a pause, each pass is a job of a fraction of a second)
             f.write("step_timeout: 60s\n"
-                    "stress:\n  pause: 0.2\n  stop_grace: 5\n  plan:\n"
+                    "stress:\n  stop_grace: 5\n  plan:\n"
                     "    - {op: allreduce, sizes: [1KB], iterations: 20, warmup: 2}\n"
                     "    - {op: bcast, sizes: [4KB], iterations: 20, warmup: 2}\n")
         yield desc
