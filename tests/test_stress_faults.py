@@ -388,3 +388,33 @@ def test_killed_mpirun_in_osu_step_mode_leaves_no_zombie(tmp_path, repo):
         assert pid_alive(pid)
     finally:
         s.cleanup()
+
+
+def test_unreadable_results_log_is_an_error_for_log_and_a_note_for_status(tmp_path):
+    """Permission denied on the results log (the child drops the capabilities that let root read
+    a mode-000 file): `stress log` exits 2 naming the file; `status` still reports the daemon."""
+    import ctypes
+    import subprocess
+    import sys
+
+    def drop_dac():
+        libc = ctypes.CDLL(None, use_errno=True)
+        for cap in (1, 2):   # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+            if libc.prctl(24, cap, 0, 0, 0) != 0:   # PR_CAPBSET_DROP
+                raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+    state = tmp_path / "state"
+    state.mkdir()
+    log = state / "results.jsonl"
+    log.write_text('{"schema":1}\n')
+    log.chmod(0)
+
+    def run(*verb):
+        return subprocess.run([sys.executable, "-m", "collbench", "stress", *verb, "--state-dir", str(state)],
+                              capture_output=True, text=True, timeout=60, preexec_fn=drop_dac)
+    res = run("log")
+    assert res.returncode == 2, res.stderr
+    assert f"results log {log}: cannot read: Permission denied" in res.stderr and "Traceback" not in res.stderr
+    res = run("status")
+    assert res.returncode == 3 and "stopped" in res.stdout, res.stdout + res.stderr
+    assert "cannot read the results log" in res.stderr and "Traceback" not in res.stderr

@@ -352,8 +352,13 @@ def last_results(results_path, max_records=20000):
     """The newest result per (op, size) and the newest failure, from the log's tail; and the
     lines met there that are not valid records (`bad_lines`: count, first)."""
     bad = BadLines(show=0)
-    recs = tail_records(results_path, max_records, on_bad=bad, max_bytes=STATUS_TAIL_BYTES) \
-        if results_path else []
+    try:
+        recs = tail_records(results_path, max_records, on_bad=bad, max_bytes=STATUS_TAIL_BYTES) \
+            if results_path else []
+    except OSError as e:   # status still reports the daemon; the log's fault is one more line
+        print(f"collbench stress: cannot read the results log {results_path}: {e.strerror or e}",
+              file=sys.stderr, flush=True)
+        recs = []
     latest, failure, event = {}, None, None
     for r in recs:
         t = r.get("type")
@@ -456,7 +461,11 @@ def cmd_log(args):
         (lambda r: print(format_record(r)))
     bad = BadLines()
     if os.path.exists(path):
-        for r in tail_records(path, args.lines, on_bad=bad):
+        try:
+            recs = tail_records(path, args.lines, on_bad=bad)
+        except OSError as e:
+            raise UserError(f"results log {path}: cannot read: {e.strerror or e}") from None
+        for r in recs:
             show(r)
     sys.stdout.flush()
     if bad.count:
