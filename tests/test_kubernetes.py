@@ -19,7 +19,22 @@ import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KDIR = os.path.join(REPO, "deploy", "kubernetes")
-CRD_DIR = os.path.join(os.path.dirname(REPO), "shared", "k8s-crds")
+
+
+def _crd_dir():
+    """The project's shared CRD schemas: $COLLBENCH_SHARED_DIR/k8s-crds, else shared/k8s-crds
+    beside the checkout or beside one of its parents (a clone may sit deeper than the main one)."""
+    if os.environ.get("COLLBENCH_SHARED_DIR"):
+        return os.path.join(os.environ["COLLBENCH_SHARED_DIR"], "k8s-crds")
+    here = REPO
+    while True:
+        candidate = os.path.join(os.path.dirname(here), "shared", "k8s-crds")
+        if os.path.isdir(candidate) or os.path.dirname(here) == here:
+            return candidate
+        here = os.path.dirname(here)
+
+
+CRD_DIR = _crd_dir()
 CLUSTER_SCOPED = {"Namespace", "PersistentVolume", "ClusterRole", "ClusterRoleBinding",
                   "CustomResourceDefinition", "StorageClass", "PriorityClass"}
 KUSTOMIZE_KEYS = {"apiVersion", "kind", "namespace", "resources", "configMapGenerator",
@@ -119,7 +134,8 @@ def _strict(schema):
 @functools.lru_cache(maxsize=None)
 def _crds():
     """Every CRD document in CRD_DIR (the MPIJob one is 670 KB of YAML: parsed once)."""
-    assert os.path.isdir(CRD_DIR), f"the CRD schemas are expected in {CRD_DIR}"
+    assert os.path.isdir(CRD_DIR), (f"the CRD schemas are expected in {CRD_DIR} (set COLLBENCH_SHARED_DIR "
+                                    "to the folder holding k8s-crds/)")
     docs = []
     for name in sorted(os.listdir(CRD_DIR)):
         if name.endswith(".yaml"):
