@@ -412,7 +412,12 @@ def test_hostile_lines_between_valid_ones(tmp_path, free_port):
         assert rss[1] < 300 * 1024
 
         # `stress log -f` saw the second round: each valid record once, each bad line counted
-        assert wait_for(lambda: str(round_seqs[-1]) in open(tmp_path / "follow.out").read(), timeout=30), \
+        def followed_seqs():
+            # whole lines only (the follower may be mid-write); a substring test could match a
+            # timestamp's digits and stop waiting early
+            text = open(tmp_path / "follow.out").read()
+            return [json.loads(x)["seq"] for x in text[:text.rfind("\n") + 1].splitlines()]
+        assert wait_for(lambda: round_seqs[-1] in followed_seqs(), timeout=30), \
             open(tmp_path / "follow.err").read()
         follower.send_signal(signal.SIGINT)
         follower.wait(timeout=20)
