@@ -76,14 +76,6 @@ def register(subparsers):
     p.set_defaults(func=run)
 
 
-class Terminated(Exception):
-    """SIGTERM: unwind like Ctrl-C so the running MPI job is stopped."""
-
-
-def _raise_terminated(signum, frame):
-    raise Terminated()
-
-
 def parse_ops(args):
     text = args.op if args.op is not None else args.ops
     names = [t.strip() for t in text.split(",") if t.strip()]
@@ -177,6 +169,7 @@ def _check_rules_input(path, flavour):
 
 
 def run(args):
+    from collbench.once.cli import Terminated, raise_terminated
     cfg = load_config(args.config)
     apply_overrides(cfg, np=args.np)
     cfg.validate = not args.no_validate
@@ -223,7 +216,7 @@ def run(args):
                                                   f"(available: {', '.join(cat.names(op))})"))
                 rows[-1]["runs"] = 0
     started = time.monotonic()
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         measured = []
         for round_ in range(repeats):

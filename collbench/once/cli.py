@@ -53,10 +53,11 @@ def register(subparsers):
 
 
 class Terminated(Exception):
-    """SIGTERM arrived: unwind like Ctrl-C so the running MPI job is stopped, not orphaned."""
+    """SIGTERM arrived: unwind like Ctrl-C so the running MPI job is stopped, not orphaned.
+    Every verb that runs MPI jobs installs raise_terminated for SIGTERM."""
 
 
-def _raise_terminated(signum, frame):
+def raise_terminated(signum, frame):
     raise Terminated()
 
 
@@ -99,7 +100,7 @@ def run(args):
     records = []
     # The MPI job runs in its own session; a SIGTERM to us must still end it (the engines stop
     # their job when unwound), so it is turned into an exception like Ctrl-C.
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         for rec in engine.run_steps(cfg, steps, ctx, on_progress=progress.start):
             records.append(rec)

@@ -95,16 +95,8 @@ def sizes_from(args):
                            plan.DEFAULT_FACTOR if args.factor is None else args.factor)
 
 
-class _Terminated(Exception):
-    """SIGTERM: unwind like Ctrl-C so the engine stops the MPI job."""
-
-
-def _terminated(signum, frame):
-    raise _Terminated()
-
-
 def run(args):
-    from collbench.once.cli import stop_leftover_jobs
+    from collbench.once.cli import Terminated, raise_terminated, stop_leftover_jobs
     from collbench.once.progress import Progress
 
     # Everything about the input is checked before the first mpirun.
@@ -124,15 +116,15 @@ def run(args):
 
     progress = Progress(sys.stderr, len(steps), quiet=args.quiet)
     records = []
-    previous = signal.signal(signal.SIGTERM, _terminated)
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         for rec in engine.run_steps(cfg, steps, ctx, on_progress=progress.start):
             records.append(rec)
             progress.finished(rec)
-    except (KeyboardInterrupt, _Terminated) as e:
+    except (KeyboardInterrupt, Terminated) as e:
         progress.close()
         stop_leftover_jobs()
-        terminated = isinstance(e, _Terminated)
+        terminated = isinstance(e, Terminated)
         print(f"collbench: {'terminated' if terminated else 'interrupted'} after {len(records)} of "
               f"{len(steps)} steps; no file written", file=sys.stderr)
         return 143 if terminated else 130
