@@ -159,24 +159,27 @@ def _classes(logs, min_class, gap):
     return cls, len(segs)
 
 
+def _components(p, edges):
+    """Connected-component id per host 0..p-1 over the (i, j) edges (union-find)."""
+    parent = list(range(p))
+
+    def find(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for i, j in edges:
+        parent[find(i)] = find(j)
+    return [find(h) for h in range(p)]
+
+
 def _structural(p, pairs, cls, ncls):
     """Class per pair by where its hosts meet: the fastest class c whose links (of class <= c)
     already join the two hosts. A slow cable inside a rack stays an intra-rack pair (its hosts are
     joined through their rack mates) instead of posing as an inter-rack one."""
-    comp_levels = []
-    for c in range(ncls - 1):
-        parent = list(range(p))
-
-        def find(x):
-            while parent[x] != x:
-                parent[x] = parent[parent[x]]
-                x = parent[x]
-            return x
-
-        for k, (i, j) in enumerate(pairs):
-            if cls[k] <= c:
-                parent[find(i)] = find(j)
-        comp_levels.append([find(h) for h in range(p)])
+    comp_levels = [_components(p, (pr for k, pr in enumerate(pairs) if cls[k] <= c))
+                   for c in range(ncls - 1)]
     out = []
     for i, j in pairs:
         level = ncls - 1
@@ -281,20 +284,9 @@ def _flag_hosts(effects, lim, mad_k):
 
 def _groups(p, pairs, cls, labels):
     """Connected components of the fastest class's links, largest first."""
-    parent = list(range(p))
-
-    def find(x):
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for k, (i, j) in enumerate(pairs):
-        if cls[k] == 0:
-            parent[find(i)] = find(j)
     comps = {}
-    for h in range(p):
-        comps.setdefault(find(h), []).append(labels[h])
+    for h, root in enumerate(_components(p, (pr for k, pr in enumerate(pairs) if cls[k] == 0))):
+        comps.setdefault(root, []).append(labels[h])
     return sorted(comps.values(), key=lambda g: (-len(g), g[0]))
 
 
