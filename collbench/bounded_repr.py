@@ -42,3 +42,17 @@ def bounded_text(text, limit=MESSAGE_CHARS):
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+# C0 controls (but tab and newline, which a table may hold), DEL and C1 controls: what a
+# terminal acts on (escape sequences, cursor moves, title changes) rather than shows.
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x09), *range(0x0b, 0x20), 0x7f, *range(0x80, 0xa0))}
+_CONTROL_ONE_LINE = {**_CONTROL, 0x09: "\\t", 0x0a: "\\n"}
+
+
+def terminal_safe(text, one_line=True):
+    """text with every control character a terminal would act on shown escaped (ESC -> '\\x1b'),
+    so a value read from an untrusted file (a baseline's transport, a log's host field) cannot
+    move the cursor, recolour or retitle the operator's terminal. one_line: tab and newline are
+    escaped too (a value inside a table cell or a message)."""
+    return str(text).translate(_CONTROL_ONE_LINE if one_line else _CONTROL)
