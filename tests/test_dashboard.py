@@ -1,7 +1,9 @@
 """The Grafana dashboards: generated = checked in, and their structure is sound.
 
 No Grafana server is installable here; tests/test_monitoring_e2e.py runs every panel query
-against a real Prometheus. This file checks what Grafana itself would reject or mis-render.
+against a real Prometheus. This file checks what Grafana itself would reject or mis-render, and
+that the dashboards built with grafana-foundation-sdk show every panel and query of the
+hand-built ones they replaced (tests/fixtures/dashboard-before-sdk/, their last output).
 """
 
 import json
@@ -18,6 +20,7 @@ from conftest import REPO
 
 FILES = {False: REPO / "grafana" / "collbench-dashboard.json",
          True: REPO / "grafana" / "collbench-dashboard-legacy.json"}
+BEFORE_SDK = {legacy: REPO / "tests" / "fixtures" / "dashboard-before-sdk" / f.name for legacy, f in FILES.items()}
 GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__interval_ms", "__range", "__range_s", "__range_ms",
                     "__all", "__dashboard", "__org", "__user", "__from", "__to", "timeFilter"}
 VAR_REF = re.compile(r"\$(?:\{(\w+)(?::\w+)?\}|(\w+))")
@@ -85,10 +88,10 @@ def test_dashboard_structure(legacy):
     for i, v in enumerate(variables[1:], 1):
         if v["type"] == "query":
             assert v["datasource"] == DS_REF, v["name"]
-            assert v["definition"] == v["query"]["query"]
-            assert v["definition"].startswith("label_values(")
+            query = v["query"]["query"]
+            assert query.startswith("label_values(")
             # a variable may only use the ones defined before it (Grafana resolves in order)
-            assert refs(v["definition"]) <= set(names[:i]), v["name"]
+            assert refs(query) <= set(names[:i]), v["name"]
 
     defined = set(names) | GRAFANA_BUILTINS
     rows = [p for p in panels if p["type"] == "row"]
@@ -184,3 +187,78 @@ def test_dashboard_cli_writes_file_and_rejects_bad_config(tmp_path):
     assert res.returncode == 2
     assert "thresholds.latency.allreduce.1MB.warning" in res.stderr and str(bad) in res.stderr
     assert json.loads(out.read_text())["uid"] == UID   # the previous file is intact
+
+
+# ---------------------------------------------------------------- the SDK build shows what the hand-built one did
+
+def _panel_facts(p):
+    """What a panel shows: title, type, place, queries, units, thresholds, colours, layout options."""
+    defaults = p.get("fieldConfig", {}).get("defaults", {})
+    custom = defaults.get("custom", {})
+    options = p.get("options", {})
+    return {
+        "title": p["title"], "type": p["type"], "gridPos": p["gridPos"], "description": p.get("description"),
+        "collapsed": p.get("collapsed"), "row panels": p.get("panels"),
+        "datasource": p.get("datasource"),
+        "targets": [{k: t.get(k) for k in ("refId", "expr", "legendFormat", "instant", "range", "datasource")}
+                    for t in p.get("targets", [])],
+        "unit": defaults.get("unit"), "decimals": defaults.get("decimals"),
+        "thresholds": defaults.get("thresholds"), "mappings": defaults.get("mappings"),
+        "color": defaults.get("color"),
+        "custom": {k: custom.get(k) for k in ("drawStyle", "lineWidth", "fillOpacity", "showPoints", "spanNulls",
+                                               "thresholdsStyle", "scaleDistribution")},
+        "repeat": p.get("repeat"), "maxPerRow": p.get("maxPerRow"),
+        "repeatDirection": p.get("repeatDirection") if p.get("repeat") else None,
+        "content": options.get("content"), "mode": options.get("mode"),
+        "legend": {k: options.get("legend", {}).get(k) for k in ("displayMode", "placement", "showLegend")},
+        "tooltip": options.get("tooltip"), "reduceOptions": options.get("reduceOptions"),
+        "stat": {k: options.get(k) for k in ("colorMode", "graphMode", "textMode", "justifyMode", "orientation")},
+    }
+
+
+# Fields the hand-built dashboards wrote that Grafana's schema types (the SDK) have no place for
+# or fill themselves: the query variables' `definition` (the UI's display copy of query.query) and
+# the data source variable's empty current/options and refresh (Grafana's defaults).
+DROPPED_BY_THE_SDK = {"schemaVersion", "templating.list[].definition", "templating.list[0].current",
+                      "templating.list[0].options", "templating.list[0].refresh"}
+
+
+def _missing_or_changed(old, new, path=""):
+    """Paths where `old` has a value that `new` lacks or differs in (new may add fields)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [m for k in old for m in
+                (_missing_or_changed(old[k], new[k], f"{path}.{k}".lstrip(".")) if k in new
+                 else [f"{path}.{k}".lstrip(".")])]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [m for i, (a, b) in enumerate(zip(old, new)) for m in _missing_or_changed(a, b, f"{path}[{i}]")]
+    return [] if old == new and type(old) is type(new) else [path]
+
+
+def _allowed(path):
+    return path in DROPPED_BY_THE_SDK or re.sub(r"\[\d+\]", "[]", path) in DROPPED_BY_THE_SDK
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_sdk_dashboard_shows_every_panel_and_query_of_the_hand_built_one(legacy):
+    before = json.loads(BEFORE_SDK[legacy].read_text())
+    now = build_dashboard(load_config(None), legacy)
+    assert [_panel_facts(p) for p in now["panels"]] == [_panel_facts(p) for p in before["panels"]]
+    assert [(v["name"], v["type"], v.get("label"), v.get("query"), v.get("hide")) for v in now["templating"]["list"]] \
+        == [(v["name"], v["type"], v.get("label"), v.get("query"), v.get("hide")) for v in before["templating"]["list"]]
+    # and nothing else the old file said is lost or changed, beyond the SDK's own defaults
+    lost = [p for p in _missing_or_changed(before, now) if not _allowed(p)]
+    assert not lost, f"differs from the hand-built dashboard at: {lost}"
+    assert now["schemaVersion"] >= before["schemaVersion"]
+
+
+def test_comparison_sees_a_changed_legend_unit_or_threshold():
+    """The comparison above fails when one query's legend, one unit or one threshold moves."""
+    before = json.loads(BEFORE_SDK[False].read_text())
+    for mutate in (lambda d: d["panels"][2]["targets"][0].update(legendFormat="{{job}}"),
+                   lambda d: d["panels"][3]["fieldConfig"]["defaults"].update(unit="ms"),
+                   lambda d: d["panels"][3]["fieldConfig"]["defaults"]["thresholds"]["steps"][1].update(value=1),
+                   lambda d: d["templating"]["list"][1]["query"].update(query="label_values(up, job)")):
+        now = build_dashboard(load_config(None))
+        mutate(now)
+        assert _missing_or_changed(before, now) and \
+            not all(_allowed(p) for p in _missing_or_changed(before, now))

@@ -289,8 +289,8 @@ def resolve_variables(env, dashboard, mode):
         if v["type"] == "custom":
             opts = [o.strip() for o in v["query"].split(",")]
         else:
-            m = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", v["definition"])
-            assert m, v["definition"]
+            m = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", v["query"]["query"])
+            assert m, v["query"]
             selector = substitute(m.group(1), values)
             url = (env["prom"] + f"/api/v1/label/{m.group(2)}/values?"
                    + urllib.parse.urlencode({"match[]": selector}))

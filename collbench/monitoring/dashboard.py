@@ -1,23 +1,37 @@
-"""The Grafana dashboard, generated from one panel table.
+"""The Grafana dashboard: one panel table, built with Grafana Labs' typed builders.
 
 `grafana/collbench-dashboard.json` (the exporter's metric names) and
-`grafana/collbench-dashboard-legacy.json` (the `mpi_*` names of the prototype this project replaces, `exporter.legacy_metrics`)
-are both built here from the same rows; only the result panels differ. The stat panels' colours
-come from the thresholds (config or the prototype's defaults), the reference text from the op table.
-`collbench dashboard [--config] [--legacy] [-o FILE]` (dashboard_cli.py) writes them; the checked-in files are its
-output for the embedded default config (tests/test_dashboard.py keeps them equal).
+`grafana/collbench-dashboard-legacy.json` (the `mpi_*` names of the prototype this project replaces,
+`exporter.legacy_metrics`) are both built here from the same rows; only the result panels differ.
+The stat panels' colours come from the thresholds (config or the prototype's defaults), the
+reference text from the op table. The rows below say what each panel shows; the last section turns
+them into a dashboard with `grafana-foundation-sdk` (Grafana's own schema types, so a field Grafana
+does not know cannot be written). `collbench dashboard [--config] [--legacy] [-o FILE]`
+(dashboard_cli.py) writes them; the checked-in files are its output for the embedded default config
+(tests/test_dashboard.py keeps them equal).
 """
 
 import json
 from dataclasses import dataclass, field
 
+from grafana_foundation_sdk.builders import common as sdk_common
+from grafana_foundation_sdk.builders import dashboard as sdk
+from grafana_foundation_sdk.builders import prometheus as sdk_prometheus
+from grafana_foundation_sdk.builders import stat as sdk_stat
+from grafana_foundation_sdk.builders import text as sdk_text
+from grafana_foundation_sdk.builders import timeseries as sdk_timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as common_model
+from grafana_foundation_sdk.models import dashboard as model
+from grafana_foundation_sdk.models import text as text_model
+
 from collbench.ops import OPS, get_op
 from collbench.monitoring.rules import seconds_text
 
-SCHEMA_VERSION = 39          # Grafana 10.3 / 11.x
+SCHEMA_VERSION = model.Dashboard().schema_version   # the SDK's target: Grafana 11.6 (41)
 UID = "collbench"
 LEGACY_UID = "collbench-legacy"
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
 GRID_WIDTH = 24
 
 # Selector every panel query starts from: the job and instance variables.
@@ -61,47 +75,28 @@ class Row:
 
 # ---------------------------------------------------------------- variables
 
-def _query_variable(name, label, query, multi=True, hide=0):
-    return {
-        "type": "query",
-        "name": name,
-        "label": label,
-        "datasource": DATASOURCE,
-        "definition": query,
-        "query": {"qryType": 1, "query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
-        "refresh": 2,              # on time range change: new ops/sizes appear as the plan changes
-        "multi": multi,
-        "includeAll": True,
-        "allValue": ".+",
-        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
-        "options": [],
-        "hide": hide,
-        "regex": "",
-        "sort": 1,
-    }
+_ALL = model.VariableOption(selected=True, text=["All"], value=["$__all"])
+
+
+def _query_variable(name, label, query, hide=model.VariableHide.DONT_HIDE):
+    return (sdk.QueryVariable(name).label(label).datasource(DATASOURCE)
+            .query({"qryType": 1, "query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"})
+            # on time range change: new ops/sizes appear as the plan changes
+            .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .multi(True).include_all(True).all_value(".+").current(_ALL).options([])
+            .hide(hide).regex("").sort(model.VariableSort.ALPHABETICAL_ASC))
 
 
 def _custom_variable(name, label, values):
-    return {
-        "type": "custom",
-        "name": name,
-        "label": label,
-        "query": ",".join(values),
-        "multi": True,
-        "includeAll": True,
-        "allValue": "|".join(values),
-        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
-        "options": [{"selected": False, "text": v, "value": v} for v in values],
-        "hide": 0,
-    }
+    return (sdk.CustomVariable(name).label(label).values(",".join(values))
+            .multi(True).include_all(True).all_value("|".join(values)).current(_ALL)
+            .options([model.VariableOption(selected=False, text=v, value=v) for v in values])
+            .hide(model.VariableHide.DONT_HIDE))
 
 
 def variables(legacy):
-    ds = {
-        "type": "datasource", "name": "datasource", "label": "Data source", "query": "prometheus",
-        "current": {}, "hide": 0, "refresh": 1, "regex": "", "options": [], "includeAll": False,
-        "multi": False,
-    }
+    ds = (sdk.DatasourceVariable("datasource").label("Data source").type("prometheus")
+          .hide(model.VariableHide.DONT_HIDE).regex("").include_all(False).multi(False))
     if legacy:
         return [
             ds,
@@ -120,7 +115,8 @@ def variables(legacy):
                         "label_values(collbench_latency_avg_seconds{" + SEL + ',op=~"$op"}, size)'),
         # The ops that have a bus bandwidth (barrier has none): the busbw panel repeats over them.
         _query_variable("bwop", "Bandwidth ops",
-                        "label_values(collbench_busbw_bytes_per_second{" + SEL + ',op=~"$op"}, op)', hide=2),
+                        "label_values(collbench_busbw_bytes_per_second{" + SEL + ',op=~"$op"}, op)',
+                        hide=model.VariableHide.HIDE_VARIABLE),
     ]
 
 
@@ -369,94 +365,105 @@ def rows(cfg, legacy):
             bandwidth_row(cfg), congestion_row(cfg), reference_row(cfg)]
 
 
-# ---------------------------------------------------------------- JSON
+# ---------------------------------------------------------------- Grafana, through the SDK
 
-def _thresholds_json(steps):
-    return {"mode": "absolute",
-            "steps": [{"color": colour, "value": value} for value, colour in steps]}
-
-
-def _mappings_json(mappings):
-    return [{"type": "value", "options": {str(v): {"text": text, "color": colour, "index": i}
-                                          for i, (v, text, colour) in enumerate(mappings)}}]
+def _thresholds(steps):
+    return (sdk.ThresholdsConfig().mode(model.ThresholdsMode.ABSOLUTE)
+            .steps([model.Threshold(value=value, color=colour) for value, colour in steps]))
 
 
-def panel_json(p, pid, pos):
-    out = {"id": pid, "type": p.kind, "title": p.title, "description": p.description, "gridPos": pos}
+def _mappings(mappings):
+    return [model.ValueMap(options={str(v): model.ValueMappingResult(text=text, color=colour, index=i)
+                                    for i, (v, text, colour) in enumerate(mappings)})]
+
+
+def _query(p, i, t):
+    q = (sdk_prometheus.Dataquery().datasource(DATASOURCE).ref_id(chr(ord("A") + i)).expr(t.expr)
+         .legend_format(t.legend or "__auto"))
+    return q.range() if p.kind == "timeseries" else q.instant()
+
+
+def _timeseries(p):
+    scale = sdk_common.ScaleDistributionConfig()
+    scale = scale.type(common_model.ScaleDistribution.LOG).log(10) if p.log_scale \
+        else scale.type(common_model.ScaleDistribution.LINEAR)
+    line_mode = common_model.GraphThresholdsStyleMode.LINE if p.threshold_lines \
+        else common_model.GraphThresholdsStyleMode.OFF
+    return (sdk_timeseries.Panel()
+            .color_scheme(sdk.FieldColor().mode(model.FieldColorModeId.PALETTE_CLASSIC))
+            .draw_style(common_model.GraphDrawStyle.LINE).line_width(1).fill_opacity(0)
+            .show_points(common_model.VisibilityMode.AUTO).span_nulls(True)
+            .thresholds_style(sdk_common.GraphThresholdsStyleConfig().mode(line_mode))
+            .scale_distribution(scale)
+            .legend(sdk_common.VizLegendOptions().display_mode(common_model.LegendDisplayMode.LIST)
+                    .placement(common_model.LegendPlacement.BOTTOM).show_legend(True))
+            .tooltip(sdk_common.VizTooltipOptions().mode(common_model.TooltipDisplayMode.MULTI)
+                     .sort(common_model.SortOrder.DESCENDING)))
+
+
+def _stat(p):
+    return (sdk_stat.Panel()
+            .color_scheme(sdk.FieldColor().mode(model.FieldColorModeId.THRESHOLDS))
+            .reduce_options(sdk_common.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False))
+            .color_mode(common_model.BigValueColorMode.BACKGROUND)
+            .graph_mode(common_model.BigValueGraphMode.NONE)
+            .text_mode(common_model.BigValueTextMode.AUTO)
+            .justify_mode(common_model.BigValueJustifyMode.AUTO)
+            .orientation(common_model.VizOrientation.AUTO))
+
+
+def panel_builder(p, pid, pos):
+    """The SDK builder of one table panel, with its id and place on the grid."""
     if p.kind == "text":
-        out["options"] = {"mode": "markdown", "content": p.content}
-        return out
-    out["datasource"] = DATASOURCE
-    out["targets"] = [{"datasource": DATASOURCE, "refId": chr(ord("A") + i), "expr": t.expr,
-                       "legendFormat": t.legend or "__auto", "range": p.kind == "timeseries",
-                       "instant": p.kind == "stat"}
-                      for i, t in enumerate(p.targets)]
-    defaults = {"unit": p.unit or "short",
-                "thresholds": _thresholds_json(p.thresholds or [(None, GREEN)]),
-                "mappings": _mappings_json(p.mappings) if p.mappings else []}
-    if p.decimals is not None:
-        defaults["decimals"] = p.decimals
-    if p.kind == "timeseries":
-        defaults["color"] = {"mode": "palette-classic"}
-        defaults["custom"] = {
-            "drawStyle": "line", "lineWidth": 1, "fillOpacity": 0, "showPoints": "auto", "spanNulls": True,
-            "thresholdsStyle": {"mode": "line" if p.threshold_lines else "off"},
-            "scaleDistribution": {"type": "log", "log": 10} if p.log_scale else {"type": "linear"},
-        }
-        out["options"] = {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
-                          "tooltip": {"mode": "multi", "sort": "desc"}}
+        b = sdk_text.Panel().mode(text_model.TextMode.MARKDOWN).content(p.content)
     else:
-        defaults["color"] = {"mode": "thresholds"}
-        out["options"] = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                          "colorMode": "background", "graphMode": "none", "textMode": "auto",
-                          "justifyMode": "auto", "orientation": "auto"}
-    out["fieldConfig"] = {"defaults": defaults, "overrides": []}
-    if p.repeat:
-        out["repeat"] = p.repeat
-        out["repeatDirection"] = "h"
-        out["maxPerRow"] = GRID_WIDTH // p.width
-    return out
+        b = _timeseries(p) if p.kind == "timeseries" else _stat(p)
+        b = (b.datasource(DATASOURCE).targets([_query(p, i, t) for i, t in enumerate(p.targets)])
+             .unit(p.unit or "short").thresholds(_thresholds(p.thresholds or [(None, GREEN)]))
+             .mappings(_mappings(p.mappings) if p.mappings else []))
+        if p.decimals is not None:
+            b = b.decimals(p.decimals)
+        if p.repeat:
+            b = b.repeat(p.repeat).repeat_direction("h").max_per_row(GRID_WIDTH // p.width)
+    return b.id(pid).title(p.title).description(p.description).grid_pos(model.GridPos(**pos))
 
 
-def build_dashboard(cfg, legacy=False):
-    panels, pid, y = [], 1, 0
+def build(cfg, legacy=False):
+    """The dashboard as the SDK's typed model (model.Dashboard)."""
+    title = "collbench: MPI collectives and RDMA congestion"
+    d = (sdk.Dashboard(title + (" (legacy mpi_* metrics)" if legacy else ""))
+         .uid(LEGACY_UID if legacy else UID)
+         .description("MPI collective latency and bandwidth from the collbench stress daemon, with the "
+                      "RoCE congestion counters (ECN, CNP, PFC) read by the collbench exporter.")
+         .tags(["collbench", "mpi", "rdma"] + (["legacy"] if legacy else []))
+         .version(1).editable().tooltip(model.DashboardCursorSync.CROSSHAIR)
+         .time("now-6h", "now").refresh("1m").timezone("").fiscal_year_start_month(0).live_now(False)
+         .week_start("").timepicker(sdk.TimePicker())
+         .link(sdk.DashboardLink("collbench").type(model.DashboardLinkType.DASHBOARDS).tags(["collbench"])
+               .as_dropdown(True).include_vars(True).keep_time(True))
+         .annotation(sdk.AnnotationQuery().built_in(1).name("Annotations & Alerts").type("dashboard")
+                     .datasource(model.DataSourceRef(type_val="grafana", uid="-- Grafana --"))
+                     .enable(True).hide(True).icon_color("rgba(0, 211, 255, 1)"))
+         .variables(variables(legacy)))
+    # Rows stay open (Grafana strips the panels of an open row), so each panel follows its row on
+    # the top level. Placed here, left to right, a new line when the next panel would not fit.
+    pid, y = 1, 0
     for row in rows(cfg, legacy):
-        panels.append({"id": pid, "type": "row", "title": row.title, "collapsed": False, "panels": [],
-                       "gridPos": {"h": 1, "w": GRID_WIDTH, "x": 0, "y": y}})
+        d = d.with_row(sdk.Row(row.title).id(pid).collapsed(False)
+                       .grid_pos(model.GridPos(h=1, w=GRID_WIDTH, x=0, y=y)))
         pid, y, x, line_h = pid + 1, y + 1, 0, 0
         for p in row.panels:
             if x + p.width > GRID_WIDTH:
                 x, y, line_h = 0, y + line_h, 0
-            panels.append(panel_json(p, pid, {"h": p.height, "w": p.width, "x": x, "y": y}))
+            d = d.with_panel(panel_builder(p, pid, {"h": p.height, "w": p.width, "x": x, "y": y}))
             pid, x, line_h = pid + 1, x + p.width, max(line_h, p.height)
         y += line_h
-    title = "collbench: MPI collectives and RDMA congestion"
-    return {
-        "uid": LEGACY_UID if legacy else UID,
-        "title": title + (" (legacy mpi_* metrics)" if legacy else ""),
-        "description": ("MPI collective latency and bandwidth from the collbench stress daemon, with the "
-                        "RoCE congestion counters (ECN, CNP, PFC) read by the collbench exporter."),
-        "tags": ["collbench", "mpi", "rdma"] + (["legacy"] if legacy else []),
-        "schemaVersion": SCHEMA_VERSION,
-        "version": 1,
-        "editable": True,
-        "graphTooltip": 1,
-        "time": {"from": "now-6h", "to": "now"},
-        "refresh": "1m",
-        "timezone": "",
-        "fiscalYearStartMonth": 0,
-        "liveNow": False,
-        "weekStart": "",
-        "timepicker": {},
-        "links": [{"type": "dashboards", "tags": ["collbench"], "asDropdown": True, "title": "collbench",
-                   "includeVars": True, "keepTime": True}],
-        "annotations": {"list": [{
-            "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
-            "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts",
-            "type": "dashboard"}]},
-        "templating": {"list": variables(legacy)},
-        "panels": panels,
-    }
+    return d.build()
+
+
+def build_dashboard(cfg, legacy=False):
+    """The dashboard JSON as a dict (what Grafana reads)."""
+    return json.loads(json.dumps(build(cfg, legacy), cls=JSONEncoder))
 
 
 def render(cfg, legacy=False):

@@ -7,10 +7,11 @@ from collbench.atomic_file import write_output
 from collbench.cli import add_config_arg
 from collbench.config import load_config
 from collbench.errors import UserError
-from collbench.monitoring.dashboard import render
 
 
 def _run(args):
+    # the SDK's models take ~50 ms to import: only when a dashboard is written, not for --help
+    from collbench.monitoring.dashboard import render
     write_output(args.output, render(load_config(args.config), args.legacy))
     return 0
 
