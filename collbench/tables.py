@@ -53,7 +53,8 @@ class Span:
 
 
 def cell_text(value):
-    """A value as a CSV cell: None empty, booleans true/false, lists comma-joined, floats to 9 digits."""
+    """A value as a CSV/TSV cell: None empty, booleans true/false, lists comma-joined, floats to 9
+    digits, whitespace runs (tabs, newlines) as one space."""
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -62,7 +63,7 @@ def cell_text(value):
         return ",".join(map(str, value))
     if isinstance(value, float):
         return f"{value:.9g}"
-    return str(value)
+    return " ".join(str(value).split())   # a cell never holds a tab or a newline (errors can)
 
 
 def table_lines(columns, rows, indent="", rule=True, sep="  "):

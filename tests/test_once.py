@@ -214,7 +214,8 @@ def _environ(pid):
 
 def test_latency_units_and_table_rows():
     from collbench.config import Step
-    from collbench.once.report_table import format_gbps, format_latency, render_tables
+    from collbench.once.report_table import render_tables
+    from collbench.tables import format_gb_per_s as format_gbps, format_us as format_latency
     assert [format_latency(v) for v in (0.42, 999.994, 1000.0, 38900.0, 2.5e6, None)] == [
         "0.42 us", "999.99 us", "1.00 ms", "38.90 ms", "2.50 s", "-"]
     assert [format_gbps(v) for v in (3.2e9, 1.2e7, None)] == ["3.20", "0.0120", "-"]
@@ -237,7 +238,7 @@ def test_latency_units_and_table_rows():
 
 
 def test_jsonl_append_is_atomic_and_keeps_the_old_file(tmp_path):
-    from collbench.once.results_files import write_jsonl
+    from collbench.results.output_files import write_jsonl
     path = tmp_path / "r.jsonl"
     path.write_text('{"old": 1}')            # a torn last line without its newline
     os.chmod(path, 0o600)
@@ -256,7 +257,7 @@ def test_jsonl_append_is_atomic_and_keeps_the_old_file(tmp_path):
 
 
 def test_tsv_fields_never_break_lines(tmp_path):
-    from collbench.once.results_files import write_tsv
+    from collbench.results.output_files import write_tsv
     path = tmp_path / "t.tsv"
     write_tsv(path, [{"type": "failure", "op": "bcast", "size_bytes": 2048, "ranks": 4, "status": "failed",
                       "error": "bcast 2KB:\tline one\nline two"}, {"type": "event", "event": "start"}])

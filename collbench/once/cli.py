@@ -6,21 +6,17 @@ error, found before anything runs or is written; 130 interrupted (Ctrl-C) or 143
 (SIGTERM): the MPI job is stopped and no result file is written.
 """
 
-import os
-import signal
 import sys
-import time
 
-from collbench import engines, proctree
+from collbench import engines, harness
 from collbench.cli import add_config_arg
 from collbench.config import apply_overrides, int_flag, load_config
 from collbench.engines.launcher import mpi_version, resolve_launcher
 from collbench.errors import UserError
-from collbench.once.progress import Progress
 from collbench.once.report_table import render_other_failures, render_tables
 from collbench.atomic_file import check_writable
-from collbench.once.results_files import write_jsonl, write_tsv
-from collbench.records import RunContext
+from collbench.results.output_files import write_jsonl, write_tsv
+from collbench.results.records import RunContext
 
 
 def register(subparsers):
@@ -52,30 +48,6 @@ def register(subparsers):
     p.set_defaults(func=run)
 
 
-class Terminated(Exception):
-    """SIGTERM arrived: unwind like Ctrl-C so the running MPI job is stopped, not orphaned.
-    Every verb that runs MPI jobs installs raise_terminated for SIGTERM."""
-
-
-def raise_terminated(signum, frame):
-    raise Terminated()
-
-
-def stop_leftover_jobs(grace=5.0):
-    """Stop any process still below us after an interrupt unwound the engine; their pids.
-
-    The engines stop their job when unwound, but a signal that lands while a launcher is being
-    started (inside subprocess.Popen, before the engine holds the job) leaves it running with
-    nobody to stop it. Whatever is still our descendant then is exactly such a job.
-    """
-    me = os.getpid()
-    left = proctree.descendants(me)
-    # launchers lead their own process group: each leftover's group too
-    proctree.stop_tree(lambda: proctree.descendants(me), grace, groups=left,
-                       on_wait=proctree.reap_children, kill_wait=grace)
-    return left
-
-
 def _count(n, noun):
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
@@ -96,27 +68,17 @@ def run(args):
     engine.preflight(cfg, steps)
     ctx = RunContext(cfg, cfg.engine, mpi_version(resolve_launcher(cfg)))
 
-    progress = Progress(sys.stderr, len(steps), quiet=args.quiet)
+    progress = harness.StepProgress(sys.stderr, steps, quiet=args.quiet)
     records = []
-    # The MPI job runs in its own session; a SIGTERM to us must still end it (the engines stop
-    # their job when unwound), so it is turned into an exception like Ctrl-C.
-    previous = signal.signal(signal.SIGTERM, raise_terminated)
-    try:
+    with harness.Run("once", total=len(steps), progress=progress, on_stop="no result file written") as job:
         for rec in engine.run_steps(cfg, steps, ctx, on_progress=progress.start):
             records.append(rec)
-            progress.finished(rec)
-    except (KeyboardInterrupt, Terminated) as e:
-        progress.close()
-        stop_leftover_jobs()
-        print(f"collbench: {'terminated' if isinstance(e, Terminated) else 'interrupted'} after "
-              f"{len(records)} of {len(steps)} steps; no result file written", file=sys.stderr)
-        return 143 if isinstance(e, Terminated) else 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    progress.close()
+            progress.record(rec)
+    if job.stopped:
+        return job.exit_code
     if not args.quiet:
         print(f"collbench: {_count(len(records), 'record')} from {_count(len(steps), 'step')} in "
-              f"{time.monotonic() - progress.started:.1f}s", file=sys.stderr)
+              f"{job.elapsed:.1f}s", file=sys.stderr)
 
     # Files first: a closed stdout (`| head`) must not lose the measurements.
     try:
@@ -132,15 +94,10 @@ def run(args):
         return 1
 
     print_report(cfg, ctx, steps, records)
-    failed = [r for r in records if r.get("type") == "failure"]
-    bad_validation = [r for r in records if r.get("type") == "result" and r.get("validation") == "fail"]
-    measured = {(r.get("op"), r.get("size_bytes") or 0) for r in records if r.get("op")}
-    not_run = [s for s in steps if (s.op, s.size_bytes) not in measured]
-    if failed or bad_validation or not_run:
-        print(f"collbench: {len(failed)} failed, {len(bad_validation)} failed validation, "
-              f"{len(not_run)} not run, of {len(steps)} steps", file=sys.stderr)
-        return 1
-    return 0
+    outcome = harness.tally(records, steps)
+    if not outcome.ok:
+        print(f"collbench: {outcome.message()}", file=sys.stderr)
+    return outcome.exit_code
 
 
 def print_report(cfg, ctx, steps, records):

@@ -7,19 +7,17 @@ file is written).
 """
 
 import os
-import signal
 import sys
-import time
 
-from collbench import engines
+from collbench import engines, harness
 from collbench.cli import add_config_arg
 from collbench.config import apply_overrides, int_flag, load_config
 from collbench.engines.launcher import mpi_version, resolve_launcher
 from collbench.errors import UserError
 from collbench.atomic_file import check_writable
-from collbench.once.results_files import write_jsonl
+from collbench.results.output_files import write_jsonl
 from collbench.ops import DATATYPES
-from collbench.records import RunContext
+from collbench.results.records import RunContext
 from collbench.sweep import metrics_report, plan, table
 
 def register(subparsers):
@@ -96,9 +94,6 @@ def sizes_from(args):
 
 
 def run(args):
-    from collbench.once.cli import Terminated, raise_terminated, stop_leftover_jobs
-    from collbench.once.progress import Progress
-
     # Everything about the input is checked before the first mpirun.
     op_names = plan.parse_ops(args.ops)
     sizes = sizes_from(args)
@@ -114,23 +109,14 @@ def run(args):
     engine.preflight(cfg, steps)
     ctx = RunContext(cfg, cfg.engine, mpi_version(resolve_launcher(cfg)))
 
-    progress = Progress(sys.stderr, len(steps), quiet=args.quiet)
+    progress = harness.StepProgress(sys.stderr, steps, quiet=args.quiet)
     records = []
-    previous = signal.signal(signal.SIGTERM, raise_terminated)
-    try:
+    with harness.Run("sweep", total=len(steps), progress=progress, on_stop="no file written") as job:
         for rec in engine.run_steps(cfg, steps, ctx, on_progress=progress.start):
             records.append(rec)
-            progress.finished(rec)
-    except (KeyboardInterrupt, Terminated) as e:
-        progress.close()
-        stop_leftover_jobs()
-        terminated = isinstance(e, Terminated)
-        print(f"collbench: {'terminated' if terminated else 'interrupted'} after {len(records)} of "
-              f"{len(steps)} steps; no file written", file=sys.stderr)
-        return 143 if terminated else 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    progress.close()
+            progress.record(rec)
+    if job.stopped:
+        return job.exit_code
 
     # Files first: a closed stdout (`| head`) must not lose the measurements. Each file on its
     # own: one that cannot be written (a full disk) does not cost the others.
@@ -162,14 +148,10 @@ def run(args):
         print(f"collbench: {table.no_samples_note(cfg.engine)}", file=sys.stderr)
     sys.stdout.flush()
 
-    failed = [r for r in records if r.get("type") == "failure"]
-    bad = [r for r in records if r.get("type") == "result" and r.get("validation") == "fail"]
-    measured = {(r.get("op"), r.get("size_bytes") or 0) for r in records if r.get("op")}
-    not_run = [s for s in steps if (s.op, s.size_bytes) not in measured]
-    if failed or bad or not_run:
-        print(f"collbench: {len(failed)} failed, {len(bad)} failed validation, {len(not_run)} not run, "
-              f"of {len(steps)} steps", file=sys.stderr)
+    outcome = harness.tally(records, steps)
+    if not outcome.ok:
+        print(f"collbench: {outcome.message()}", file=sys.stderr)
         return 1
     if not args.quiet:
-        print(f"collbench: {len(records)} sizes in {time.monotonic() - progress.started:.1f}s", file=sys.stderr)
+        print(f"collbench: {len(records)} sizes in {job.elapsed:.1f}s", file=sys.stderr)
     return status

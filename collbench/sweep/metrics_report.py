@@ -20,6 +20,7 @@ import os
 from collbench.atomic_file import write_atomic
 from collbench.ops import DATATYPES, get_op
 from collbench.sizes import format_size
+from collbench.tables import cell_text
 
 REPORT_NAME = "metrics_report.jsonl"
 MAX_SAMPLES = 1 << 20     # the engine keeps the first 2^20 iterations' times (collbench_engine.c)
@@ -97,18 +98,6 @@ def report_lines(records):
     return [report_line(r) for r in records if r.get("type") == "result"]
 
 
-def _cell(value):
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return ",".join(map(str, value))
-    if isinstance(value, float):
-        return f"{value:.9g}"
-    return " ".join(str(value).split())   # a cell never holds a tab or a newline (errors can)
-
-
 def table_row(rec):
     """The TSV/CSV row of one result or failure record: {column: value}."""
     if rec.get("type") == "result":
@@ -130,7 +119,7 @@ def tsv_text(records):
     for rec in records:
         if rec.get("type") in ("result", "failure"):
             row = table_row(rec)
-            lines.append("\t".join(_cell(row.get(c)) for c in TSV_COLUMNS))
+            lines.append("\t".join(cell_text(row.get(c)) for c in TSV_COLUMNS))
     return "\n".join(lines) + "\n"
 
 

@@ -6,18 +6,22 @@ p50 / p90 / p99 / pmax are percentiles of the per-iteration time of the slowest 
 when the engine has no per-iteration samples (`--engine osu`).
 """
 
-import csv
-import io
-import json
-
 from collbench.ops import get_op
-from collbench.once.report_table import format_gbps, format_latency
 from collbench.sizes import format_size
-from collbench.sweep.metrics_report import TSV_COLUMNS, _cell, table_row
+from collbench.sweep.metrics_report import TSV_COLUMNS, table_row
+from collbench.tables import Column, Span, csv_text, format_gb_per_s, format_us, json_text, table_lines
 
-COLUMNS = ("size", "count", "iters", "avg", "p50", "p90", "p99", "pmax", "min", "max", "algbw GB/s",
-           "busbw GB/s", "valid", "verdict")
-LEFT = {"valid", "verdict"}
+
+def _pct(us):
+    return "" if us is None else format_us(us)
+
+
+COLUMNS = (Column("size"), Column("count"), Column("iters"), Column("avg", fmt=format_us),
+           Column("p50", fmt=_pct), Column("p90", fmt=_pct), Column("p99", fmt=_pct), Column("pmax", fmt=_pct),
+           Column("min", fmt=format_us), Column("max", fmt=format_us),
+           Column("algbw", "algbw GB/s", fmt=format_gb_per_s), Column("busbw", "busbw GB/s", fmt=format_gb_per_s),
+           Column("valid", align="left"), Column("verdict", align="left"))
+FILE_COLUMNS = tuple(Column(c) for c in TSV_COLUMNS)      # csv and json: the TSV's columns
 NOTE = ("avg/min/max: OSU's mean, fastest and slowest rank's average per call; p50/p90/p99/pmax: "
         "percentiles of the per-iteration time of the slowest rank")
 
@@ -32,36 +36,19 @@ def no_samples_note(engine):
             "(the OSU binaries print only averages)")
 
 
-def _pct(us):
-    return "" if us is None else format_latency(us)
-
-
-def _result_cells(rec):
+def _result_row(rec):
     op = get_op(rec["op"])
     row = table_row(rec)
-    return [row["size"] if op.has_size else "-", str(row["count"]) if op.has_size else "-", str(rec["iterations"]),
-            format_latency(rec.get("latency_avg_us")),
-            _pct(rec.get("latency_p50_us")), _pct(rec.get("latency_p90_us")), _pct(rec.get("latency_p99_us")),
-            _pct(rec.get("latency_pmax_us")),
-            format_latency(rec.get("latency_min_us")), format_latency(rec.get("latency_max_us")),
-            format_gbps(rec.get("algbw_bytes_per_s")), format_gbps(rec.get("busbw_bytes_per_s")),
-            rec.get("validation") or "off", rec.get("verdict") or "-"]
+    return {"size": row["size"] if op.has_size else "-", "count": str(row["count"]) if op.has_size else "-",
+            "iters": str(rec["iterations"]), "avg": rec.get("latency_avg_us"), "p50": rec.get("latency_p50_us"),
+            "p90": rec.get("latency_p90_us"), "p99": rec.get("latency_p99_us"), "pmax": rec.get("latency_pmax_us"),
+            "min": rec.get("latency_min_us"), "max": rec.get("latency_max_us"),
+            "algbw": rec.get("algbw_bytes_per_s"), "busbw": rec.get("busbw_bytes_per_s"),
+            "valid": rec.get("validation") or "off", "verdict": rec.get("verdict") or "-"}
 
 
 def _render(title, rows):
-    widths = [len(c) for c in COLUMNS]
-    for r in rows:
-        if len(r) == len(COLUMNS):
-            widths = [max(w, len(v)) for w, v in zip(widths, r)]
-    widths[0] = max([widths[0]] + [len(r[0]) for r in rows])
-
-    def fmt(cells):
-        if len(cells) < len(COLUMNS):     # FAILED / NOT RUN: the message spans the row
-            return ("  " + "  ".join([cells[0].rjust(widths[0])] + cells[1:])).rstrip()
-        return ("  " + "  ".join(v.ljust(w) if c in LEFT else v.rjust(w)
-                                 for c, w, v in zip(COLUMNS, widths, cells))).rstrip()
-
-    return "\n".join([title, fmt(list(COLUMNS)), "  " + "  ".join("-" * w for w in widths)] + [fmt(r) for r in rows])
+    return "\n".join([title] + table_lines(COLUMNS, rows, indent="  "))
 
 
 def render_table(records, steps, ranks, nodes, engine):
@@ -74,13 +61,13 @@ def render_table(records, steps, ranks, nodes, engine):
         for r in recs:
             size = r.get("size_bytes") or 0
             if r["type"] == "result":
-                rows.append((size, _result_cells(r)))
+                rows.append((size, _result_row(r)))
             else:
-                rows.append((size, [format_size(size) if op.has_size and size else "-",
-                                    f"FAILED: {r.get('error') or 'unknown error'}"]))
+                rows.append((size, Span({"size": format_size(size) if op.has_size and size else "-"},
+                                        f"FAILED: {r.get('error') or 'unknown error'}")))
         measured = {r.get("size_bytes") or 0 for r in recs}
-        rows += [(s.size_bytes, [format_size(s.size_bytes) if op.has_size else "-",
-                                 "NOT RUN (the job ended before this step)"])
+        rows += [(s.size_bytes, Span({"size": format_size(s.size_bytes) if op.has_size else "-"},
+                                     "NOT RUN (the job ended before this step)"))
                  for s in steps if s.op == op_name and s.size_bytes not in measured]
         rows.sort(key=lambda r: r[0])
         datatypes = "/".join(sorted({s.datatype for s in steps if s.op == op_name}))
@@ -96,14 +83,8 @@ def rows(records):
 
 
 def render_csv(records):
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(TSV_COLUMNS)
-    for row in rows(records):
-        w.writerow([_cell(row.get(c)) for c in TSV_COLUMNS])
-    return buf.getvalue()
+    return csv_text(FILE_COLUMNS, rows(records))
 
 
 def render_json(records):
-    return json.dumps([{c: row.get(c) for c in TSV_COLUMNS} for row in rows(records)], indent=1,
-                      ensure_ascii=False) + "\n"
+    return json_text(FILE_COLUMNS, rows(records))

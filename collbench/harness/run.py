@@ -1,0 +1,88 @@
+"""The run context of a verb running MPI jobs: SIGTERM as an exception, Ctrl-C, leftover launchers, exit codes."""
+
+import os
+import signal
+import sys
+import time
+
+from collbench import proctree
+
+EXIT_INTERRUPTED = 130     # 128 + SIGINT, as a shell reports Ctrl-C
+EXIT_TERMINATED = 143      # 128 + SIGTERM
+
+
+class Terminated(Exception):
+    """SIGTERM arrived: unwind like Ctrl-C so the running MPI job is stopped, not orphaned."""
+
+
+def raise_terminated(signum, frame):
+    raise Terminated()
+
+
+def stop_leftover_jobs(grace=5.0):
+    """Stop any process still below us after an interrupt unwound the engine; their pids.
+
+    The engines stop their job when unwound, but a signal that lands while a launcher is being
+    started (inside subprocess.Popen, before the engine holds the job) leaves it running with
+    nobody to stop it. Whatever is still our descendant then is exactly such a job.
+    """
+    me = os.getpid()
+    left = proctree.descendants(me)
+    # launchers lead their own process group: each leftover's group too
+    proctree.stop_tree(lambda: proctree.descendants(me), grace, groups=left,
+                       on_wait=proctree.reap_children, kill_wait=grace)
+    return left
+
+
+class Run:
+    """A context for the MPI-running part of a verb.
+
+    verb: the name in messages ("once", "topo compare"); total/unit: the work, for progress and
+    the stop message; on_stop: what the verb keeps when stopped ("no file written"). Ctrl-C and
+    SIGTERM inside the block are caught: leftover launchers are stopped, the message printed,
+    and `exit_code` set (130 / 143); the verb returns it after writing what it keeps.
+    """
+
+    def __init__(self, verb, total=0, unit="steps", quiet=False, on_stop="nothing written", stream=None,
+                 progress=None, weights=None):
+        from collbench.harness.progress import Progress
+        self.verb = verb
+        self.unit = unit
+        self.on_stop = on_stop
+        self.stream = stream or sys.stderr
+        self.progress = progress or Progress(self.stream, total, quiet=quiet, weights=weights)
+        self.exit_code = None
+        self.started = time.monotonic()
+        self._previous = None
+
+    @property
+    def stopped(self):
+        return self.exit_code is not None
+
+    @property
+    def elapsed(self):
+        return time.monotonic() - self.started
+
+    def __enter__(self):
+        # The MPI job runs in its own session; a SIGTERM to us must still end it (the engines
+        # stop their job when unwound), so it is turned into an exception like Ctrl-C.
+        self._previous = signal.signal(signal.SIGTERM, raise_terminated)
+        self.started = time.monotonic()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            if exc_type is None or not issubclass(exc_type, (KeyboardInterrupt, Terminated)):
+                self.progress.close()
+                return False
+            self.progress.close()
+            stop_leftover_jobs()
+            terminated = issubclass(exc_type, Terminated)
+            self.exit_code = EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+            done, total = self.progress.done, self.progress.total
+            after = f" after {done} of {total} {self.unit}" if total else ""
+            print(f"collbench {self.verb}: {'terminated' if terminated else 'interrupted'}{after}; "
+                  f"{self.on_stop}", file=self.stream, flush=True)
+            return True
+        finally:
+            signal.signal(signal.SIGTERM, self._previous)
