@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from collbench.config import SEED_PLAN, Step, default_plan, load_config  # noqa: E402
 from collbench.engines.build import ensure_engine  # noqa: E402
 from collbench.stress.daemon import Daemon  # noqa: E402
-from collbench.stress.results_log import read_records  # noqa: E402
-from collbench.stress.state import StatePaths  # noqa: E402
+from collbench.results.results_log import read_records  # noqa: E402
+from collbench.results.state_dir import StatePaths  # noqa: E402
 
 
 def bench_plan(kind, scale):

@@ -23,7 +23,7 @@ import urllib.request
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from collbench import records  # noqa: E402
+from collbench.results import records  # noqa: E402
 from collbench.config import load_config  # noqa: E402
 
 

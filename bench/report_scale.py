@@ -5,7 +5,7 @@ the file's size (targets: < 5 s, < 3 MB), and the time Chromium takes to render 
 The log is stress-daemon-shaped: every op of the op table at 8 sizes, repeated plan passes
 with latency jitter, four daemon lives (run ids) on the same setup, a failure + backoff +
 relaunch every 200 passes, a few bad lines, rotated into results.jsonl and .1 ... .3. Records
-are made by collbench.records (the writer's own format) and checked by the reader under test.
+are made by collbench.results.records (the writer's own format) and checked by the reader under test.
 
 Figures, each against a baseline measured in the same run:
   * build: the `collbench report` CLI end to end (process start, imports, read, aggregate, plot,
@@ -34,7 +34,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from collbench import records  # noqa: E402
+from collbench.results import records  # noqa: E402
 from collbench.config import load_config  # noqa: E402
 from collbench.ops import OPS, default_datatype  # noqa: E402
 

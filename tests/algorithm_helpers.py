@@ -9,7 +9,7 @@ from collbench.compare import pml_monitoring as pm
 from collbench.config import build_config
 from collbench.engines import builtin
 from collbench.engines.build import ensure_engine
-from collbench.records import RunContext
+from collbench.results.records import RunContext
 
 
 @pytest.fixture(scope="session")

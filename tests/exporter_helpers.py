@@ -7,7 +7,7 @@ import sys
 import time
 import urllib.request
 
-from collbench import records
+from collbench.results import records
 from collbench.config import load_config
 from conftest import REPO, stop_process
 _CTX = records.RunContext(load_config(None), "builtin", "Open MPI 4.1.4")
@@ -15,7 +15,7 @@ _CTX = records.RunContext(load_config(None), "builtin", "Open MPI 4.1.4")
 
 def result_line(seq, op="allreduce", size_bytes=4 << 20, avg_us=100.0, ts=None, nodes=None, ranks=4,
                 iteration=1, validation="pass"):
-    """One result record line (with newline), built by collbench.records like the daemon does."""
+    """One result record line (with newline), built by collbench.results.records like the daemon does."""
     rec = records.result_record(_CTX, op, size_bytes, "float", avg_us, avg_us * 0.9, avg_us * 1.1, 100, 10,
                                 validation=validation, ranks=ranks, ts=ts)
     if nodes is not None:

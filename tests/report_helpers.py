@@ -124,7 +124,7 @@ def write_stress_log(log_path, templates, iterations, rotate_bytes=0, rotate_kee
     each with the daemon's fields (iteration, seq, t_start/t_end) and a latency jitter, a failure
     + backoff + relaunch every `failure_every` passes, written by the daemon's own ResultsLog
     (rotation included). Returns the number of records written."""
-    from collbench.stress.results_log import ResultsLog
+    from collbench.results.results_log import ResultsLog
     rng = random.Random(seed)
     n = 0
     ts = t0

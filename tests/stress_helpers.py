@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from collbench.proctree import descendants, pid_alive
-from collbench.stress.results_log import read_records
+from collbench.results.results_log import read_records
 from conftest import REPO, wait_for
 
 # Small sizes, few iterations: a plan pass takes milliseconds, so records stream fast.

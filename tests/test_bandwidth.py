@@ -9,7 +9,7 @@ import pytest
 
 from collbench.config import load_config
 from collbench.ops import OPS, get_op
-from collbench.records import RunContext, result_record
+from collbench.results.records import RunContext, result_record
 
 MIB = 1048576
 HAND = [

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from collbench import records
+from collbench.results import records
 from collbench.engines import build as engine_build, builtin as builtin_engine, launcher
 from collbench.config import Step
 from collbench.errors import UserError

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from collbench import records
+from collbench.results import records
 from collbench.engines import builtin as builtin_engine, launcher
 from collbench.config import Step
 from collbench.ops import OPS, get_op

@@ -16,7 +16,7 @@ from conftest import FIXTURES, REPO, require_tool, wait_for
 from exporter_helpers import ExporterProcess, append, failure_line, names, parse_exposition, result_line, sample
 
 from collbench.proctree import start_ticks
-from collbench.stress.state import StatePaths, write_json_atomic, write_pid_file
+from collbench.results.state_dir import StatePaths, write_json_atomic, write_pid_file
 
 SYSFS = str(FIXTURES / "sysfs-mlx5")
 FAKE_ETHTOOL = str(FIXTURES / "ethtool" / "fake_ethtool")

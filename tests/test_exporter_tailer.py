@@ -12,7 +12,7 @@ from exporter_helpers import append, event_line, failure_line, result_line, seqs
 
 from collbench.exporter.app import Exporter
 from collbench.exporter.results_state import ResultsState
-from collbench.exporter.tailer import LogTailer, read_lines_backwards
+from collbench.results.tailer import LogTailer, read_lines_backwards
 
 
 def lines(n0, n1, **kw):
@@ -257,8 +257,8 @@ def test_concurrent_writer_with_real_rotation_loses_nothing(tmp_path):
     polls in another thread: every seq is read exactly once, in order."""
     import threading
 
-    from collbench.records import event_record
-    from collbench.stress.results_log import ResultsLog
+    from collbench.results.records import event_record
+    from collbench.results.results_log import ResultsLog
 
     path = str(tmp_path / "results.jsonl")
     total = 1500

@@ -23,7 +23,7 @@ from collbench.engines import algorithms as algs
 from collbench.engines import builtin, launcher, mpi_flavour
 from collbench.engines.mpi_job import JobRunner
 from collbench.errors import UserError
-from collbench.records import RunContext
+from collbench.results.records import RunContext
 
 CALLS = 4          # 1 warm-up + 3 timed calls per step in the proofs below
 

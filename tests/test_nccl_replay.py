@@ -17,7 +17,7 @@ import pytest
 
 from collbench.nccl import replay_plan
 from collbench.nccl.replay_plan import EngineCall, NotReplayed, plan_call
-from collbench.record_parser import ParseError, parse_record
+from collbench.results.record_parser import ParseError, parse_record
 from conftest import REPO, wait_for
 from engine_helpers import engine_bin, is_gone, pids_of_exe  # noqa: F401
 

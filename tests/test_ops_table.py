@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from collbench import records
+from collbench.results import records
 from collbench.config import Step
 from collbench.engines import get_engine
 from collbench.ops import DATATYPES, OPS, default_datatype

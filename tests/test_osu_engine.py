@@ -14,7 +14,7 @@ import pytest
 from collbench.engines import osu as osu_engine
 from collbench.config import Step, apply_overrides, load_config
 from collbench.errors import UserError
-from collbench.records import RunContext
+from collbench.results.records import RunContext
 from conftest import REPO
 
 STANDIN = REPO / "tests" / "osu_standin"

@@ -26,13 +26,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from collbench import records
+from collbench.results import records
 from collbench.config import load_config
 from collbench.exporter.app import Exporter
 from collbench.exporter.results_state import ResultsState, series_from_record
 from collbench.exporter.server import ExporterHTTPServer
-from collbench.record_parser import MAX_LINE_BYTES, ParseError, parse_record
-from collbench.stress.results_log import ResultsLog
+from collbench.results.record_parser import MAX_LINE_BYTES, ParseError, parse_record
+from collbench.results.results_log import ResultsLog
 from conftest import REPO, stop_process, wait_for
 from exporter_helpers import ExporterProcess, sample
 

@@ -9,8 +9,8 @@ import pytest
 
 from collbench.errors import UserError
 from collbench.report.aggregate import SERIES_FIELDS, Aggregate, series_key
-from collbench.report.results_reader import MAX_LINE_BYTES, ResultsInput, expand_inputs, parse_since
-from collbench.report.stats import summarize
+from collbench.results.file_reader import MAX_LINE_BYTES, ResultsInput, expand_inputs, parse_since
+from collbench.stats import summarize
 
 GOOD = {"schema": 1, "time": "2026-11-22T15:58:48.140Z", "ts": 1795363128.14, "type": "result",
         "run_id": "20261122T155840-5f78e4e4", "hosts": ["node1", "node2"], "nodes": 2, "ranks": 4,

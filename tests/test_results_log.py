@@ -7,14 +7,14 @@ import threading
 import time
 
 from collbench.proctree import start_ticks
-from collbench.records import event_record
-from collbench.stress.results_log import LogFollower, ResultsLog, read_records, tail_records
-from collbench.stress.state import (CRASHED, RUNNING, STOPPED, StatePaths, daemon_status, write_json_atomic,
+from collbench.results.records import event_record
+from collbench.results.results_log import LogFollower, ResultsLog, read_records, tail_records
+from collbench.results.state_dir import (CRASHED, RUNNING, STOPPED, StatePaths, daemon_status, write_json_atomic,
                                     write_pid_file)
 
 
 def rec(i, pad=100):
-    """A documented record (readers validate every line: collbench.record_parser) carrying the
+    """A documented record (readers validate every line: collbench.results.record_parser) carrying the
     test's own fields; about as long as {"type": "result", "i": i, "pad": "x" * pad}."""
     return event_record("test", i=i, pad="x" * max(0, pad - 60))
 

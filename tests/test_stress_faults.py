@@ -15,7 +15,7 @@ from conftest import wait_for
 
 from collbench.proctree import cmdline, pid_alive
 from collbench.stress.daemon import RawOutputLog
-from collbench.stress.results_log import ResultsLog
+from collbench.results.results_log import ResultsLog
 from stress_helpers import Stress, job_processes, wait_gone, write_config
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from collbench.record_parser import is_record, parse_record
+from collbench.results.record_parser import is_record, parse_record
 from collbench.topo.matrix import load_matrices
 from conftest import REPO, is_root
 

@@ -16,7 +16,7 @@ from collbench.config import build_config, load_config
 from collbench.engines import rank_order
 from collbench.engines.launcher import build_command
 from collbench.errors import ConfigError, UserError
-from collbench.record_parser import is_record, parse_record
+from collbench.results.record_parser import is_record, parse_record
 from collbench.topo import compare, measure
 from collbench.topo.matrix import load_matrices
 from conftest import REPO, is_root

@@ -27,7 +27,7 @@ from collbench.baseline.comparison import DEFAULT_K, DEFAULT_THRESHOLD, MISSING,
 from collbench.cli import add_config_arg
 from collbench.errors import UserError
 from collbench.report.chart import format_us
-from collbench.report.results_reader import ResultsInput, parse_since
+from collbench.results.file_reader import ResultsInput, parse_since
 
 DEFAULT_SAVE_RUNS = 5
 DEFAULT_COMPARE_RUNS = 3

@@ -23,7 +23,7 @@ from collbench.engines import algorithms as algs
 from collbench.engines import get_engine, mpi_flavour
 from collbench.errors import UserError
 from collbench.ops import DATATYPES, OPS, get_op
-from collbench.records import RunContext, dumps
+from collbench.results.records import RunContext, dumps
 from collbench.sizes import format_size
 
 MAX_SIZES = 64

@@ -18,9 +18,9 @@ import time
 from collbench import proctree
 from collbench.ctl import ssh
 from collbench.hosts import is_this_machine
-from collbench.record_parser import is_record, parse_record
+from collbench.results.record_parser import is_record, parse_record
 from collbench.stress import processes
-from collbench.stress.state import StatePaths
+from collbench.results.state_dir import StatePaths
 
 RESULTS_TAIL_BYTES = 1 << 20
 

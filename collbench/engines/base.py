@@ -1,6 +1,6 @@
 """The engine interface: what `once`, the stress daemon and every new driver call, and nothing else.
 
-An engine turns plan steps (collbench.config.Step) into records (collbench.records): one result
+An engine turns plan steps (collbench.config.Step) into records (collbench.results.records): one result
 or one failure record per step. MPI faults (a rank dies, a job hangs, a binary is missing on a
 host) become failure records, never exceptions; a UserError is raised only by preflight(), for
 what is wrong before anything runs.

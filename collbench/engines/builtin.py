@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 from typing import NamedTuple
 
-from collbench import records
+from collbench.results import records
 from collbench.engines import algorithms, launcher
 from collbench.engines.base import (Engine, LoopRecord, Measured, failure_message, run_per_step,
                                     step_label, step_timeout_error)

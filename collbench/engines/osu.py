@@ -22,7 +22,7 @@ from collbench.engines.mpi_job import stderr_reason
 from collbench.engines.osu_parser import OsuOutputError, parse_output
 from collbench.errors import UserError
 from collbench.ops import get_op
-from collbench.records import failure_record, result_record
+from collbench.results.records import failure_record, result_record
 
 # OSU 7.4 `-T` accepts mpi_char, mpi_int, mpi_float (and all); it has no double.
 OSU_DATATYPES = {"char": "MPI_CHAR", "int": "MPI_INT", "float": "MPI_FLOAT"}

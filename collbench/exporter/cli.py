@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 from collbench.config import EXPORTER_SCHEMA, POS_FLOAT, POS_INT, check_flag, flag_path, load_config
 from collbench.errors import ConfigError, UserError
-from collbench.stress.state import StatePaths
+from collbench.results.state_dir import StatePaths
 
 PASSWORD_ENV = "COLLBENCH_EXPORTER_PASSWORD"
 

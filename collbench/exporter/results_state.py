@@ -8,7 +8,7 @@ instead of turning into zeros (0 would read as a perfect network).
 Counters (records, failures, parse errors) count what was read since the exporter started;
 the start-up backfill only recovers latest values and does not count.
 
-Every line goes through collbench.record_parser: a line that is not a documented record is
+Every line goes through collbench.results.record_parser: a line that is not a documented record is
 counted once in `parse_errors` and changes nothing else. The series table holds at most
 `max_series` keys; results of further series are counted in `series_dropped` and not kept (a
 log with 50,000 distinct sizes cannot grow memory or scrape time without bound). Stale series
@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 
 from collbench.ops import OPS
-from collbench.record_parser import RECORD_TYPES, ParseError, parse_record
+from collbench.results.record_parser import RECORD_TYPES, ParseError, parse_record
 
 log = logging.getLogger("collbench.exporter")
 
@@ -57,7 +57,7 @@ class Series:
 
 
 def series_from_record(rec):
-    """A Series from a result record validated by collbench.record_parser (every field is of
+    """A Series from a result record validated by collbench.results.record_parser (every field is of
     its documented type: nothing to check here)."""
     avg = float(rec["latency_avg_us"])
     low, high = rec["latency_min_us"], rec["latency_max_us"]

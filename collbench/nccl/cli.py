@@ -125,7 +125,7 @@ def cmd_replay(args):
     from collbench.nccl import replay, replay_report
     from collbench.atomic_file import check_writable
     from collbench.once.cli import stop_leftover_jobs
-    from collbench.once.results_files import write_jsonl
+    from collbench.results.output_files import write_jsonl
     from collbench.sizes import parse_message_size
 
     # everything that can be wrong with the flags is found before the log is read or anything runs

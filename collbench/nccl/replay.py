@@ -32,7 +32,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
-from collbench import records
+from collbench.results import records
 from collbench.config import apply_overrides
 from collbench.errors import UserError
 from collbench.nccl.formats import OPS as NCCL_OPS

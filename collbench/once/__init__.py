@@ -3,5 +3,6 @@
     cli.py            the verb: flags, checks, the run through the engine, exit codes
     progress.py       progress on stderr (a live line on a terminal)
     report_table.py   the per-op console table, and latency/bandwidth as text
-    results_files.py  the JSONL and TSV files (atomic)
+
+Its JSONL and TSV files are written by collbench.results.output_files.
 """

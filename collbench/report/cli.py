@@ -15,7 +15,7 @@ from collbench.atomic_file import check_writable, write_atomic
 from collbench.cli import add_config_arg
 from collbench.errors import UserError
 from collbench.report.aggregate import Aggregate
-from collbench.report.results_reader import ResultsInput, parse_since
+from collbench.results.file_reader import ResultsInput, parse_since
 
 
 def register(subparsers):

@@ -10,7 +10,7 @@ import tempfile
 from dataclasses import dataclass
 
 from collbench.errors import UserError
-from collbench.report.results_reader import FileStats, read_file
+from collbench.results.file_reader import FileStats, read_file
 
 
 @dataclass

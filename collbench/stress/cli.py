@@ -23,10 +23,10 @@ from collbench.cli import add_config_arg
 from collbench.config import load_config
 from collbench.errors import UserError
 from collbench.hosts import is_this_machine
-from collbench.once.report_table import format_latency
+from collbench.tables import format_us
 from collbench.stress import processes, slurm_job
-from collbench.stress.results_log import LogFollower, tail_records
-from collbench.stress.state import (CRASHED, RUNNING, STOPPED, AlreadyRunning, StatePaths, daemon_status,
+from collbench.results.results_log import LogFollower, tail_records
+from collbench.results.state_dir import (CRASHED, RUNNING, STOPPED, AlreadyRunning, StatePaths, daemon_status,
                                     is_daemon, read_state, remove_pid_file, write_json_atomic)
 
 EXIT_START_FAILED = 1
@@ -374,7 +374,7 @@ def last_results(results_path, max_records=20000):
 
 class BadLines:
     """on_bad for the results log readers: counts the lines that are not valid records
-    (collbench.record_parser) and names the first `show` of them on stderr."""
+    (collbench.results.record_parser) and names the first `show` of them on stderr."""
 
     def __init__(self, show=5):
         self.show = show
@@ -439,8 +439,8 @@ def render_status(st, paths, results, last, leftovers):
     lines.append("")
     lines.append(f"  {'OP':<15}{'SIZE':>7}{'AVG':>12}{'MAX':>12}{'BUSBW':>12}  {'VERDICT':<9}{'ITER':>6}{'AGE':>9}")
     for r in res:
-        lines.append(f"  {r.get('op', '?'):<15}{r.get('size', '?'):>7}{format_latency(r.get('latency_avg_us')):>12}"
-                     f"{format_latency(r.get('latency_max_us')):>12}{_bw(r.get('busbw_bytes_per_s')):>12}  "
+        lines.append(f"  {r.get('op', '?'):<15}{r.get('size', '?'):>7}{format_us(r.get('latency_avg_us')):>12}"
+                     f"{format_us(r.get('latency_max_us')):>12}{_bw(r.get('busbw_bytes_per_s')):>12}  "
                      f"{str(r.get('verdict') or '-'):<9}{str(r.get('iteration', '-')):>6}"
                      f"{processes.format_duration(now - r.get('ts', now)):>9}")
     return lines
@@ -504,7 +504,7 @@ def format_record(r):
     if t == "result":
         bw = _bw(r.get("busbw_bytes_per_s"))
         return (f"{head} it={r.get('iteration', '-')} {r.get('op', '?'):<14} {r.get('size', '?'):>6} "
-                f"avg {format_latency(r.get('latency_avg_us')):>10}  max {format_latency(r.get('latency_max_us')):>10}  "
+                f"avg {format_us(r.get('latency_avg_us')):>10}  max {format_us(r.get('latency_max_us')):>10}  "
                 f"busbw {bw:>11}  {r.get('verdict') or '-'}"
                 + (f"  validation {r['validation']}" if r.get("validation") not in (None, "off") else ""))
     if t == "failure":

@@ -40,14 +40,15 @@ import threading
 import time
 import uuid
 
-from collbench import proctree, records
+from collbench import proctree
+from collbench.results import records
 from collbench.engines import get_engine, launcher
 from collbench.engines.base import failure_message, run_per_step
 from collbench.engines.mpi_job import JobRunner, MpiJob
 from collbench.stress import processes
-from collbench.stress.results_log import ResultsLog
+from collbench.results.results_log import ResultsLog
 from collbench.errors import UserError
-from collbench.stress.state import (STOPPED, AlreadyRunning, DaemonLock, read_pid_file, read_state,
+from collbench.results.state_dir import (STOPPED, AlreadyRunning, DaemonLock, read_pid_file, read_state,
                                     remove_pid_file, write_json_atomic, write_pid_file)
 
 log = logging.getLogger("collbench.stress")

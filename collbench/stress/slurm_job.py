@@ -27,9 +27,10 @@ import shutil
 import sys
 import time
 
-from collbench import records, slurm
+from collbench import slurm
+from collbench.results import records
 from collbench.errors import UserError
-from collbench.stress.state import STATUS_EXIT, DaemonStatus, read_state, write_json_atomic
+from collbench.results.state_dir import STATUS_EXIT, DaemonStatus, read_state, write_json_atomic
 
 JOB_FILE = "slurm-job.json"       # the submitted job: id, submitted, argv; `ended` once it ended
 STOP_FILE = "slurm-stop.json"     # written by `stop` before it signals: job-end says "stopped"
@@ -177,7 +178,7 @@ def sbatch_command(cfg, paths, script=JOB_SCRIPT):
 
 
 def start(args, cfg, paths):
-    from collbench.stress.state import RUNNING, daemon_status
+    from collbench.results.state_dir import RUNNING, daemon_status
     paths.ensure()
     job = read_job(paths.state_dir)
     if job and not job.get("ended"):
@@ -461,7 +462,7 @@ def _record_end(cfg, paths, job, info, by, signal=None, exit_code=None, reason=N
 
 
 def _append(cfg, paths, path, rec):
-    from collbench.stress.results_log import ResultsLog
+    from collbench.results.results_log import ResultsLog
     try:
         log = ResultsLog(path, cfg.stress.rotate_bytes, cfg.stress.rotate_keep, event_fields={"pid": os.getpid()})
         try:

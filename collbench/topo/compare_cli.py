@@ -20,7 +20,7 @@ from collbench.config import load_config
 from collbench.engines.launcher import mpi_version, resolve_launcher
 from collbench.errors import UserError
 from collbench.ops import DATATYPES
-from collbench.records import RunContext, event_record
+from collbench.results.records import RunContext, event_record
 from collbench.sizes import format_size, parse_message_size
 from collbench.topo import compare
 from collbench.topo.mapping import METHODS, map_order, predict
@@ -216,7 +216,7 @@ def cmd_compare(args):
     seconds = time.monotonic() - started
     rows = [row(p, predicted.get(p.pattern)) for p in points]
     if results_path:
-        from collbench.once.results_files import write_jsonl
+        from collbench.results.output_files import write_jsonl
         summary = event_record("topo_compare", run_id=ctx.run_id, detail=f"{len(rows)} points",
                                points=[{k: r[k] for k in ("pattern", "op", "size_bytes", "speedup", "ci_low",
                                                           "ci_high")} for r in rows][:256])

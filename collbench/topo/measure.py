@@ -23,7 +23,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from collbench import records
+from collbench.results import records
 from collbench.engines import launcher
 from collbench.engines.build import ensure_engine
 from collbench.engines.builtin import HOSTS_PREFIX, parse_hosts_line

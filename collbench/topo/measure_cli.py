@@ -18,9 +18,9 @@ import sys
 from collbench.config import load_config
 from collbench.engines.launcher import mpi_version, resolve_launcher
 from collbench.errors import UserError
-from collbench.records import RunContext
+from collbench.results.records import RunContext
 from collbench.atomic_file import check_writable
-from collbench.once.results_files import write_jsonl
+from collbench.results.output_files import write_jsonl
 from collbench.sizes import format_size, parse_message_size
 from collbench.topo import measure
 from collbench.topo.heatmap import write_heatmap

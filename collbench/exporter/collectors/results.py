@@ -5,7 +5,7 @@ import time
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from collbench.exporter.collectors import Collector
-from collbench.stress.state import RUNNING, StatePaths, daemon_status
+from collbench.results.state_dir import RUNNING, StatePaths, daemon_status
 
 SERIES_LABELS = ["op", "size", "size_bytes", "nodes", "ranks"]
 
@@ -18,7 +18,7 @@ def stress_status(state_dir, last_iteration=None):
     """(running, iteration) of the stress daemon in `state_dir`, checked at every scrape.
 
     Running means the daemon's process is alive *now* and is the one that wrote the state
-    (collbench.stress.state tells a live daemon from a stale pid file or a recycled pid), so a
+    (collbench.results.state_dir tells a live daemon from a stale pid file or a recycled pid), so a
     stopped or crashed daemon reads 0 at the next scrape, never a stale 1. The iteration is
     `last_iteration` (that of the newest record read) when known, else the state file's.
     """

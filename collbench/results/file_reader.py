@@ -7,7 +7,7 @@ skipped; nothing in a file can crash the reader or make it hold more than one li
 most) in memory at a time. Records are streamed to the caller, who aggregates: a stress log of
 a million records never sits in memory as dicts.
 
-Validation is the project's one record check, `collbench.record_parser.parse_record`;
+Validation is the project's one record check, `collbench.results.record_parser.parse_record`;
 `slim_record` makes host lists hashable and checks the fields topo compare adds, which that
 parser passes through unchecked.
 """
@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from collbench.errors import UserError
-from collbench.record_parser import MAX_LINE_BYTES, is_record, parse_record
+from collbench.results.record_parser import MAX_LINE_BYTES, is_record, parse_record
 
 MAX_EXAMPLES = 20            # bad lines remembered per file (line number + reason)
 _LABEL_CHARS = 200           # extra label fields (algorithm, order) are cut here
@@ -106,7 +106,7 @@ def slim_record(rec):
 
 def check_line(line):
     """(record, problems) of one line; BadRecord with the reason when it is not a record.
-    Validation is the shared one (collbench.record_parser); the slimming and extras are ours."""
+    Validation is the shared one (collbench.results.record_parser); the slimming and extras are ours."""
     rec = parse_record(line)
     if not is_record(rec):
         raise BadRecord(rec.reason)

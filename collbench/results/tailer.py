@@ -22,7 +22,7 @@ import errno
 import os
 import stat
 
-from collbench.record_parser import MAX_LINE_BYTES
+from collbench.results.record_parser import MAX_LINE_BYTES
 
 CHUNK = 1 << 20
 HEAD_BYTES = 128          # fingerprint of the file start: changes when copytruncate rewrites it

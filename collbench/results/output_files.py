@@ -11,7 +11,7 @@ never a half-written one.
 """
 
 from collbench.atomic_file import write_atomic
-from collbench.records import dumps
+from collbench.results.records import dumps
 
 TSV_COLUMNS = (
     ("run_id", "run_id"), ("time", "time"), ("op", "op"), ("size", "size"), ("size_bytes", "size_bytes"),

@@ -13,8 +13,8 @@ import logging
 import os
 import stat
 
-from collbench.record_parser import MAX_LINE_BYTES, ParseError, parse_record
-from collbench.records import dumps, event_record
+from collbench.results.record_parser import MAX_LINE_BYTES, ParseError, parse_record
+from collbench.results.records import dumps, event_record
 
 log = logging.getLogger("collbench.stress")
 
@@ -215,7 +215,7 @@ def _write_all(fd, data):
 
 # ------------------------------------------------------------------ reading
 #
-# Every reader parses lines with collbench.record_parser (the one validator) and reads in
+# Every reader parses lines with collbench.results.record_parser (the one validator) and reads in
 # bounded chunks: a line longer than MAX_LINE_BYTES is reported and skipped, never held whole.
 # `on_bad(path, offset, reason)`, when given, is called once for every line that is not a
 # record (offset: the line's first byte in that file). A last line without its newline is still
