@@ -25,7 +25,7 @@ from collbench.ops import DATATYPES, OPS, default_datatype, get_op
 from collbench.sizes import format_size, parse_message_size, parse_size
 from collbench.thresholds import DEFAULT_ECN_RATE, DEFAULT_LATENCY_US, Thresholds, parse_duration_us
 
-LAUNCHERS = ("mpirun", "srun")
+LAUNCHERS = ("mpirun", "srun", "none")   # none: one process, no launcher (engines/launcher.py)
 TRANSPORTS = ("shm", "ob1-tcp", "ucx", "ucx-tcp", "none")
 ENGINES = ENGINE_NAMES             # collbench/engines: the registry of engines
 
@@ -113,6 +113,7 @@ class Config:
     slurm: SimpleNamespace = None    # SLURM_SCHEMA's keys
     hosts_order: list = None         # host of each rank (rank r on hosts_order[r]); None: the launcher's fill
     mpicc: str = None                # the MPI's C compiler wrapper for the engine (default: beside launcher_path, or mpicc)
+    nccl_tests_dir: str = None       # engine nccl-tests: where <op>_perf are (None: $PATH)
     base_dir: str = None             # what relative paths in the config are relative to (its directory)
 
     @property
@@ -433,6 +434,7 @@ SCHEMA = {
     "transport": (_choice(*TRANSPORTS), None),   # default: shm on this machine, ob1-tcp with hosts
     "engine": (_choice(*ENGINES), "builtin"),
     "osu_path": (PATH, None),
+    "nccl_tests_dir": (PATH, None),          # engine nccl-tests: its build directory (unset: $PATH)
     "engine_path": (PATH, None),
     "datatype": (_choice(*DATATYPES), None),     # unset: per op (reductions float, the others char)
     "validate": (BOOL, False),
@@ -841,6 +843,7 @@ def build_config(data, source, base_dir):
         transport=get("transport", "shm" if local else "ob1-tcp"),
         engine=get("engine"),
         osu_path=get("osu_path"),
+        nccl_tests_dir=get("nccl_tests_dir"),
         engine_path=get("engine_path"),
         datatype=datatype,
         validate=get("validate"),

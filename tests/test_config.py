@@ -90,7 +90,7 @@ CONFIG_CASES = {
                                  [f"thresholds.latency.allscatter: unknown op (expected one of: {ALL_OPS})"]),
     "unknown datatype": (with_(datatype="quad"), [f"datatype: got 'quad', expected one of: {', '.join(DATATYPES)}"]),
     "unknown transport": (with_(transport="rdma"), ["transport: got 'rdma', expected one of: shm, ob1-tcp, ucx, ucx-tcp, none"]),
-    "unknown engine": (with_(engine="nccl"), ["engine: got 'nccl', expected one of: builtin, osu"]),
+    "unknown engine": (with_(engine="nccl"), ["engine: got 'nccl', expected one of: builtin, osu, nccl-tests"]),
     "missing hostfile": (with_(hosts="nohosts.txt"),
                          ["hosts: hostfile {dir}/nohosts.txt does not exist (expected a hostfile path or a list of hosts)"]),
     "bad host entry": (with_(hosts=["node1:x"]), ["hosts[0]: got 'node1:x', expected name or name:slots"]),
@@ -142,7 +142,7 @@ FLAG_CASES = {
     "--iterations": (["--iterations", "0"], ["command line: --iterations: got 0, expected a positive whole number"]),
     "--datatype": (["--datatype", "quad"], [f"command line: --datatype: got 'quad', expected one of: {', '.join(DATATYPES)}"]),
     "--datatype double with osu": (["--datatype", "double"], ["cannot run allreduce 1KB with datatype 'double'", "char, int, float"]),
-    "--engine": (["--engine", "nccl"], ["argument --engine: invalid choice: 'nccl' (choose from 'builtin', 'osu')"]),
+    "--engine": (["--engine", "nccl"], ["argument --engine: invalid choice: 'nccl' (choose from 'builtin', 'nccl-tests', 'osu')"]),
 }
 
 

@@ -5,6 +5,7 @@
     builtin.py           the built-in C/MPI engine: plan files, CBREC records, one job per plan
     collbench_engine.c   its source; build.py builds it with mpicc (cli.py: `collbench engine`)
     osu.py               the OSU Micro-Benchmarks, one job per step; osu_parser.py reads them
+    nccl_tests.py        NVIDIA's nccl-tests / AMD's rccl-tests on GPUs; nccl_tests_parser.py reads them
     launcher.py          the mpirun / srun command line and environment from the config
     mpi_job.py           one MPI job: stream its output, stop its whole process tree
     algorithms.py        the MPI's own collective algorithms and how to force one
@@ -22,6 +23,7 @@ import importlib
 _MODULES = {
     "builtin": "collbench.engines.builtin",
     "osu": "collbench.engines.osu",
+    "nccl-tests": "collbench.engines.nccl_tests",
 }
 NAMES = tuple(_MODULES)
 

@@ -30,6 +30,8 @@ TRANSPORT_PRESETS = {
 @lru_cache(maxsize=8)
 def mpi_version(launcher_path):
     """First line of `mpirun --version` (e.g. 'mpirun (Open MPI) 4.1.4'), or 'unknown'."""
+    if launcher_path == "none":
+        return "none"
     if os.path.basename(launcher_path) == "srun":   # srun is Slurm's: ask the MPI the engine is built with
         launcher_path = shutil.which("mpirun") or launcher_path
     try:
@@ -44,7 +46,9 @@ def mpi_version(launcher_path):
 
 
 def resolve_launcher(cfg):
-    """Absolute path of mpirun/srun, or a UserError saying how to get it."""
+    """Absolute path of mpirun/srun, or a UserError saying how to get it ("none" for launcher: none)."""
+    if cfg.launcher == "none":
+        return "none"
     name = cfg.launcher_path or cfg.launcher
     path = shutil.which(name)
     if path is None and cfg.launcher_path:
@@ -80,6 +84,13 @@ def build_command(cfg, program_argv, ranks=None, algorithms=None):
     from collbench.engines import algorithms as algs, mpi_flavour
     launcher = resolve_launcher(cfg)
     np = ranks or cfg.ranks
+    if cfg.launcher == "none":   # one process on this machine, started as it is (a GPU box without MPI)
+        if np != 1 or not cfg.implicit_hosts:
+            raise UserError(f"launcher: none starts one process on this machine; the config asks for "
+                            f"{np} ranks{'' if cfg.implicit_hosts else ' on hosts'} (use mpirun or srun)")
+        env = dict(os.environ)
+        env.update(transport_env(cfg))
+        return list(program_argv), env
     forced = algs.launch_settings(cfg, algorithms)
     extra_env = transport_env(cfg)
     extra_env.update(forced.env)

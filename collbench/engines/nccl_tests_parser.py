@@ -1,0 +1,640 @@
+"""Read what nccl-tests (NVIDIA) and rccl-tests (AMD) print, in every form they have printed.
+
+The text table (the forms are in tests/fixtures/nccl_tests/README.md, each from a published run):
+
+- pre-2019: `nThread 1 nGpus 8 ...` without '#', device lines `#   Rank  0 on host device 0 [..]`,
+  columns `bytes N type op time algbw busbw res` (res: max error, e-notation `0e+00`);
+- before v2.13 (per collective): `size count type redop time algbw busbw error` for reductions,
+  `size count type root ...` for broadcast, `size count type ...` for all_gather; `error` is the
+  largest deviation (`1e-06`), `N/A` with -c 0;
+- v2.13 and later: 13 columns `size count type redop root time algbw busbw #wrong` x2 (`#wrong` a
+  count, `%6g`: large counts in e-notation), `N/A` with -c 0, device lines `Rank N Group G Pid P`;
+  2.19 adds `-I` per-iteration columns (i_min i_max i_p99 i_cv% per variant) and -S timestamps;
+- `# nccl-tests version`, `# Collective test starting/concluded:`, `rccl-tests: Version`,
+  `NCCL version` lines; NCCL INFO/WARN lines and MPI noise anywhere in between;
+- launcher prefixes on every line: Open MPI `--tag-output` (`[1,0]<stdout>:`) and `srun -l` (`0: `);
+- a run that fails mid-table: the rows before stay, `host: Test NCCL failure common.cu:1204 'why'`
+  (or `Test CUDA failure`, `NCCL failure x.cu:95 'why'`, `Test timeout`) becomes a Failure.
+
+Structured forms: nccl-tests `-J file.json` (2.19+; the writer is src/util.cu), rccl-tests
+`-Z json` (one object per line, or a list) and `-Z csv` (a header row with the same keys).
+
+Everything here reads untrusted input: a line that looks like a table row but does not fit the
+table's header is counted in Output.bad_lines with its line number and why; nothing raises but
+NcclTestsError for input that is not nccl-tests output at all (or too large).
+"""
+
+import csv
+import json
+import math
+import re
+from dataclasses import dataclass, field
+
+MAX_INPUT_BYTES = 64 << 20     # a sweep of every op and type is a few MB
+MAX_LINE_CHARS = 8192          # a device line is < 2 KB (nccl-tests' MAX_LINE 2048 per process)
+MAX_ROWS = 200000
+MAX_BAD_KEPT = 50              # bad lines kept verbatim (all of them are counted)
+
+
+class NcclTestsError(ValueError):
+    """The input is not nccl-tests / rccl-tests output (or is too large to be)."""
+
+
+@dataclass
+class Variant:
+    """One half of a table row: out-of-place or in-place."""
+    time_us: float
+    algbw_gbs: float
+    busbw_gbs: float
+    wrong: float = None          # None: validation off (N/A)
+    wrong_kind: str = "count"    # "count" (#wrong) or "error" (pre-2.13 max deviation)
+    i_min_us: float = None       # -I per-iteration columns (2.19+)
+    i_max_us: float = None
+    i_p99_us: float = None
+
+    @property
+    def validation(self):
+        """'pass', 'fail' or 'off' (N/A)."""
+        if self.wrong is None:
+            return "off"
+        if self.wrong_kind == "count":
+            return "fail" if self.wrong > 0 else "pass"
+        return "pass"   # a max deviation: the footer's "Out of bounds values" says whether it failed
+
+
+@dataclass
+class Row:
+    size: int                    # bytes, as nccl-tests counts them (all_gather: the whole buffer)
+    count: int
+    type: str
+    redop: str = None
+    root: int = None
+    oop: Variant = None          # None: not printed (trace replay)
+    ip: Variant = None
+    line: int = 0
+
+
+@dataclass
+class Device:
+    rank: int
+    host: str
+    device: int
+    pid: int = None
+    group: int = None
+    bus_id: str = ""
+    name: str = ""
+
+
+@dataclass
+class Failure:
+    reason: str                  # "unhandled cuda error ...", as the program said it
+    kind: str = ""               # "NCCL", "CUDA", "timeout", "invalid"
+    where: str = ""              # "common.cu:1204"
+    host: str = ""
+    line: int = 0
+
+    def message(self):
+        head = f"{self.kind} failure" if self.kind in ("NCCL", "CUDA") else "failure"
+        at = f" at {self.where}" if self.where else ""
+        on = f" on {self.host}" if self.host else ""
+        return f"nccl-tests {head}{at}{on}: {self.reason}"
+
+
+@dataclass
+class Output:
+    """One run of one nccl-tests binary."""
+    test: str = None             # "all_reduce_perf" (Collective test starting / -J args), if printed
+    form: str = "text"           # text | json (-J) | rccl-json | rccl-csv
+    version: str = None          # nccl-tests / rccl-tests version, if printed
+    nccl_version: str = None
+    params: dict = field(default_factory=dict)   # nThread, nGpus, minBytes, iters, warmup iters, validation...
+    devices: list = field(default_factory=list)
+    rows: list = field(default_factory=list)
+    failures: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)  # NCCL WARN lines (context for a failure)
+    out_of_bounds: int = None
+    avg_busbw: float = None
+    concluded: bool = False
+    bad_lines: int = 0
+    bad: list = field(default_factory=list)       # (line number, reason) of the first MAX_BAD_KEPT
+    ranks_hint: int = None       # ranks a structured form states (rccl-tests' "gpus")
+
+    def bad_line(self, lineno, reason):
+        self.bad_lines += 1
+        if len(self.bad) < MAX_BAD_KEPT:
+            self.bad.append((lineno, reason))
+
+    @property
+    def ranks(self):
+        """Ranks in the communicator: one device line per rank, else what the output states."""
+        if self.devices:
+            return len({d.rank for d in self.devices})
+        return self.ranks_hint
+
+    @property
+    def hosts(self):
+        return list(dict.fromkeys(d.host for d in self.devices))
+
+    @property
+    def empty(self):
+        return not (self.rows or self.failures or self.devices or self.params)
+
+
+# ------------------------------------------------------------------ the text form
+
+_PREFIX = re.compile(r"^(?:\[\d+,\d+\]<(?:stdout|stderr)>:\s?|\s*\d+:\s)")
+_NCCL_LOG = re.compile(r"\bNCCL (INFO|WARN|TRACE|ABORT)\b\s?(.*)")
+_NCCL_VERSION = re.compile(r"^\s*NCCL version (\S+)")
+_OLD_COMPILED = re.compile(r"^#\s*NCCL Tests compiled with NCCL (\S+)")
+_TESTS_VERSION = re.compile(r"^#\s*nccl-tests version (\S+)")
+_RCCL_VERSION = re.compile(r"^\s*rccl-tests: Version (\S+)")
+_STARTING = re.compile(r"^#\s*Collective test starting:\s*(\S+)")
+_CONCLUDED = re.compile(r"^#\s*Collective test concluded:\s*(\S+)")
+_PARAMS = re.compile(r"^#?\s*nThreads?:?\s+\d+\s+nGpus:?\s+\d+")
+_PARAM_PAIR = re.compile(r"([A-Za-z][A-Za-z ]*?):?\s+(-?\d+)(?:\(\w+\))?(?=\s|$)")
+_DEVICE = re.compile(r"^#\s+Rank\s+(\d+)(?:\s+Group\s+(\d+))?(?:\s+Pid\s+(\d+))?\s+on\s+(\S+)\s+"
+                     r"device\s+(\d+)\s+\[([^\]]*)\]\s*(.*?)\s*$")
+_OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)")
+_AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*([0-9.eE+-]+|nan|inf)")
+_FAIL = re.compile(r"^(?:(\S+):\s+)?(?:Test )?(NCCL|CUDA) failure (\S+?:\d+)\s+'(.*?)'?\s*$")
+_TIMEOUT = re.compile(r"^(?:(\S+):\s+)?Test timeout \((\d+)s\)\s*(.*)$")
+_INVALID = re.compile(r"^(Invalid number of GPUs: .*|invalid option .*|Incompatible NCCL versions.*)$")
+_ERROR = re.compile(r"^#\s*error:\s*(.+)$")
+_NUMBER_START = re.compile(r"^\s*\d")
+
+# column names of the key part, in the spellings of every version
+_KEY_COLUMNS = {"size": "size", "bytes": "size", "count": "count", "n": "count", "type": "type",
+                "redop": "redop", "op": "redop", "root": "root"}
+_TIME = ("time", "cputime")
+_WRONG = {"#wrong": "count", "wrong": "count", "error": "error", "res": "error"}
+
+
+class _Layout:
+    """What a table header says: the key columns and each variant's columns, in order."""
+
+    def __init__(self, keys, variants, timestamp):
+        self.keys = keys              # ["size", "count", "type", "redop", "root"]
+        self.variants = variants      # [("oop", ["time", "algbw", "busbw", "#wrong", ...]), ("ip", [...])]
+        self.timestamp = timestamp    # a trailing -S timestamp column
+
+    @property
+    def width(self):
+        return len(self.keys) + sum(len(cols) for _, cols in self.variants)
+
+
+def _layout(header, ip_first):
+    names = header.lstrip("#").split()
+    keys = []
+    i = 0
+    while i < len(names) and names[i].lower() in _KEY_COLUMNS:
+        keys.append(_KEY_COLUMNS[names[i].lower()])
+        i += 1
+    if "size" not in keys or i >= len(names) or names[i].lower() not in _TIME:
+        return None
+    groups, cur = [], None
+    timestamp = False
+    for name in names[i:]:
+        low = name.lower()
+        if low in _TIME:
+            cur = []
+            groups.append(cur)
+        if low == "timestamp":
+            timestamp = True
+            continue
+        cur.append(low)
+    if not groups or len(groups) > 2 or any(g[:3] != [g[0], "algbw", "busbw"] for g in groups):
+        return None
+    order = ["ip", "oop"] if ip_first else ["oop", "ip"]
+    return _Layout(keys, list(zip(order, groups)), timestamp)
+
+
+_MODERN = _layout("#  size  count  type  redop  root  time  algbw  busbw  #wrong  time  algbw  busbw  #wrong",
+                  ip_first=False)
+
+
+def _number(text, what):
+    try:
+        v = float(text)
+    except ValueError:
+        raise ValueError(f"{what} {text[:20]!r} is not a number") from None
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"{what} {text[:20]!r} is not a finite number >= 0")
+    return v
+
+
+def _integer(text, what, lo=0):
+    if not re.fullmatch(r"-?\d{1,19}", text):
+        raise ValueError(f"{what} {text[:20]!r} is not a whole number")
+    v = int(text)
+    if v < lo:
+        raise ValueError(f"{what} {v} is below {lo}")
+    return v
+
+
+def _variant(cols, fields):
+    vals = dict(zip(cols, fields))
+    wrong_name = next((c for c in cols if c in _WRONG), None)
+    wrong = None
+    if wrong_name is not None and vals[wrong_name] != "N/A":
+        wrong = _number(vals[wrong_name], wrong_name)
+    v = Variant(_number(vals[cols[0]], "time"), _number(vals["algbw"], "algbw"),
+                _number(vals["busbw"], "busbw"), wrong, _WRONG.get(wrong_name, "count"))
+    for col, attr in (("i_min", "i_min_us"), ("i_max", "i_max_us"), ("i_p99", "i_p99_us")):
+        if col in vals:
+            setattr(v, attr, _number(vals[col], col))
+    return v
+
+
+def _row(layout, fields, lineno):
+    if layout.timestamp and len(fields) > layout.width:
+        fields = fields[:layout.width]        # the timestamp is date and time: its own fields
+    if len(fields) != layout.width:
+        raise ValueError(f"{len(fields)} fields, the table header has {layout.width}")
+    key = dict(zip(layout.keys, fields))
+    row = Row(size=_integer(key["size"], "size"), count=_integer(key.get("count", "0"), "count"),
+              type=key.get("type", ""), line=lineno)
+    if "type" in key and not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,31}", row.type):
+        raise ValueError(f"type {row.type[:20]!r} is not a datatype name")
+    if "redop" in key:
+        row.redop = key["redop"]
+    if "root" in key:
+        row.root = _integer(key["root"], "root", lo=-1)
+    at = len(layout.keys)
+    for name, cols in layout.variants:
+        setattr(row, name, _variant(cols, fields[at:at + len(cols)]))
+        at += len(cols)
+    return row
+
+
+def _params(line):
+    out = {}
+    for k, v in _PARAM_PAIR.findall(line.lstrip("#")):
+        out["".join(k.split()).lower()] = int(v)
+    return out
+
+
+def _strip_prefix(line):
+    m = _PREFIX.match(line)
+    return line[m.end():] if m else line
+
+
+def parse_text(text):
+    """Every run in a text output (a file may hold several, one after another): [Output]."""
+    outputs = [Output()]
+    layout = None
+    ip_first = False
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        out = outputs[-1]
+        if len(raw) > MAX_LINE_CHARS:
+            out.bad_line(lineno, f"line of {len(raw)} characters (at most {MAX_LINE_CHARS})")
+            continue
+        line = _strip_prefix(raw).rstrip()
+        if not line.strip():
+            continue
+        m = _NCCL_LOG.search(line)
+        if m:
+            if m.group(1) in ("WARN", "ABORT") and len(out.warnings) < 20:
+                out.warnings.append(m.group(2).strip()[:300])
+            continue
+        m = _STARTING.match(line)
+        if m:
+            if not out.empty:
+                out = Output()
+                outputs.append(out)
+                layout = None
+            out.test = m.group(1)
+            continue
+        m = _PARAMS.match(line)
+        if m:
+            if out.rows or out.failures:
+                out = Output()
+                outputs.append(out)
+                layout = None
+            out.params.update(_params(line))
+            continue
+        for rx, attr in ((_TESTS_VERSION, "version"), (_RCCL_VERSION, "version"),
+                         (_NCCL_VERSION, "nccl_version"), (_OLD_COMPILED, "nccl_version")):
+            m = rx.match(line)
+            if m:
+                setattr(out, attr, m.group(1))
+                break
+        else:
+            m = None
+        if m:
+            continue
+        m = _CONCLUDED.match(line)
+        if m:
+            out.concluded = True
+            out.test = out.test or m.group(1)
+            continue
+        m = _DEVICE.match(line)
+        if m:
+            out.devices.append(Device(rank=int(m.group(1)), group=int(m.group(2)) if m.group(2) else None,
+                                      pid=int(m.group(3)) if m.group(3) else None, host=m.group(4),
+                                      device=int(m.group(5)), bus_id=m.group(6), name=m.group(7)[:200]))
+            continue
+        m = _OOB.match(line)
+        if m:
+            out.out_of_bounds = int(m.group(1)[:19])
+            continue
+        m = _AVG.match(line)
+        if m:
+            try:
+                out.avg_busbw = float(m.group(1))
+            except ValueError:
+                out.bad_line(lineno, "Avg bus bandwidth is not a number")
+            continue
+        m = _FAIL.match(line.strip())
+        if m:
+            reason = m.group(4).strip().rstrip("/ ").strip()
+            out.failures.append(Failure(reason or "(no reason given)", m.group(2), m.group(3),
+                                        m.group(1) or "", lineno))
+            continue
+        m = _TIMEOUT.match(line.strip())
+        if m:
+            out.failures.append(Failure(f"test timeout ({m.group(2)}s) {m.group(3)}".strip(), "timeout",
+                                        "", m.group(1) or "", lineno))
+            continue
+        m = _INVALID.match(line.strip())
+        if m:
+            out.failures.append(Failure(m.group(1), "invalid", "", "", lineno))
+            continue
+        m = _ERROR.match(line)
+        if m:
+            out.failures.append(Failure(m.group(1).strip(), "NCCL", "", "", lineno))
+            continue
+        stripped = line.lstrip()
+        if stripped.startswith("#"):
+            low = stripped.lower()
+            if "out-of-place" in low and "in-place" in low:
+                ip_first = low.index("in-place") < low.index("out-of-place")
+            elif "algbw" in low and "busbw" in low:
+                new = _layout(stripped, ip_first)
+                if new is None:
+                    out.bad_line(lineno, "a table header with columns this reader does not know")
+                layout = new
+                ip_first = False
+            continue
+        if _NUMBER_START.match(line):
+            fields = line.split()
+            if layout is None:
+                # an excerpt that starts below the header: the one unambiguous layout (2.13+, 13 columns)
+                layout = _MODERN if len(fields) == _MODERN.width else None
+            if layout is None:
+                out.bad_line(lineno, "a table row before any table header")
+                continue
+            if len(out.rows) >= MAX_ROWS:
+                out.bad_line(lineno, f"more than {MAX_ROWS} rows")
+                continue
+            try:
+                out.rows.append(_row(layout, fields, lineno))
+            except ValueError as e:
+                out.bad_line(lineno, str(e))
+            continue
+        # anything else (MPI banners, "Authorization required", a shell prompt) is not ours
+    return [o for o in outputs if not o.empty] or [outputs[0]]
+
+
+# ------------------------------------------------------------------ nccl-tests -J (2.19+)
+
+def _num_or_none(v, what):
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        if v == "nan":
+            raise ValueError(f"{what} is nan")
+        raise ValueError(f"{what}: expected a number, got {type(v).__name__}")
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"{what}: {v!r} is not a finite number >= 0")
+    return float(v)
+
+
+def _json_variant(obj, per_iter, what):
+    if obj is None:
+        return None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{what}: expected an object")
+    t = obj.get("time", obj.get("cpu_time"))
+    v = Variant(_num_or_none(t, f"{what}.time"), _num_or_none(obj.get("alg_bw"), f"{what}.alg_bw"),
+                _num_or_none(obj.get("bus_bw"), f"{what}.bus_bw"),
+                _num_or_none(obj.get("nwrong"), f"{what}.nwrong"))
+    if v.time_us is None or v.algbw_gbs is None or v.busbw_gbs is None:
+        raise ValueError(f"{what}: time, alg_bw and bus_bw are required")
+    if isinstance(per_iter, dict):
+        v.i_min_us = _num_or_none(per_iter.get("min_us"), f"{what}_per_iter.min_us")
+        v.i_max_us = _num_or_none(per_iter.get("max_us"), f"{what}_per_iter.max_us")
+        v.i_p99_us = _num_or_none(per_iter.get("p99_us"), f"{what}_per_iter.p99_us")
+    return v
+
+
+def parse_json(text):
+    """nccl-tests' -J file: one JSON object (version, args, config with devices, results...)."""
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise NcclTestsError(f"not JSON: {str(e)[:120]}") from None
+    if not isinstance(doc, dict) or "results" not in doc and "config" not in doc:
+        raise NcclTestsError("not a nccl-tests -J file (no 'config' or 'results' key)")
+    out = Output(form="json")
+    args = doc.get("args")
+    if isinstance(args, list) and args and isinstance(args[0], str):
+        out.test = args[0].rsplit("/", 1)[-1][:100]
+    nv = doc.get("nccl_version")
+    if isinstance(nv, int) and not isinstance(nv, bool):
+        out.nccl_version = f"{nv // 10000}.{nv // 100 % 100}.{nv % 100}" if nv >= 10000 else str(nv)
+    cfg = doc.get("config")
+    if isinstance(cfg, dict):
+        for key, name in (("nthreads", "nthread"), ("ngpus", "ngpus"), ("warmup_iters", "warmup iters"),
+                          ("iterations", "iters"), ("validation", "validation"),
+                          ("minimum_bytes", "minbytes"), ("maximum_bytes", "maxbytes")):
+            v = cfg.get(key)
+            if isinstance(v, int) and not isinstance(v, bool):
+                out.params[name] = v
+        devices = cfg.get("devices")
+        if isinstance(devices, list):
+            for i, d in enumerate(devices[:65536]):
+                try:
+                    if not isinstance(d, dict):
+                        raise ValueError("not an object")
+                    rank, dev, host = d.get("rank"), d.get("device"), d.get("hostname")
+                    if not (isinstance(rank, int) and isinstance(dev, int) and isinstance(host, str) and host):
+                        raise ValueError("rank, device and hostname are required")
+                    out.devices.append(Device(rank=rank, host=host[:256], device=dev,
+                                              pid=d.get("pid") if isinstance(d.get("pid"), int) else None,
+                                              group=d.get("group") if isinstance(d.get("group"), int) else None,
+                                              bus_id=str(d.get("device_hex", ""))[:64],
+                                              name=str(d.get("device_info", ""))[:200]))
+                except ValueError as e:
+                    out.bad_line(0, f"config.devices[{i}]: {e}")
+    results = doc.get("results")
+    if results is not None and not isinstance(results, list):
+        raise NcclTestsError("results: expected a list")
+    for i, r in enumerate((results or [])[:MAX_ROWS]):
+        try:
+            if not isinstance(r, dict):
+                raise ValueError("not an object")
+            size, count = r.get("size"), r.get("count")
+            if not (isinstance(size, int) and isinstance(count, int)) or size < 0 or count < 0:
+                raise ValueError("size and count must be whole numbers >= 0")
+            typ = r.get("type")
+            if not isinstance(typ, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,31}", typ):
+                raise ValueError("type is not a datatype name")
+            root = r.get("root")
+            root = int(root.strip()) if isinstance(root, str) and re.fullmatch(r"\s*-?\d{1,10}", root) else None
+            redop = r.get("redop") if isinstance(r.get("redop"), str) else None
+            out.rows.append(Row(size=size, count=count, type=typ, redop=redop, root=root,
+                                oop=_json_variant(r.get("out_of_place"), r.get("out_of_place_per_iter"),
+                                                  "out_of_place"),
+                                ip=_json_variant(r.get("in_place"), r.get("in_place_per_iter"), "in_place"),
+                                line=i))
+        except ValueError as e:
+            out.bad_line(i, f"results[{i}]: {e}")
+    oob = doc.get("out_of_bounds")
+    if isinstance(oob, dict) and isinstance(oob.get("count"), int):
+        out.out_of_bounds = oob["count"]
+    avg = doc.get("average_bus_bandwidth")
+    if isinstance(avg, dict) and isinstance(avg.get("bandwidth"), (int, float)):
+        out.avg_busbw = float(avg["bandwidth"])
+    errors = doc.get("errors")
+    if isinstance(errors, list):
+        for e in errors[:20]:
+            if isinstance(e, str) and e.strip():
+                out.failures.append(Failure(e.strip()[:500], "NCCL"))
+    out.concluded = "end_time" in doc
+    return [out]
+
+
+# ------------------------------------------------------------------ rccl-tests -Z json|csv
+
+_RCCL_NAMES = {"allreduce": "all_reduce_perf", "allgather": "all_gather_perf", "broadcast": "broadcast_perf",
+               "reduce": "reduce_perf", "reducescatter": "reduce_scatter_perf", "alltoall": "alltoall_perf"}
+
+
+def _rccl_records(objs, form):
+    """rccl-tests' result objects (one per size and variant) grouped into Outputs by test name."""
+    outs = {}
+    rows = {}
+    for i, o in enumerate(objs[:MAX_ROWS * 2]):
+        name = o.get("name") if isinstance(o, dict) else None
+        key = name if isinstance(name, str) else None
+        out = outs.get(key)
+        if out is None:
+            out = outs[key] = Output(form=form)
+            if key:
+                out.test = _RCCL_NAMES.get(key.lower().replace("_", ""), key[:100])
+        try:
+            if not isinstance(o, dict):
+                raise ValueError("not an object")
+            size = o.get("size")
+            size = int(size) if isinstance(size, str) and size.isdigit() else size
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise ValueError("size must be a whole number >= 0")
+            typ = o.get("type")
+            if not isinstance(typ, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,31}", typ):
+                raise ValueError("type is not a datatype name")
+            wrong = o.get("#wrong")
+            wrong = None if wrong in (None, "N/A", "") else _number(str(wrong), "#wrong")
+            v = Variant(_number(str(o.get("time")), "time"), _number(str(o.get("algBw")), "algBw"),
+                        _number(str(o.get("busBw")), "busBw"), wrong)
+            inplace = str(o.get("inPlace")) in ("1", "True", "true")
+            redop = o.get("redop") if isinstance(o.get("redop"), str) else None
+            rk = (key, size, typ, redop)
+            row = rows.get(rk)
+            if row is None:
+                row = rows[rk] = Row(size=size, count=0, type=typ, redop=redop, line=i + 1)
+                out.rows.append(row)
+            setattr(row, "ip" if inplace else "oop", v)
+            gpus = o.get("gpus")
+            gpus = int(gpus) if isinstance(gpus, str) and gpus.isdigit() else gpus
+            if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0:
+                out.ranks_hint = gpus
+        except (ValueError, TypeError) as e:
+            out.bad_line(i + 1, str(e))
+    return list(outs.values())
+
+
+def parse_rccl_json(text):
+    text = text.strip()
+    objs = []
+    if text.startswith("["):
+        try:
+            doc = json.loads(text)
+        except (ValueError, RecursionError) as e:
+            raise NcclTestsError(f"not JSON: {str(e)[:120]}") from None
+        if not isinstance(doc, list):
+            raise NcclTestsError("expected a JSON list of results")
+        objs = doc
+    else:
+        bad = []
+        for n, line in enumerate(text.splitlines(), 1):
+            line = line.strip().rstrip(",")
+            if not line:
+                continue
+            try:
+                objs.append(json.loads(line))
+            except (ValueError, RecursionError):
+                bad.append(n)
+        if bad and not objs:
+            raise NcclTestsError(f"not JSON lines (line {bad[0]})")
+        outs = _rccl_records(objs, "rccl-json")
+        for n in bad:
+            outs[0].bad_line(n, "not a JSON object")
+        return outs
+    return _rccl_records(objs, "rccl-json")
+
+
+def parse_rccl_csv(text):
+    try:
+        reader = csv.DictReader(text.splitlines())
+        if not reader.fieldnames or "busBw" not in [f.strip() for f in reader.fieldnames]:
+            raise NcclTestsError("not an rccl-tests CSV (no busBw column in the header)")
+        objs = [{(k or "").strip(): (v.strip() if isinstance(v, str) else v) for k, v in r.items()}
+                for _, r in zip(range(MAX_ROWS * 2), reader)]
+    except csv.Error as e:
+        raise NcclTestsError(f"not a CSV file: {str(e)[:120]}") from None
+    for o in objs:
+        for k in ("time", "algBw", "busBw"):
+            if isinstance(o.get(k), str):
+                try:
+                    o[k] = float(o[k])
+                except ValueError:
+                    pass
+    return _rccl_records(objs, "rccl-csv")
+
+
+# ------------------------------------------------------------------ any form
+
+def detect_form(text):
+    head = text.lstrip()[:4096]
+    if head.startswith("{") and '"results"' in text[:1 << 20] and ('"nccl_version"' in text or '"config"' in text):
+        return "json"
+    if head.startswith(("{", "[")) and ('"busBw"' in head or '"algBw"' in head):
+        return "rccl-json"
+    first = head.splitlines()[0] if head else ""
+    if "busBw" in first and "," in first:
+        return "rccl-csv"
+    return "text"
+
+
+def parse(data):
+    """Every run in one nccl-tests/rccl-tests output (bytes or str), in any form: [Output]."""
+    if isinstance(data, (bytes, bytearray)):
+        if len(data) > MAX_INPUT_BYTES:
+            raise NcclTestsError(f"{len(data)} bytes (at most {MAX_INPUT_BYTES})")
+        text = bytes(data).decode("utf-8", errors="replace")
+    else:
+        text = data
+        if len(text) > MAX_INPUT_BYTES:
+            raise NcclTestsError(f"{len(text)} characters (at most {MAX_INPUT_BYTES})")
+    text = text.replace("\x00", "")
+    form = detect_form(text)
+    if form == "json":
+        return parse_json(text)
+    if form == "rccl-json":
+        return parse_rccl_json(text)
+    if form == "rccl-csv":
+        return parse_rccl_csv(text)
+    outs = parse_text(text)
+    if not any(o.rows or o.failures or o.devices or o.params for o in outs):
+        raise NcclTestsError("no nccl-tests output in it (no parameter line, device line, table or failure)")
+    return outs

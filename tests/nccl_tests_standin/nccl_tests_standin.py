@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Stand-in for nccl-tests' <op>_perf binaries, for tests only (no GPU here).
+
+tests/test_nccl_tests_engine.py launches these scripts with REAL mpirun (or directly, for
+`launcher: none`) in place of nccl-tests. Invoked as all_reduce_perf etc. (a symlink), it takes
+nccl-tests 2.19's options for what collbench passes (-b -e -f -g -n -w -d -c -o -r; an unknown one
+gets nccl-tests' "invalid option" and usage, exit 1) and, on rank 0 only (an MPI=1 build prints
+from rank 0), prints nccl-tests 2.19's text output: the version and "Collective test starting"
+lines, the parameter line with the values passed, one device line per rank, the 13-column table
+and the footer. Row figures come from a real published run (tests/fixtures/nccl_tests/
+version_line_dstack.txt, all_reduce 8 B .. 2 GB): the time of the nearest size there, algbw and
+busbw computed from it as nccl-tests does (src/<op>.cu GetBw).
+
+Test hooks (environment):
+  NCCL_STANDIN_MARK=FILE      every rank appends "<binary> <rank> <args>" to FILE
+  NCCL_STANDIN_FAIL_AT=SIZE   print the rows below SIZE, then nccl-tests' failure lines as a real
+                              run printed them (fixtures/nccl_tests/midtable_failure_nccl-tests-322.txt),
+                              exit 3
+  NCCL_STANDIN_WRONG=SIZE     that size's out-of-place #wrong is 1.04858e+06 (%6g of 1048576)
+  NCCL_STANDIN_NOMPI=1        every rank prints its own 1-rank run (a binary built with MPI=0)
+  NCCL_STANDIN_HANG=1         print the header, then hang (bounded: 120 s)
+"""
+
+import math
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SOURCE = HERE.parent / "fixtures" / "nccl_tests" / "version_line_dstack.txt"
+TYPES = {"int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8, "half": 2, "float": 4,
+         "double": 8, "bfloat16": 2}
+# op -> (bus factor(n), data bytes printed is whole buffer?, has redop, has root)
+OPS = {"all_reduce_perf": (lambda n: 2 * (n - 1) / n, True, False),
+       "all_gather_perf": (lambda n: (n - 1) / n, False, False),
+       "alltoall_perf": (lambda n: (n - 1) / n, False, False),
+       "reduce_scatter_perf": (lambda n: (n - 1) / n, True, False),
+       "broadcast_perf": (lambda n: 1.0, False, True),
+       "reduce_perf": (lambda n: 1.0, True, True)}
+
+
+def source_times():
+    times = {}
+    for line in SOURCE.read_text().splitlines():
+        f = line.split()
+        if len(f) == 13 and f[0].isdigit():
+            times[int(f[0])] = (float(f[5]), float(f[9]))
+    return times
+
+
+def size_arg(v):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(v[:-1]) * units[v[-1].upper()] if v[-1].upper() in units else int(v)
+
+
+def fmt(v, width):
+    for spec in (f"{width}.2f", f"{width}.1f", f"{width}.0f"):
+        s = format(v, spec)
+        if len(s) <= width:
+            return s
+    return format(v, f"{width}.1e")
+
+
+def main():
+    name = os.path.basename(sys.argv[0])
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
+    nprocs = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("PMI_SIZE", "1")))
+    if os.environ.get("NCCL_STANDIN_MARK"):
+        with open(os.environ["NCCL_STANDIN_MARK"], "a") as mark:
+            mark.write(f"{name} {rank} {' '.join(sys.argv[1:])}\n")
+    if os.environ.get("NCCL_STANDIN_NOMPI"):
+        rank, nprocs = 0, 1
+    opt = {"-b": "8", "-e": "33554432", "-f": "1", "-g": "1", "-n": "20", "-w": "1", "-d": "float",
+           "-c": "1", "-o": "sum", "-r": "0"}
+    args = sys.argv[1:]
+    while args:
+        a = args.pop(0)
+        if a not in opt or not args:
+            print(f"invalid option '{a.lstrip('-')[:1]}'")
+            print(f"USAGE: {name} \n\t[-t,--nthreads <num threads>] \n\t[-g,--ngpus <gpus per thread>] ")
+            return 1
+        opt[a] = args.pop(0)
+    if rank != 0:
+        return 0
+    factor, has_redop, has_root = OPS[name]
+    lo, hi, f = size_arg(opt["-b"]), size_arg(opt["-e"]), int(opt["-f"])
+    tsize = TYPES[opt["-d"]]
+    validate = opt["-c"] != "0"
+    host = socket.gethostname()
+    print("# nccl-tests version 2.19.6 nccl-headers=22803 nccl-library=22803")
+    print(f"# Collective test starting: {name}")
+    print(f"# nThread 1 nGpus {opt['-g']} minBytes {lo} maxBytes {hi} step: {f}(factor) warmup iters: "
+          f"{opt['-w']} iters: {opt['-n']} agg iters: 1 validation: {1 if validate else 0} graph: 0 unalign: 0")
+    print("#\n# Using devices")
+    for r in range(nprocs):
+        print(f"#  Rank {r:2d} Group  0 Pid {os.getpid():6d} on {host:>10s} device {r:2d} [0000:{r:02x}:00] "
+              f"NVIDIA H100 80GB HBM3 (stand-in)")
+    print("#\n#                                                              out-of-place"
+          "                       in-place          ")
+    print("#       size         count      type   redop    root     time   algbw   busbw  #wrong"
+          "     time   algbw   busbw  #wrong ")
+    print("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)"
+          "             (us)  (GB/s)  (GB/s)         ")
+    sys.stdout.flush()
+    if os.environ.get("NCCL_STANDIN_HANG"):
+        time.sleep(120)
+        return 1
+    times = source_times()
+    fail_at = int(os.environ.get("NCCL_STANDIN_FAIL_AT", "-1"))
+    wrong_at = int(os.environ.get("NCCL_STANDIN_WRONG", "-1"))
+    size, busbws = lo, []
+    while size <= hi:
+        if size == fail_at:
+            print(f"{host}: Test NCCL failure common.cu:1204 'unhandled cuda error (run with "
+                  f"NCCL_DEBUG=INFO for details) / '")
+            print(f" .. {host} pid {os.getpid()}: Test failure common.cu:915")
+            sys.stdout.flush()
+            return 3
+        near = min(times, key=lambda s: abs(math.log2(max(s, 1)) - math.log2(max(size, 1))))
+        cols = [f"{size:12d}", f"{size // tsize:12d}", f"{opt['-d']:>8s}",
+                f"{opt['-o'] if has_redop else 'none':>6s}", f"{int(opt['-r']) if has_root else -1:6d}"]
+        for variant, t in (("oop", times[near][0]), ("ip", times[near][1])):
+            algbw = size / 1e9 / (t * 1e-6)
+            busbw = algbw * factor(nprocs)
+            busbws.append(busbw)
+            wrong = "   N/A" if not validate else (
+                f"{1048576:6g}" if variant == "oop" and size == wrong_at else f"{0:6g}")
+            cols += [fmt(t, 7), fmt(algbw, 6), fmt(busbw, 6), wrong]
+        print("  ".join(cols))
+        sys.stdout.flush()
+        size = size * f if f > 1 else size + 1 if lo == hi else size * 2
+        if lo == hi:
+            break
+    bad = 1 if wrong_at >= 0 and validate and lo <= wrong_at <= hi else 0
+    print(f"# {'Out of bounds values':<20s} : {bad} {'FAILED' if bad else 'OK'}")
+    print(f"# {'Avg bus bandwidth':<20s} : {sum(busbws) / max(len(busbws), 1):g} ")
+    print("#")
+    print(f"# Collective test concluded: {name}")
+    print("#")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
