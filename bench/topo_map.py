@@ -32,7 +32,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from collbench.topo.mapping import map_order  # noqa: E402
-from collbench.topo.matrix import TopoMatrix, save_csv  # noqa: E402
+from collbench.pair_matrix import TopoMatrix, save_csv  # noqa: E402
 
 METHODS = ("identity", "seed", "heuristic", "exact")
 

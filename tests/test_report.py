@@ -195,8 +195,8 @@ def test_many_runs_group_by_setup(tmp_path):
 
 
 def test_peak_from_topo_matrix_json_and_csv(tmp_path):
-    """topo measure's matrix files (collbench.topo.matrix): the fastest pair at its slower direction."""
-    from collbench.topo.matrix import TopoMatrix, save_csv, save_json
+    """topo measure's matrix files (collbench.pair_matrix): the fastest pair at its slower direction."""
+    from collbench.pair_matrix import TopoMatrix, save_csv, save_json
     rows = [[None, 10.0, 11.0], [10.0, None, 12.5], [11.0, 12.4, None]]
     m = TopoMatrix.from_rows(["a", "b", "c"], "bandwidth", rows)
     j, c = tmp_path / "bw.json", tmp_path / "bw.csv"

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from collbench.results.record_parser import is_record, parse_record
-from collbench.topo.matrix import load_matrices
+from collbench.pair_matrix import load_matrices
 from conftest import REPO, is_root
 
 pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]

@@ -16,7 +16,7 @@ import yaml
 
 from collbench.topo import order_files
 from collbench.topo.heatmap import write_heatmap
-from collbench.topo.matrix import TopoMatrix, save_csv, save_json
+from collbench.pair_matrix import TopoMatrix, save_csv, save_json
 from collbench.topo.outliers import find_outliers
 
 from conftest import is_root, require_tool

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from collbench.topo.matrix import (MAX_FILE_BYTES, MAX_LABELS, MatrixError, TopoMatrix, csv_text, json_text,
+from collbench.pair_matrix import (MAX_FILE_BYTES, MAX_LABELS, MatrixError, TopoMatrix, csv_text, json_text,
                                    load_matrices, load_matrix, save_csv, save_json)
 
 HOSTS = ["node0", "node1", "node2"]

@@ -18,7 +18,7 @@ from collbench.engines.launcher import build_command
 from collbench.errors import ConfigError, UserError
 from collbench.results.record_parser import is_record, parse_record
 from collbench.topo import compare, measure
-from collbench.topo.matrix import load_matrices
+from collbench.pair_matrix import load_matrices
 from conftest import REPO, is_root
 
 # ---------------------------------------------------------------- hosts_order in the config

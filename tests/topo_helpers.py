@@ -3,7 +3,7 @@
 import itertools
 import random
 
-from collbench.topo.matrix import TopoMatrix
+from collbench.pair_matrix import TopoMatrix
 from collbench.topo.patterns import evaluate
 
 

@@ -33,7 +33,7 @@ from collbench import __version__
 from collbench.atomic_file import write_atomic
 from collbench.errors import UserError
 from collbench.ops import OPS, get_op
-from collbench.report.stats import summarize
+from collbench.stats import summarize
 from collbench.sizes import format_size
 
 FORMAT = "collbench-baseline"

@@ -107,7 +107,7 @@ def state_dir(args):
 def measure(collector, runs, once_args, config, label):
     """Run `collbench once` `runs` times into collector; progress on stderr. Failed steps are
     recorded (failure records); a config/flag error in once is a UserError."""
-    from collbench.report.once_runs import run_once
+    from collbench.once_runs import run_once
     for i in range(runs):
         started = time.monotonic()
         run = run_once(once_args, config=config)

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from collbench.ops import OPS
-from collbench.report.stats import median, quantile
+from collbench.stats import median, quantile
 
 # What makes two records belong to different lines, in the order labels show them.
 SERIES_FIELDS = ("run_id", "algorithm", "order", "pattern", "timing", "inplace", "root", "hosts", "nodes",

@@ -1,7 +1,7 @@
 """The fabric's point-to-point peak, the yardstick of the report's "% of peak" column.
 
 Where it comes from, in order of preference (the report says which):
-  --peak-from FILE   a `topo measure` bandwidth matrix (collbench.topo.matrix's JSON or CSV):
+  --peak-from FILE   a `topo measure` bandwidth matrix (collbench.pair_matrix's JSON or CSV):
                      its fastest pair;
   --peak-gbps N      a number the user knows (GB/s = 10^9 bytes/s, as busbw is shown);
   (default)          measured now: a two-rank broadcast with the built-in engine through
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from collbench.errors import UserError
-from collbench.report.once_runs import run_once
+from collbench.once_runs import run_once
 
 PEAK_OPS = "bcast"
 PEAK_SIZES = "256KB,1MB,4MB,16MB"
@@ -54,9 +54,9 @@ def no_peak():
 # ------------------------------------------------------------------ topo measure matrix
 
 def peak_from_matrix(path):
-    """The fastest pair of a `topo measure` bandwidth matrix (collbench.topo.matrix's CSV or
+    """The fastest pair of a `topo measure` bandwidth matrix (collbench.pair_matrix's CSV or
     JSON, GB/s); each pair counts at its slower direction. MatrixError (exit 2) on a bad file."""
-    from collbench.topo.matrix import MatrixError, load_matrix
+    from collbench.pair_matrix import MatrixError, load_matrix
     m = load_matrix(path, "bandwidth")
     pairs = [(m.pair_value(i, j), i, j) for i in range(m.size) for j in range(i + 1, m.size)]
     pairs = [p for p in pairs if p[0] and p[0] > 0]

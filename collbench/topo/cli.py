@@ -13,7 +13,7 @@ import os
 import sys
 
 from collbench.topo.mapping import EXACT_MAX, METHODS, map_order
-from collbench.topo.matrix import METRICS, load_matrix
+from collbench.pair_matrix import METRICS, load_matrix
 from collbench.topo.order_files import write_order_files
 from collbench.topo.patterns import PATTERNS
 

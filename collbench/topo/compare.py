@@ -36,7 +36,7 @@ from collbench.engines import get_engine
 from collbench.engines.mpi_job import JobRunner
 from collbench.errors import UserError
 from collbench.ops import DATATYPES, default_datatype, get_op
-from collbench.topo.matrix import split_label
+from collbench.pair_matrix import split_label
 
 PATTERNS = ("ring", "recursive-doubling")
 # the MPI algorithm each pattern forces (Open MPI's tuned names and MPICH's CVAR values agree)

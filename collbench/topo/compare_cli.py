@@ -24,7 +24,7 @@ from collbench.results.records import RunContext, event_record
 from collbench.sizes import format_size, parse_message_size
 from collbench.topo import compare
 from collbench.topo.mapping import METHODS, map_order, predict
-from collbench.topo.matrix import METRICS, load_matrix
+from collbench.pair_matrix import METRICS, load_matrix
 from collbench.topo.outliers import host_groups
 
 FORMATS = ("table", "csv", "json")

@@ -29,7 +29,7 @@ from collbench.engines.build import ensure_engine
 from collbench.engines.builtin import HOSTS_PREFIX, parse_hosts_line
 from collbench.engines.mpi_job import JobRunner, describe_exit, stderr_reason
 from collbench.errors import UserError
-from collbench.topo.matrix import TopoMatrix
+from collbench.pair_matrix import TopoMatrix
 
 PAIR_PREFIX = "CBPAIR "
 MAX_PAIR_LINE = 4096

@@ -24,7 +24,7 @@ from collbench.results.output_files import write_jsonl
 from collbench.sizes import format_size, parse_message_size
 from collbench.topo import measure
 from collbench.topo.heatmap import write_heatmap
-from collbench.topo.matrix import save_csv, save_json
+from collbench.pair_matrix import save_csv, save_json
 from collbench.topo.outliers import DEFAULT_RATIO, find_outliers
 
 FORMATS = ("table", "csv", "json")

@@ -1,7 +1,7 @@
 """A rank order in the forms users launch with (topo.md §3), each written atomically.
 
 `labels` is the list of matrix labels in new rank order: rank r runs on labels[r] (`host`, or
-`host:N` for the N-th rank on a host; topo/matrix.py). Files, for pattern PAT in the output
+`host:N` for the N-th rank on a host; pair_matrix.py). Files, for pattern PAT in the output
 directory:
 
 | file                      | use                                                                 |
@@ -23,7 +23,7 @@ import yaml
 
 from collbench.atomic_file import write_atomic
 from collbench.errors import UserError
-from collbench.topo.matrix import split_label
+from collbench.pair_matrix import split_label
 
 SUFFIXES = ("rankfile", "hostfile", "machinefile", "slurm_hostfile", "hosts_order.yaml", "mapping.json")
 
