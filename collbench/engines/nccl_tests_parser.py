@@ -146,7 +146,7 @@ _PREFIX = re.compile(r"^(?:\[\d+,\d+\]<(?:stdout|stderr)>:\s?|\s*\d+:\s)")
 _NCCL_LOG = re.compile(r"\bNCCL (INFO|WARN|TRACE|ABORT)\b\s?(.*)")
 _NCCL_VERSION = re.compile(r"^\s*NCCL version (\S+)")
 _OLD_COMPILED = re.compile(r"^#\s*NCCL Tests compiled with NCCL (\S+)")
-_TESTS_VERSION = re.compile(r"^#\s*nccl-tests version (\S+)")
+_TESTS_VERSION = re.compile(r"^#\s*nccl-tests version (\S+)(?:.*\bnccl-library=(\d{4,6})\b)?")
 _RCCL_VERSION = re.compile(r"^\s*rccl-tests: Version (\S+)")
 _STARTING = re.compile(r"^#\s*Collective test starting:\s*(\S+)")
 _CONCLUDED = re.compile(r"^#\s*Collective test concluded:\s*(\S+)")
@@ -312,6 +312,10 @@ def parse_text(text):
                 layout = None
             out.params.update(_params(line))
             continue
+        m = _TESTS_VERSION.match(line)
+        if m and m.group(2):   # nccl-library=22803: the NCCL the binary ran with
+            code = int(m.group(2))
+            out.nccl_version = out.nccl_version or f"{code // 10000}.{code // 100 % 100}.{code % 100}"
         for rx, attr in ((_TESTS_VERSION, "version"), (_RCCL_VERSION, "version"),
                          (_NCCL_VERSION, "nccl_version"), (_OLD_COMPILED, "nccl_version")):
             m = rx.match(line)
