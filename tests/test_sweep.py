@@ -328,3 +328,28 @@ def test_sigterm_stops_the_job_and_writes_nothing(tmp_path):
     assert proc.returncode == 143, err
     assert "terminated after 1 of 2 steps; no file written" in err
     assert not out.exists() and not (tmp_path / "r.jsonl").exists()
+
+
+def test_a_plan_larger_than_the_engine_reads_is_refused_before_running(tmp_path):
+    """10,000 sizes x 6 ops (issue 19 item 8): the engine refuses a plan file over 1 MB, and would
+    refuse it again in every job relaunched after the failure (~2 s x 60,000 steps). Exit 2 at
+    once, naming the plan's size and the limit, nothing written."""
+    out = tmp_path / "out"
+    sizes = ",".join(str(8 * k) for k in range(1, 10_001))
+    started = time.monotonic()
+    res = sweep("--np", "2", "--ops", "allreduce,bcast,reduce,allgather,alltoall,reduce_scatter", "--sizes", sizes,
+                "--datatype", "long", "--out-dir", str(out), "--results", str(tmp_path / "r.jsonl"), timeout=120)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "the plan of 60000 steps is " in res.stderr
+    plan_bytes = int(res.stderr.split("the plan of 60000 steps is ")[1].split()[0])
+    assert plan_bytes > 1048576
+    assert "above collbench-engine's limit of 1048576 bytes" in res.stderr
+    assert time.monotonic() - started < 60
+    assert not out.exists() and not (tmp_path / "r.jsonl").exists() and res.stdout == ""
+
+
+def test_the_plan_limit_is_the_engines():
+    from collbench.engines.builtin import MAX_PLAN_BYTES
+    source = (REPO / "collbench" / "engines" / "collbench_engine.c").read_text()
+    (line,) = [ln for ln in source.splitlines() if ln.startswith("#define MAX_PLAN_BYTES ")]
+    assert eval(line.split(None, 2)[2]) == MAX_PLAN_BYTES       # "(1 << 20)": a C and Python expression

@@ -11,17 +11,17 @@ import csv
 import io
 import json
 import os
-import signal
 import statistics
 import sys
-import time
 
+from collbench import harness
 from collbench.config import load_config
 from collbench.engines.launcher import mpi_version, resolve_launcher
 from collbench.errors import UserError
 from collbench.ops import DATATYPES
 from collbench.results.records import RunContext, event_record
 from collbench.sizes import format_size, parse_message_size
+from collbench.tables import Column, format_us, table_lines
 from collbench.topo import compare
 from collbench.topo.mapping import METHODS, map_order, predict
 from collbench.pair_matrix import METRICS, load_matrix
@@ -110,14 +110,6 @@ def _sizes(text, ops, datatype):
     return tuple(dict.fromkeys(sizes))
 
 
-class _Terminated(Exception):
-    pass
-
-
-def _terminate(signum, frame):
-    raise _Terminated()
-
-
 def resolve_orders(cfg, args, patterns):
     """({pattern: (original, new, label)}, matrix or None, {pattern: map result or None})."""
     matrix = load_matrix(args.matrix, args.metric) if args.matrix else None
@@ -178,6 +170,74 @@ def predictions(matrix, orders):
     return out
 
 
+LONG_RUN_S = 300          # a run the matrix predicts to take longer is announced before it starts
+JOB_START_S = 2.0         # mpirun's start and the engine's set-up, per job
+
+
+def plan_text(s):
+    n = len(s.patterns) * len(s.ops) * len(s.sizes)
+    return (f"{n} point{'s' if n != 1 else ''} x 2 orders x {s.iterations} calls "
+            f"({', '.join(format_size(x) for x in s.sizes)})")
+
+
+def estimate_seconds(matrix, orders, s):
+    """The run's time by the matrix's cost model (calls x predicted time per call in each order, plus
+    each job's start), or None without a matrix or when an order is not over its ranks. A latency
+    matrix predicts the time of small messages only: the estimate is then a lower bound."""
+    if matrix is None:
+        return None
+    total = 0.0
+    for pattern, (original, new, _) in orders.items():
+        for order in (original, new):
+            idx = matrix_indices(matrix, order)
+            if idx is None:
+                return None
+            cost = predict(matrix, pattern, idx)["cost"]       # us, or us per 10^6 B of block
+            for op in s.ops:
+                for size in s.sizes:
+                    per_call_us = cost * size / 1e6 if matrix.metric.higher_is_better else cost
+                    if op == "allreduce":               # a reduce-scatter and an allgather
+                        per_call_us *= 2
+                    calls = s.iterations + s.warmup * s.rounds + (s.blocks - s.rounds)
+                    total += per_call_us * calls / 1e6
+            total += s.rounds * JOB_START_S
+    return total
+
+
+class BlockProgress(harness.Progress):
+    """Progress of topo compare: one line per measured block (a plan step), with the time left."""
+
+    def __init__(self, stream, s):
+        self.settings = s
+        self.segments = {p: self._weights(p, s.ops) for p in s.patterns}
+        weights = [w for seg in self.segments.values() for w in seg]
+        super().__init__(stream, len(weights), weights=weights)
+
+    def _weights(self, pattern, ops):
+        """Each block's expected share, in the order compare.run runs them (original, then new, per job)."""
+        s = self.settings
+        steps = [st for op in ops for st in compare.block_steps(s, op, compare.PATTERN_ALGORITHM[pattern])]
+        parts = [steps] if s.rounds <= 1 else compare._split_rounds(steps, s)
+        return [harness.step_weight(st) for part in parts for st in part + part]
+
+    def plan(self, pattern, ops):
+        """compare.run's on_plan: a pattern runs only `ops` (the others are not available)."""
+        if tuple(ops) != tuple(self.settings.ops):
+            self.segments[pattern] = self._weights(pattern, ops)
+            self.weights = [w for seg in self.segments.values() for w in seg]
+            self.total = len(self.weights)
+
+    def record(self, pattern, which, rec):
+        if rec.get("type") not in ("result", "failure"):
+            return
+        what = f"{pattern}, {which} order: {rec.get('op', '?')} {format_size(rec.get('size_bytes') or 0)}"
+        if rec["type"] == "failure":
+            self.finished(f"{what}: FAILED: {str(rec.get('error', ''))[:200]}")
+        else:
+            self.finished(f"{what}: block of {rec.get('iterations')} calls, "
+                          f"{format_us(rec.get('latency_avg_us'))} per call")
+
+
 def cmd_compare(args):
     cfg = load_config(args.config)
     if cfg.implicit_hosts:
@@ -200,24 +260,26 @@ def cmd_compare(args):
     ctx = RunContext(cfg, "builtin", mpi_version(resolve_launcher(cfg)))
     predicted = predictions(matrix, orders)
 
-    def progress(pattern, which, steps):
-        if args.format == "table":
-            print(f"collbench: {pattern}, {which} order: {steps} steps", file=sys.stderr)
-
-    started = time.monotonic()
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    try:
-        points, recs = compare.run(cfg, orders, settings, ctx, on_progress=progress)
-    except (_Terminated, KeyboardInterrupt):
-        print("collbench: topo compare: stopped; nothing written", file=sys.stderr)
-        return 143
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    seconds = time.monotonic() - started
+    estimate = estimate_seconds(matrix, orders, settings)
+    if estimate is not None and estimate >= LONG_RUN_S:
+        print(f"collbench topo compare: warning: the matrix predicts about {harness.format_duration(estimate)} "
+              f"for {plan_text(settings)}; fewer --sizes, --iterations or --patterns make it shorter. "
+              "Progress follows; Ctrl-C or SIGTERM stops it and keeps what finished.", file=sys.stderr)
+    progress = BlockProgress(sys.stderr, settings)
+    points, recs = [], []
+    with harness.Run("topo compare", unit="blocks", progress=progress, on_stop="writing what finished") as job:
+        compare.run(cfg, orders, settings, ctx, on_plan=progress.plan, on_record=progress.record,
+                    points=points, recs=recs)
+    seconds = job.elapsed
+    if job.stopped:
+        for p in points:
+            if not (p.original and p.new) and not p.note:
+                p.note = "stopped before both orders were measured"
     rows = [row(p, predicted.get(p.pattern)) for p in points]
     if results_path:
         from collbench.results.output_files import write_jsonl
-        summary = event_record("topo_compare", run_id=ctx.run_id, detail=f"{len(rows)} points",
+        summary = event_record("topo_compare", run_id=ctx.run_id, detail=f"{len(rows)} points"
+                               + (f", stopped after {progress.done} of {progress.total} blocks" if job.stopped else ""),
                                points=[{k: r[k] for k in ("pattern", "op", "size_bytes", "speedup", "ci_low",
                                                           "ci_high")} for r in rows][:256])
         write_jsonl(results_path, recs + [summary])
@@ -225,6 +287,8 @@ def cmd_compare(args):
            "blocks": settings.blocks, "rounds": settings.rounds, "ci_method": CI_METHOD, "seconds": round(seconds, 1),
            "orders": {p: {"original": o, "new": n, "label": lb} for p, (o, n, lb) in orders.items()},
            "points": rows}
+    if job.stopped:
+        doc["stopped"] = f"after {progress.done} of {progress.total} blocks"
     if args.format == "json":
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     elif args.format == "csv":
@@ -233,6 +297,8 @@ def cmd_compare(args):
         sys.stdout.write(table_text(doc, rows, settings, mapped))
         if results_path:
             print(f"collbench: results appended to {results_path}", file=sys.stderr)
+    if job.stopped:
+        return job.exit_code
     failed = [r for r in rows if r["errors"] or (r["speedup"] is None and not r["note"].startswith("not run"))]
     return 1 if failed else 0
 
@@ -268,6 +334,8 @@ def table_text(doc, rows, s, mapped):
              f"{s.iterations} calls per point and order in {s.blocks} blocks, {doc['seconds']:.0f} s"]
     if s.iterations < compare.SEED_MIN_ITERATIONS:
         lines.append(f"note: {s.iterations} calls per point, fewer than the seed's {compare.SEED_MIN_ITERATIONS}")
+    if doc.get("stopped"):
+        lines.append(f"stopped {doc['stopped']}: the points below hold what finished")
     for pattern, o in doc["orders"].items():
         src = o["label"]
         res = mapped.get(pattern)
@@ -276,21 +344,20 @@ def table_text(doc, rows, s, mapped):
         lines.append(f"{pattern}: original order: {' '.join(o['original'][:32])}{' ...' if len(o['original']) > 32 else ''}")
         lines.append(f"{' ' * len(pattern)}  new order ({src}): {' '.join(o['new'][:32])}"
                      f"{' ...' if len(o['new']) > 32 else ''}")
-    header = ("pattern", "op", "size", "algorithm", "original us", "new us", "speed-up",
-              f"{int(compare.CONFIDENCE * 100)}% CI", "predicted", "pred. shared", "note")
+    columns = [Column("pattern", align="left"), Column("op", align="left"), Column("size", align="left"),
+               Column("algorithm", align="left"), Column("original us"), Column("new us"), Column("speed-up"),
+               Column("ci", f"{int(compare.CONFIDENCE * 100)}% CI"), Column("predicted"), Column("pred. shared"),
+               Column("note", align="left")]
     table = []
     for r in rows:
         ci = "" if r["ci_low"] is None else f"{r['ci_low']:.2f}-{r['ci_high']:.2f}"
         note = "; ".join([r["note"]] * bool(r["note"]) + r["errors"][:1])
-        table.append((r["pattern"], r["op"], r["size"], r["algorithm"], _f(r["original_median_us"], "{:.1f}"),
-                      _f(r["new_median_us"], "{:.1f}"), _f(r["speedup"], "{:.2f}x"), ci,
-                      _f(r["predicted_speedup"], "{:.2f}x"), _f(r["predicted_shared_speedup"], "{:.2f}x"),
-                      note[:160]))
-    widths = [max(len(str(x[i])) for x in [header] + table) for i in range(len(header))]
-    right = {4, 5, 6, 7, 8, 9}
-    for cells in [header, tuple("-" * w for w in widths)] + table:
-        lines.append("  " + "  ".join(str(c).rjust(w) if i in right else str(c).ljust(w)
-                                      for i, (c, w) in enumerate(zip(cells, widths))).rstrip())
+        table.append({"pattern": r["pattern"], "op": r["op"], "size": r["size"], "algorithm": r["algorithm"],
+                      "original us": _f(r["original_median_us"], "{:.1f}"), "new us": _f(r["new_median_us"], "{:.1f}"),
+                      "speed-up": _f(r["speedup"], "{:.2f}x"), "ci": ci,
+                      "predicted": _f(r["predicted_speedup"], "{:.2f}x"),
+                      "pred. shared": _f(r["predicted_shared_speedup"], "{:.2f}x"), "note": note[:160]})
+    lines += table_lines(columns, table, indent="  ")
     lines.append(f"speed-up = median(original) / median(new); CI: {CI_METHOD}")
     lines.append("predicted: topo map's cost model with independent links; pred. shared: the links between "
                  "racks sharing one uplink per rack (docs/TOPO.md)")

@@ -12,9 +12,9 @@ import csv
 import io
 import json
 import os
-import signal
 import sys
 
+from collbench import harness
 from collbench.config import load_config
 from collbench.engines.launcher import mpi_version, resolve_launcher
 from collbench.errors import UserError
@@ -133,14 +133,6 @@ def check_out_dir(path):
     return os.path.abspath(path)
 
 
-class _Terminated(Exception):
-    pass
-
-
-def _terminate(signum, frame):
-    raise _Terminated()
-
-
 def cmd_measure(args):
     cfg = load_config(args.config)
     settings = measure.Settings(
@@ -152,21 +144,21 @@ def cmd_measure(args):
     results_path = check_writable(args.results, "--results", append=True) if args.results else None
     ctx = RunContext(cfg, "builtin", mpi_version(resolve_launcher(cfg)))
 
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    try:
-        result = measure.run(cfg, settings)
-    except measure.MeasureError as e:
-        print(f"collbench: topo measure: {e}", file=sys.stderr)
-        if e.stderr_tail:
-            print("\n".join("  " + ln for ln in e.stderr_tail.splitlines()[-10:]), file=sys.stderr)
+    failed = None
+    with harness.Run("topo measure", quiet=True, on_stop="nothing written") as job:
+        try:
+            result = measure.run(cfg, settings)
+        except measure.MeasureError as e:
+            failed = e
+    if job.stopped:
+        return job.exit_code
+    if failed is not None:
+        print(f"collbench: topo measure: {failed}", file=sys.stderr)
+        if failed.stderr_tail:
+            print("\n".join("  " + ln for ln in failed.stderr_tail.splitlines()[-10:]), file=sys.stderr)
         if results_path:
-            write_jsonl(results_path, [measure.failure(ctx, e)])
+            write_jsonl(results_path, [measure.failure(ctx, failed)])
         return 1
-    except _Terminated:
-        print("collbench: topo measure: terminated; nothing written", file=sys.stderr)
-        return 143
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
     lat, bw = result.matrices(measure.meta(result, ctx, cfg))
     reports = {"latency": find_outliers(lat, ratio=args.outlier_ratio),
