@@ -7,60 +7,32 @@ explicit --sizes list. Every size gets OSU's iteration count (1000 timed + 100 w
 Sizes are bytes per rank and must be whole elements of each op's datatype.
 """
 
-from collbench.bounded_repr import bounded_repr
-from collbench.config import (ITERATIONS, MESSAGE_SIZE, WARMUP, Step, check_flag, osu_default_iterations)
+from collbench import cli_values
+from collbench.config import Step, osu_default_iterations
 from collbench.errors import UserError
-from collbench.ops import DATATYPES, OPS, default_datatype, get_op
+from collbench.ops import DATATYPES, default_datatype, get_op
 from collbench.sizes import format_size
 
 DEFAULT_MIN_BYTES = "4"          # one float: the smallest size every default datatype can hold
 DEFAULT_MAX_BYTES = "1MB"        # OSU's default largest collective message
 DEFAULT_FACTOR = 2
-MAX_FACTOR = 1 << 30
+MAX_FACTOR = cli_values.MAX_FACTOR
 DEFAULT_OPS = "allreduce"
 
 
 def parse_ops(values):
     """Op names from --op/--ops values (each a comma list), in order, each once; UserError if bad."""
-    names = []
-    for value in values or [DEFAULT_OPS]:
-        for name in (x.strip() for x in value.split(",")):
-            if not name:
-                continue
-            try:
-                op = get_op(name).name
-            except KeyError:
-                raise UserError(f"--op {bounded_repr(name)}: unknown op (expected one of: {', '.join(OPS)})") \
-                    from None
-            if op not in names:
-                names.append(op)
-    if not names:
-        raise UserError(f"--op: expected an op or a comma list of: {', '.join(OPS)}")
-    return names
+    return cli_values.op_names(values or [DEFAULT_OPS], "--op")
 
 
 def size_range(min_bytes, max_bytes, factor):
     """[min, min*f, min*f^2, ...] up to max (bytes), as nccl-tests' -b/-e/-f."""
-    lo = check_flag("--min-bytes", MESSAGE_SIZE, min_bytes)
-    hi = check_flag("--max-bytes", MESSAGE_SIZE, max_bytes)
-    if hi < lo:
-        raise UserError(f"--max-bytes {format_size(hi)} is below --min-bytes {format_size(lo)}")
-    if isinstance(factor, bool) or not isinstance(factor, int) or not 2 <= factor <= MAX_FACTOR:
-        raise UserError(f"--factor: got {bounded_repr(factor)}, expected a whole number from 2 to {MAX_FACTOR} "
-                        "(the multiplication factor between sizes, as nccl-tests' -f)")
-    sizes, s = [], lo
-    while s <= hi:
-        sizes.append(s)
-        s *= factor
-    return sizes
+    return cli_values.size_range(min_bytes, max_bytes, factor)
 
 
 def size_list(text):
     """--sizes 1KB,64KB,1MB -> sorted distinct bytes."""
-    sizes = [check_flag("--sizes", MESSAGE_SIZE, s.strip()) for s in str(text).split(",") if s.strip()]
-    if not sizes:
-        raise UserError("--sizes: expected a comma list of sizes such as 1KB,64KB,1MB")
-    return sorted(set(sizes))
+    return cli_values.size_list(text, "--sizes")
 
 
 def datatype_for(op, flag_datatype, config_datatype):
@@ -76,10 +48,9 @@ def datatype_for(op, flag_datatype, config_datatype):
 def build_steps(op_names, sizes, datatype=None, config_datatype=None, iterations=None, warmup=None,
                 samples=True):
     """One Step per (op, size), ops in the given order, sizes ascending; barrier gets one step."""
-    if datatype is not None and datatype not in DATATYPES:
-        raise UserError(f"--datatype: got {bounded_repr(datatype)}, expected one of: {', '.join(DATATYPES)}")
-    it_flag = None if iterations is None else check_flag("--iterations", ITERATIONS, iterations)
-    wu_flag = None if warmup is None else check_flag("--warmup", WARMUP, warmup)
+    cli_values.datatype(datatype)
+    it_flag = cli_values.count(iterations, "--iterations")
+    wu_flag = cli_values.count(warmup, "--warmup", low=0)
     steps = []
     for name in op_names:
         op = get_op(name)

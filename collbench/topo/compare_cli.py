@@ -6,7 +6,6 @@ Exit 0 when every point was measured in both orders; 1 when a job failed (its ro
 a bad config, order file, matrix or flag (nothing runs).
 """
 
-import argparse
 import csv
 import io
 import json
@@ -14,13 +13,13 @@ import os
 import statistics
 import sys
 
-from collbench import harness
+from collbench import cli_values, harness
 from collbench.config import load_config
 from collbench.engines.launcher import mpi_version, resolve_launcher
 from collbench.errors import UserError
 from collbench.ops import DATATYPES
 from collbench.results.records import RunContext, event_record
-from collbench.sizes import format_size, parse_message_size
+from collbench.sizes import format_size
 from collbench.tables import Column, format_us, table_lines
 from collbench.topo import compare
 from collbench.topo.mapping import METHODS, map_order, predict
@@ -59,11 +58,11 @@ def add_compare(verbs):
                    help="ring and/or recursive-doubling (default both)")
     c.add_argument("--ops", default="allgather", metavar="LIST", help="allgather and/or allreduce (default allgather)")
     c.add_argument("--sizes", default="1MB", metavar="LIST", help="bytes per rank, e.g. 64KB,1MB (default 1MB)")
-    c.add_argument("--iterations", type=_count, default=compare.SEED_MIN_ITERATIONS, metavar="N",
+    c.add_argument("--iterations", type=cli_values.count_type(), default=compare.SEED_MIN_ITERATIONS, metavar="N",
                    help=f"timed calls per point and order (default {compare.SEED_MIN_ITERATIONS}, the seed's minimum)")
     c.add_argument("--blocks", type=_count, default=10, metavar="N",
                    help="plan steps the calls are split into: the samples of the interval (default 10)")
-    c.add_argument("--warmup", type=_count, default=None, metavar="N",
+    c.add_argument("--warmup", type=cli_values.count_type(0), default=None, metavar="N",
                    help="untimed calls before each point (default iterations/10)")
     c.add_argument("--rounds", type=_count, default=1, metavar="K",
                    help="alternate the orders over K jobs each (A B A B ...; default 1)")
@@ -73,31 +72,12 @@ def add_compare(verbs):
     c.set_defaults(func=cmd_compare)
 
 
-def _count(text):
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"got {text[:40]!r}, expected a whole number") from None
-    if not 1 <= v <= 10_000_000:
-        raise argparse.ArgumentTypeError(f"got {v}, expected 1 to 10000000")
-    return v
-
-
-def _list(text, allowed, flag):
-    items = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [x for x in items if x not in allowed]
-    if bad or not items:
-        raise UserError(f"{flag}: got {text[:80]!r}, expected a comma list of: {', '.join(allowed)}")
-    return tuple(dict.fromkeys(items))
+_count = cli_values.count_type(1, 10_000_000)        # --blocks, --rounds
 
 
 def _sizes(text, ops, datatype):
-    sizes = []
-    for item in [x.strip() for x in text.split(",") if x.strip()]:
-        try:
-            sizes.append(parse_message_size(item))
-        except ValueError as e:
-            raise UserError(f"--sizes: {e}") from None
+    """--sizes in the order given, each once; each a whole, positive number of the op's datatype."""
+    sizes = [cli_values.message_size(x.strip(), "--sizes") for x in text.split(",") if x.strip()]
     if not sizes:
         raise UserError("--sizes: expected a comma list of sizes such as 64KB,1MB")
     from collbench.ops import default_datatype, get_op
@@ -242,8 +222,8 @@ def cmd_compare(args):
     cfg = load_config(args.config)
     if cfg.implicit_hosts:
         raise UserError(f"{cfg.source}: topo compare needs the hosts in the config (hosts:) to place ranks")
-    patterns = _list(args.patterns, compare.PATTERNS, "--patterns")
-    ops = _list(args.ops, compare.OPS, "--ops")
+    patterns = cli_values.name_list(args.patterns, compare.PATTERNS, "--patterns")
+    ops = tuple(cli_values.op_names(args.ops, "--ops", allowed=compare.OPS))
     sizes = _sizes(args.sizes, ops, args.datatype)
     if args.blocks > args.iterations:
         raise UserError(f"--blocks {args.blocks}: more blocks than --iterations {args.iterations}")
