@@ -26,6 +26,7 @@ COMMAND_MODULES = {
     "sweep": "collbench.sweep.cli",
     "compare": "collbench.compare.cli",
 }
+    "import": "collbench.import_results.cli",
 
 
 def build_parser(argv=None):

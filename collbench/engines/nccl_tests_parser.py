@@ -118,6 +118,7 @@ class Output:
     bad_lines: int = 0
     bad: list = field(default_factory=list)       # (line number, reason) of the first MAX_BAD_KEPT
     ranks_hint: int = None       # ranks a structured form states (rccl-tests' "gpus")
+    command_test: str = None     # the binary a command line in the text ran (a copied terminal session)
 
     def bad_line(self, lineno, reason):
         self.bad_lines += 1
@@ -161,6 +162,9 @@ _TIMEOUT = re.compile(r"^(?:(\S+):\s+)?Test timeout \((\d+)s\)\s*(.*)$")
 _INVALID = re.compile(r"^(Invalid number of GPUs: .*|invalid option .*|Incompatible NCCL versions.*)$")
 _ERROR = re.compile(r"^#\s*error:\s*(.+)$")
 _NUMBER_START = re.compile(r"^\s*\d")
+# a shell line that ran a binary ("$ ./build/all_reduce_perf -b 8"): names the test when nothing else does
+_COMMAND = re.compile(r"(?:^|[/\s])((?:all_reduce|all_gather|alltoallv?|broadcast|reduce_scatter|reduce|"
+                      r"sendrecv|scatter|gather|hypercube)_perf)(?:_mpi)?(?:\s|$)")
 
 # column names of the key part, in the spellings of every version
 _KEY_COLUMNS = {"size": "size", "bytes": "size", "count": "count", "n": "count", "type": "type",
@@ -395,6 +399,9 @@ def parse_text(text):
             except ValueError as e:
                 out.bad_line(lineno, str(e))
             continue
+        m = _COMMAND.search(line)
+        if m and out.command_test is None:
+            out.command_test = m.group(1)
         # anything else (MPI banners, "Authorization required", a shell prompt) is not ours
     return [o for o in outputs if not o.empty] or [outputs[0]]
 
@@ -448,7 +455,7 @@ def parse_json(text):
         out.nccl_version = f"{nv // 10000}.{nv // 100 % 100}.{nv % 100}" if nv >= 10000 else str(nv)
     cfg = doc.get("config")
     if isinstance(cfg, dict):
-        for key, name in (("nthreads", "nthread"), ("ngpus", "ngpus"), ("warmup_iters", "warmup iters"),
+        for key, name in (("nthreads", "nthread"), ("ngpus", "ngpus"), ("warmup_iters", "warmupiters"),
                           ("iterations", "iters"), ("validation", "validation"),
                           ("minimum_bytes", "minbytes"), ("maximum_bytes", "maxbytes")):
             v = cfg.get(key)

@@ -1,0 +1,87 @@
+"""`collbench import nccl-tests|osu FILE... [--results OUT.jsonl] [--format table|csv|json]`.
+
+Every run found in the files becomes result records (collbench/import_results/convert.py), so
+`report`, `baseline` and `diagnose` compare against a vendor's acceptance run or last year's
+numbers as against their own. The summary says per run: the op, the ranks and hosts (from the
+output's device lines), the records made, the rows skipped and why, the lines that could not be
+read, what the output did not say. With --results the records are appended to that file (all
+files are read and checked first: a bad file exits 2 and nothing is written); without it,
+nothing is written and the summary shows what would be imported.
+
+Exit codes: 0 imported; 2 bad input (a file that is not such an output, one whose op or ranks
+are unknown and not given, a file with no row a record can hold, a bad flag or output path).
+"""
+
+import sys
+
+from collbench.atomic_file import append_lines, check_writable
+from collbench.bounded_repr import terminal_safe
+from collbench.errors import UserError
+from collbench.import_results.convert import VARIANTS, import_files, parse_hosts
+from collbench.ops import OPS
+from collbench.results.records import dumps
+from collbench.tables import Column, render
+
+KINDS = ("nccl-tests", "osu")
+COLUMNS = (Column("file", align="left"), Column("form", align="left"), Column("op", align="left"),
+           Column("engine", align="left"), Column("ranks"), Column("hosts", align="left"),
+           Column("records"), Column("skipped", align="left"), Column("bad_lines", "bad lines"),
+           Column("failures", align="left"), Column("unknown", align="left"))
+
+
+def register(subparsers):
+    p = subparsers.add_parser(
+        "import", help="turn nccl-tests/rccl-tests or OSU outputs of runs made elsewhere into result records",
+        description="Read outputs of nccl-tests / rccl-tests (text in every version's form, -J JSON, "
+                    "rccl-tests -Z json|csv) or OSU collective benchmarks and turn every result row into "
+                    "a result record, so report, baseline and diagnose can compare against them. Hosts, "
+                    "ranks and GPUs come from the output's device lines; what the output does not say is "
+                    "listed (a record's `unknown` field), never made up.")
+    p.add_argument("kind", choices=KINDS, help="what produced the files")
+    p.add_argument("files", nargs="+", metavar="FILE", help="output files (stdout of a run, -J JSON, CSV)")
+    p.add_argument("--results", metavar="OUT.jsonl", help="append the records to this results file")
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table", help="summary format")
+    p.add_argument("--op", choices=sorted(OPS), help="the collective, when the output does not name it")
+    p.add_argument("--ranks", type=int, metavar="N",
+                   help="ranks of the run, when the output has no device lines (OSU never has)")
+    p.add_argument("--hosts", metavar="H1,H2", help="hosts of the run, when the output has no device lines")
+    p.add_argument("--transport", default="unknown", metavar="NAME",
+                   help="the transport the run used, for baseline keys (default: unknown)")
+    p.add_argument("--variant", choices=VARIANTS, default="out-of-place",
+                   help="nccl-tests figures to import (in-place records carry inplace: true; default "
+                        "out-of-place, as engine runs measure)")
+    p.set_defaults(func=cmd_import)
+
+
+def cmd_import(args):
+    if args.ranks is not None and not 1 <= args.ranks <= 2**31 - 1:
+        raise UserError(f"--ranks: expected a whole number >= 1, got {args.ranks}")
+    if not args.transport or len(args.transport) > 64 or not args.transport.isprintable():
+        raise UserError("--transport: expected a short name (at most 64 characters)")
+    hosts = parse_hosts(args.hosts) if args.hosts else None
+    if args.results:
+        check_writable(args.results, "--results", append=True)
+    runs = import_files(args.kind, args.files, op=args.op, ranks=args.ranks, hosts=hosts,
+                        transport=args.transport, variant=args.variant)
+    for run in runs:
+        if not run.records:
+            why = "; ".join(f"{n} row(s): {r}" for r, n in run.skipped.items()) or "no result rows"
+            raise UserError(f"{run.path}: nothing to import ({why})")
+    rows = [{"file": run.path, "form": run.form, "op": run.op, "engine": run.engine, "ranks": run.ranks,
+             "hosts": ",".join(run.hosts) or "unknown", "records": len(run.records),
+             "skipped": "; ".join(f"{n} {r}" for r, n in run.skipped.items()),
+             "bad_lines": run.bad_lines, "failures": run.failures[0] if run.failures else "",
+             "unknown": ",".join(run.unknown)} for run in runs]
+    if args.format == "table":
+        rows = [{k: terminal_safe(v) if isinstance(v, str) else v for k, v in r.items()} for r in rows]
+    render(COLUMNS, rows, args.format, out=sys.stdout)
+    if args.format == "table":
+        for run in runs:
+            for line, why in run.bad[:3]:
+                print(f"  {terminal_safe(run.path)}:{line}: not read: {terminal_safe(why)}")
+    records = [rec for run in runs for rec in run.records]
+    if args.results:
+        append_lines(args.results, [dumps(r) + "\n" for r in records], flag="--results")
+        if args.format == "table":
+            print(f"{len(records)} records appended to {args.results}")
+    return 0
