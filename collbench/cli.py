@@ -25,8 +25,8 @@ COMMAND_MODULES = {
     "nccl": "collbench.nccl.cli",
     "sweep": "collbench.sweep.cli",
     "compare": "collbench.compare.cli",
-}
     "import": "collbench.import_results.cli",
+}
 
 
 def build_parser(argv=None):
