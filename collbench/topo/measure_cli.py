@@ -22,6 +22,7 @@ from collbench.results.records import RunContext
 from collbench.atomic_file import check_writable
 from collbench.results.output_files import write_jsonl
 from collbench.sizes import format_size, parse_message_size
+from collbench.tables import Column, table_lines
 from collbench.topo import measure
 from collbench.topo.heatmap import write_heatmap
 from collbench.pair_matrix import save_csv, save_json
@@ -240,13 +241,10 @@ def json_doc(result, lat, bw, reports, files):
 
 def _grid(m, fmt):
     labels = list(m.labels)
-    head = [""] + [f"[{i}]" for i in range(len(labels))]
-    rows = [[f"[{i}] {lb}"] + ["-" if v is None else fmt(v) for v in row]
+    columns = [Column("host", "", align="left")] + [Column(i, f"[{i}]") for i in range(len(labels))]
+    rows = [{"host": f"[{i}] {lb}", **{j: "-" if v is None else fmt(v) for j, v in enumerate(row)}}
             for i, (lb, row) in enumerate(zip(labels, m.values))]
-    widths = [max(len(r[c]) for r in [head] + rows) for c in range(len(head))]
-    lines = ["  " + "  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r))
-             for r in [head] + rows]
-    return lines
+    return table_lines(columns, rows, indent="  ", rule=False)
 
 
 def table_text(result, lat, bw, reports, ctx, metrics=METRIC_NAMES):
