@@ -81,7 +81,6 @@ def build_command(cfg, program_argv, ranks=None, algorithms=None):
     algorithms: {op: algorithm name} forced for this job (engines/algorithms.py translates them
     per MPI flavour). An MPICH launcher (mpirun.mpich, Hydra) gets Hydra's command line.
     """
-    from collbench.engines import algorithms as algs, mpi_flavour
     launcher = resolve_launcher(cfg)
     np = ranks or cfg.ranks
     if cfg.launcher == "none":   # one process on this machine, started as it is (a GPU box without MPI)
@@ -91,6 +90,7 @@ def build_command(cfg, program_argv, ranks=None, algorithms=None):
         env = dict(os.environ)
         env.update(transport_env(cfg))
         return list(program_argv), env
+    from collbench.engines import algorithms as algs, mpi_flavour
     forced = algs.launch_settings(cfg, algorithms)
     extra_env = transport_env(cfg)
     extra_env.update(forced.env)
