@@ -1,31 +1,42 @@
 #!/usr/bin/env python3
-"""Throughput and memory of `collbench nccl census` against a naive parser, on a generated log.
+"""Throughput and memory of `collbench nccl census` against a naive parser, on generated logs.
 
-Generates a multi-rank NCCL log (default 1 GiB) into a temporary directory: 16 ranks on 2 hosts,
-one file per process as NCCL_DEBUG_FILE=%h.%p writes them, INIT lines with commIds (world,
-tensor-parallel groups of 8, data-parallel pairs), then training steps of TP AllGather/ReduceScatter,
-DP AllReduce buckets, a world AllReduce of the loss and, every 4th step, an all-to-all as a
-Send/Recv group; pointers come from a small pool per call site (as PyTorch's caching allocator
-reuses them) and opCount counts up. Then, each in its own process, measures:
+Three cases, each generated (default 200 MiB) into a temporary directory:
 
-  census    collbench.nccl.census.run_census over the directory (census + desync check)
+  perrank      16 ranks on 2 hosts, one file per process as NCCL_DEBUG_FILE=%h.%p writes them, INIT
+               lines with commIds (world, tensor-parallel groups of 8, data-parallel pairs), then
+               training steps of TP AllGather/ReduceScatter, DP AllReduce buckets, a world AllReduce
+               of the loss and, every 4th step, an all-to-all as a Send/Recv group; pointers come from
+               a small pool per call site (as PyTorch's caching allocator reuses them)
+  interleaved  one file holding every rank of three jobs (32, 16 and 8 ranks; one with `srun
+               --label` prefixes), lines interleaved at random as a merged `srun` stdout gives them,
+               with fresh buffer addresses on every line (nothing repeats byte for byte)
+  comms        one file with many distinct communicators: 16 processes that create a new
+               communicator (comm pointer, commId, INIT line) for every two calls
+
+and measures, each run in a fresh process (--repeat runs of each, alternating):
+
+  census    collbench.nccl.census.run_census over the case's directory (census + desync check)
   naive     one regular expression over every line (the tolerant one of shared/research/nccl.md),
             every match kept in memory, then counted
 
-and prints MB/s per CPU second (user+sys of that process: one core, whatever else the machine
-runs; the best of --repeat runs), wall-clock MB/s, and peak RSS. Targets: census >= 100 MB/s,
-peak RSS < 100 MB. The naive parser's RSS grows with the log (about 4 GB at 1 GiB).
+printing MB/s per CPU second (user+sys of that process: one core, whatever else the machine runs),
+wall-clock MB/s and peak RSS as the median and the range of the runs. Targets, per case: census
+>= 100 MB/s per CPU second, peak RSS < 100 MB (exit 1 when a case misses them). The naive parser's
+RSS grows with the log.
 
-    .venv/bin/python bench/nccl_census.py                # 1 GiB
-    .venv/bin/python bench/nccl_census.py --size 256MB   # smaller, e.g. on a loaded machine
+    .venv/bin/python bench/nccl_census.py                          # every case, 200 MiB each
+    .venv/bin/python bench/nccl_census.py --case interleaved --size 1GB --repeat 5
 """
 
 import argparse
 import json
 import os
+import random
 import re
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -98,7 +109,8 @@ def rank_templates(r):
     return host, pid, [s.encode() for s in init], steps
 
 
-def generate(directory, total_bytes):
+def generate_perrank(directory, total_bytes):
+    """One file per process (NCCL_DEBUG_FILE=%h.%p): 16 ranks, pointers from a pool per call site."""
     per_rank = total_bytes // NRANKS
     for r in range(NRANKS):
         host, pid, init, steps = rank_templates(r)
@@ -122,15 +134,114 @@ def generate(directory, total_bytes):
                 step += 1
 
 
-def child(mode, directory, repeat):
-    """Run `mode` repeat times in this process; the best run's CPU and wall time, the peak RSS."""
-    best = None
-    for _ in range(repeat):
-        got = run_once(mode, directory)
-        if best is None or got["cpu"] < best["cpu"]:
-            best = got
-    best["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps(best))
+# several jobs in one merged stream: (ranks, tensor-parallel size, `srun --label` prefix or not)
+INTERLEAVED_JOBS = ((32, 8, True), (16, 4, False), (8, 8, False))
+
+
+def _interleaved_rank(job, nranks, tp, label, r):
+    """(init lines, step function) of rank r of job `job`: every call gets fresh buffer pointers."""
+    per_host = 8
+    host = f"job{job}-node-{r // per_host:03d}"
+    pid = 40000 + 1000 * job + 37 * r
+    pre = (f"{r}: " if label else "") + f"{host}:{pid}:{pid + 5} [{r % per_host}] NCCL INFO "
+    world, tpc, dp = (0x55f3a0000000 + job * 0x10000000 + r * 0x100000 + k * 0x10000 for k in range(3))
+    init = [f"{pre}ncclCommInitRank comm {world:#x} rank {r} nranks {nranks} cudaDev {r % per_host} busId "
+            f"{0x18000 + 0x10000 * (r % per_host):x} commId 0x{0x6b1f00d4c0ffee00 + job:016x} - Init COMPLETE",
+            f"{pre}ncclCommSplit comm {tpc:#x} rank {r % tp} nranks {tp} cudaDev {r % per_host} parent {world:#x} "
+            f"commId 0x{0x7c00 + 0x100 * job + r // tp:016x} - Init COMPLETE",
+            f"{pre}ncclCommSplit comm {dp:#x} rank {r // tp} nranks {nranks // tp} cudaDev {r % per_host} "
+            f"parent {world:#x} commId 0x{0x9d00 + 0x100 * job + r % tp:016x} - Init COMPLETE"]
+    state = {"opc": 0, "ptr": 0x7f0000000000 + job * 0x100000000000 + r * 0x1000000000}
+    pre_b = pre.encode()
+
+    def step():
+        out = []
+
+        def line(op, count, dt, size, comm, n, inplace, root=0, redop=0):
+            state["ptr"] += 0x2000000
+            recv = state["ptr"]
+            if not inplace:
+                send = recv + 0x1000000
+            elif op == "AllGather":
+                send = recv + (r % tp) * count * size
+            elif op == "ReduceScatter":
+                send, recv = recv, recv + (r % tp) * count * size
+            else:
+                send = recv
+            out.append(b"%s%s: opCount %x sendbuff %#x recvbuff %#x count %d datatype %d op %d root %d "
+                       b"comm %#x [nranks=%d] stream %#x" % (pre_b, op.encode(), state["opc"], send, recv,
+                                                             count, dt, redop, root, comm, n, comm + 0x8000))
+            state["opc"] += 1
+        for layer in range(4):
+            line("AllGather", 1048576 + 65536 * layer, 9, 2, tpc, tp, layer % 2 == 0)
+            line("ReduceScatter", 1048576 + 65536 * layer, 9, 2, tpc, tp, layer % 2 == 1, redop=0)
+        for bucket in range(3):
+            line("AllReduce", 6553600, 7, 4, dp, nranks // tp, True)
+        line("AllReduce", 1, 7, 4, world, nranks, True, redop=4)
+        line("Broadcast", 4096, 0, 1, world, nranks, True)
+        return out
+    return [x.encode() for x in init], step
+
+
+def generate_interleaved(directory, total_bytes, seed=5):
+    """One file: every rank of several jobs, lines interleaved as a merged `srun` stdout gives them,
+    fresh buffer pointers on every call (nothing repeats byte for byte but the configuration)."""
+    rnd = random.Random(seed)
+    ranks = []
+    for job, (nranks, tp, label) in enumerate(INTERLEAVED_JOBS):
+        for r in range(nranks):
+            ranks.append(_interleaved_rank(job, nranks, tp, label, r))
+    size = 0
+    with open(os.path.join(directory, "srun-merged.log"), "wb", buffering=1 << 20) as f:
+        head = [line for init, _ in ranks for line in init]
+        rnd.shuffle(head)
+        f.write(b"\n".join(head) + b"\n")
+        while size < total_bytes:
+            per_rank = [step() for _, step in ranks]
+            order = [i for i, lines in enumerate(per_rank) for _ in lines]
+            rnd.shuffle(order)
+            its = [iter(lines) for lines in per_rank]
+            chunk = b"\n".join(next(its[i]) for i in order) + b"\n"
+            f.write(chunk)
+            size += len(chunk)
+
+
+COMMS_RANKS = 16
+
+
+def generate_comms(directory, total_bytes):
+    """One file with many distinct communicators: each of 16 processes creates a new communicator
+    (its own comm pointer and commId, an INIT line) for every two calls, as a job that splits a
+    communicator per step would; about one comm pointer per 700 bytes of log."""
+    size = 0
+    epoch = 0
+    with open(os.path.join(directory, "many-comms.log"), "wb", buffering=1 << 20) as f:
+        while size < total_bytes:
+            out = []
+            for r in range(COMMS_RANKS):
+                pre = b"node%02d:%d:%d [%d] NCCL INFO " % (r // 8, 50000 + r, 50000 + r, r % 8)
+                comm = 0x560000000000 + epoch * 0x100000 + r * 0x1000
+                out.append(b"%sncclCommSplit comm %#x rank %d nranks %d cudaDev %d commId 0x%016x - Init COMPLETE"
+                           % (pre, comm, r, COMMS_RANKS, r % 8, 0x1000000 + epoch))
+                for k in range(2):
+                    buf = 0x7f0000000000 + r * 0x10000000 + (k << 20)
+                    out.append(b"%sAllReduce: opCount %x sendbuff %#x recvbuff %#x count %d datatype 7 op 0 root 0 "
+                               b"comm %#x [nranks=%d] stream 0x%x" % (pre, 2 * epoch + k, buf, buf, 1024 << k, comm,
+                                                                      COMMS_RANKS, 0x7e00 + r))
+            chunk = b"\n".join(out) + b"\n"
+            f.write(chunk)
+            size += len(chunk)
+            epoch += 1
+
+
+CASES = {"perrank": generate_perrank, "interleaved": generate_interleaved, "comms": generate_comms}
+
+
+def child(mode, directory):
+    """Run `mode` once in this (fresh) process: its CPU and wall time, and its peak RSS."""
+    got = run_once(mode, directory)
+    got["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(got))
 
 
 def run_once(mode, directory):
@@ -143,7 +254,7 @@ def run_once(mode, directory):
         c = run_census([directory])
         doc = c.document()
         summary = {"lines": doc["lines"], "collective_lines": doc["collective_lines"], "groups": len(doc["groups"]),
-                   "desync": len(doc["desync"])}
+                   "desync": len(doc["desync"]), "untracked": doc.get("untracked_lines", 0)}
     else:
         records = []
         lines = 0
@@ -158,7 +269,8 @@ def run_once(mode, directory):
         for g in records:
             key = (g[4], g[9], g[10], g[11], g[14], g[6] == g[7])
             groups[key] = groups.get(key, 0) + 1
-        summary = {"lines": lines, "collective_lines": len(records), "groups": len(groups), "desync": None}
+        summary = {"lines": lines, "collective_lines": len(records), "groups": len(groups), "desync": None,
+                   "untracked": 0}
         del records
     wall = time.perf_counter() - t0
     ru = resource.getrusage(resource.RUSAGE_SELF)
@@ -176,60 +288,91 @@ def calibration():
     return 3.0 / (time.process_time() - t0)
 
 
-def measure(mode, directory, repeat):
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", mode, directory, str(repeat)],
+def measure(mode, directory):
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", mode, directory],
                          capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise SystemExit(f"{mode} failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def spread(values, fmt):
+    """median (min-max) of the repeats."""
+    values = sorted(values)
+    return f"{fmt % statistics.median(values)} ({fmt % values[0]}-{fmt % values[-1]})"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--size", default="1GB", help="log size to generate (binary units: 256MB, 1GB)")
+    ap.add_argument("--size", default="200MB", help="log size to generate per case (binary units: 200MB, 1GB)")
+    ap.add_argument("--case", default=",".join(CASES),
+                    help=f"comma-separated cases to generate and measure (default all: {', '.join(CASES)})")
     ap.add_argument("--dir", help="generate into this directory (default: a temporary one, removed after)")
     ap.add_argument("--skip-naive", action="store_true", help="measure only the census")
     ap.add_argument("--repeat", type=int, default=3,
-                    help="runs of each parser; the best CPU time counts (default 3; other load only slows runs down)")
-    ap.add_argument("--child", nargs=3, metavar=("MODE", "DIR", "REPEAT"), help=argparse.SUPPRESS)
+                    help="runs of each parser per case, each in a fresh process (default 3); the median and "
+                         "the range are printed")
+    ap.add_argument("--child", nargs=2, metavar=("MODE", "DIR"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.child[0], args.child[1], int(args.child[2]))
+        child(args.child[0], args.child[1])
         return 0
+    cases = [c.strip() for c in args.case.split(",") if c.strip()]
+    unknown = [c for c in cases if c not in CASES]
+    if unknown or not cases or args.repeat < 1:
+        ap.error(f"--case: expected some of {', '.join(CASES)}; --repeat: at least 1")
     total = parse_size(args.size, max_bytes=1 << 40)
-    tmp = args.dir or tempfile.mkdtemp(prefix="collbench-nccl-bench.")
-    os.makedirs(tmp, exist_ok=True)
+    base = args.dir or tempfile.mkdtemp(prefix="collbench-nccl-bench.")
+    os.makedirs(base, exist_ok=True)
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, Python loop "
+          f"{calibration():.1f} M iterations per CPU second; {args.repeat} runs of each parser per case, "
+          f"each in a fresh process: median (min-max)")
+    failed = []
     try:
-        t0 = time.perf_counter()
-        generate(tmp, total)
-        size = sum(os.path.getsize(os.path.join(tmp, n)) for n in os.listdir(tmp))
-        print(f"generated {size / 2**20:.0f} MiB in {NRANKS} per-rank files ({time.perf_counter() - t0:.1f} s) "
-              f"in {tmp}")
-        print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, Python loop "
-              f"{calibration():.1f} M iterations per CPU second; best of {args.repeat} runs each")
-        rows = [("census", measure("census", tmp, args.repeat))]
-        if not args.skip_naive:
-            rows.append(("naive", measure("naive", tmp, args.repeat)))
-        print(f"{'':8s} {'MB/s/cpu':>9s} {'MB/s wall':>9s} {'cpu s':>7s} {'peak RSS':>9s} {'lines':>10s} "
-              f"{'coll lines':>10s} {'groups':>6s}")
-        for name, m in rows:
-            print(f"{name:8s} {m['bytes'] / m['cpu'] / 1e6:9.1f} {m['bytes'] / m['wall'] / 1e6:9.1f} {m['cpu']:7.1f} "
-                  f"{m['rss_mb']:7.1f}MB {m['lines']:10d} {m['collective_lines']:10d} {m['groups']:6d}")
-        census = rows[0][1]
-        mbps = census["bytes"] / census["cpu"] / 1e6
-        line = (f"census: {mbps:.1f} MB/s per CPU second (target >= {TARGET_MBPS:.0f}), peak RSS "
-                f"{census['rss_mb']:.1f} MB (target < {TARGET_RSS_MB:.0f}), desync findings {census['desync']}")
-        if len(rows) > 1:
-            naive = rows[1][1]
-            line += (f"; vs naive: {mbps / (naive['bytes'] / naive['cpu'] / 1e6):.1f}x faster, "
-                     f"{naive['rss_mb'] / census['rss_mb']:.1f}x less memory")
-            if naive["collective_lines"] != census["collective_lines"]:
-                line += f" (COLL lines differ: naive {naive['collective_lines']})"
-        print(line)
+        for case in cases:
+            tmp = os.path.join(base, case)
+            os.makedirs(tmp, exist_ok=True)
+            t0 = time.perf_counter()
+            CASES[case](tmp, total)
+            names = os.listdir(tmp)
+            size = sum(os.path.getsize(os.path.join(tmp, n)) for n in names)
+            print(f"\n== {case}: generated {size / 2**20:.0f} MiB in {len(names)} file(s) "
+                  f"({time.perf_counter() - t0:.1f} s)")
+            modes = ["census"] + ([] if args.skip_naive else ["naive"])
+            runs = {m: [] for m in modes}
+            for _ in range(args.repeat):        # alternate, so that a change of load hits both
+                for m in modes:
+                    runs[m].append(measure(m, tmp))
+            print(f"{'':8s} {'MB/s per CPU s':>22s} {'MB/s wall':>20s} {'peak RSS MB':>20s} {'lines':>9s} "
+                  f"{'coll lines':>10s} {'groups':>6s}")
+            for m in modes:
+                rs = runs[m]
+                print(f"{m:8s} {spread([r['bytes'] / r['cpu'] / 1e6 for r in rs], '%.1f'):>22s} "
+                      f"{spread([r['bytes'] / r['wall'] / 1e6 for r in rs], '%.1f'):>20s} "
+                      f"{spread([r['rss_mb'] for r in rs], '%.1f'):>20s} {rs[0]['lines']:9d} "
+                      f"{rs[0]['collective_lines']:10d} {rs[0]['groups']:6d}")
+            c = runs["census"]
+            mbps = statistics.median(r["bytes"] / r["cpu"] / 1e6 for r in c)
+            rss = max(r["rss_mb"] for r in c)
+            ok = mbps >= TARGET_MBPS and rss < TARGET_RSS_MB
+            line = (f"census {case}: median {mbps:.1f} MB/s per CPU second (target >= {TARGET_MBPS:.0f}), "
+                    f"peak RSS at most {rss:.1f} MB (target < {TARGET_RSS_MB:.0f}): {'met' if ok else 'MISSED'}; "
+                    f"desync findings {c[0]['desync']}, untracked lines {c[0]['untracked']}")
+            if "naive" in runs:
+                n = runs["naive"]
+                nmbps = statistics.median(r["bytes"] / r["cpu"] / 1e6 for r in n)
+                line += f"; vs naive: {mbps / nmbps:.2f}x the speed"
+                if n[0]["collective_lines"] != c[0]["collective_lines"]:
+                    line += f" (COLL lines differ: naive {n[0]['collective_lines']})"
+            print(line)
+            if not ok:
+                failed.append(case)
+            if not args.dir:
+                shutil.rmtree(tmp, ignore_errors=True)
     finally:
         if not args.dir:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return 0
+            shutil.rmtree(base, ignore_errors=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -4,9 +4,13 @@
 Exit codes: census: 0 done, 1 a desync was found and --fail-on-desync was given; replay: 0 done,
 1 a replayed step failed (the records say which); both: 2 bad input (no file, empty, binary, no
 COLL lines, nothing replayable, a config without the log's ranks; the message names the file and
-what was expected), nothing written.
+what was expected), nothing written; replay: also 2 when an output (-o, --csv, --results) cannot
+be written after the run: the others are still written and the failed one is named.
+Outputs go through collbench.atomic_file: a device or FIFO is written through, never replaced;
+--results is appended in place.
 """
 
+import os
 import sys
 
 from collbench.atomic_file import write_output
@@ -90,23 +94,41 @@ def register_replay(verbs):
     r.set_defaults(func=cmd_replay)
 
 
+def _stdout_closed(output):
+    """Output to a closed stdout (`>&-`) is refused before any work, exit 2."""
+    from collbench.errors import UserError
+    if output not in (None, "-"):
+        return
+    try:
+        os.fstat(1)
+    except OSError:
+        raise UserError("standard output is closed: nowhere to print the result (give -o FILE)") from None
+
+
+def _safe(text):
+    """Text from the log (host, comm, commId fields) shown on a terminal: control characters escaped."""
+    from collbench.bounded_repr import terminal_safe
+    return terminal_safe(text, one_line=False)
+
+
 def cmd_census(args):
     from collbench.nccl import report
     from collbench.nccl.census import run_census
 
+    _stdout_closed(args.output)
     census = run_census(args.paths)
     if args.format == "json":
         text = report.render_json(census)
     elif args.format == "csv":
         text = report.render_csv(census)
         for line in report.desync_summary(census):
-            print(line, file=sys.stderr)
+            print(_safe(line), file=sys.stderr)
     else:
-        text = report.render_table(census, verbose=args.verbose)
+        text = _safe(report.render_table(census, verbose=args.verbose))
     write_output(args.output, text)
     if args.format != "table":
         for w in census.warnings:
-            print(f"collbench: warning: {w}", file=sys.stderr)
+            print(f"collbench: warning: {_safe(w)}", file=sys.stderr)
     return 1 if census.desync and args.fail_on_desync else 0
 
 
@@ -118,14 +140,12 @@ def _count_flag(name, value, low, high):
 
 
 def cmd_replay(args):
-    import signal
-
+    from collbench import harness
     from collbench.config import load_config
     from collbench.errors import UserError
     from collbench.nccl import replay, replay_report
-    from collbench.atomic_file import check_writable
-    from collbench.once.cli import stop_leftover_jobs
-    from collbench.results.output_files import write_jsonl
+    from collbench.atomic_file import Outputs, check_writable
+    from collbench.results.records import dumps
     from collbench.sizes import parse_message_size
 
     # everything that can be wrong with the flags is found before the log is read or anything runs
@@ -141,59 +161,39 @@ def cmd_replay(args):
         quiet=args.quiet)
     if args.comm is not None and args.order != "log":
         raise UserError("--comm picks the communicator of --order log")
+    _stdout_closed(args.output)
     checked = {}
     for flag, path in (("--results", args.results), ("--csv", args.csv), ("-o", args.output)):
         if path not in (None, "-"):
             checked[flag] = check_writable(path, flag, append=flag == "--results")
     cfg = load_config(args.config)
 
-    previous = signal.signal(signal.SIGTERM, _terminated)
-    try:
+    with harness.Run("nccl replay", quiet=True, on_stop="nothing written") as job:
         run = replay.replay_log if args.order == "log" else replay.replay_grouped
         result = run(args.paths, cfg, settings)
-    except _Terminated:
-        stop_leftover_jobs()
-        print("collbench: replay terminated; nothing written", file=sys.stderr)
-        return 143
-    except KeyboardInterrupt:
-        stop_leftover_jobs()
-        print("collbench: replay interrupted; nothing written", file=sys.stderr)
-        return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    if job.stopped:
+        return job.exit_code
 
     if args.format == "json":
         text = replay_report.render_json(result)
     elif args.format == "csv":
         text = replay_report.render_csv(result)
     else:
-        text = replay_report.render_table(result, verbose=args.verbose)
-    # files first: a closed stdout must not lose the measurements
-    from collbench.atomic_file import write_atomic
-    try:
-        if "--results" in checked:
-            write_jsonl(checked["--results"], result.records)
-        if "--csv" in checked:
-            write_atomic(checked["--csv"], [replay_report.render_csv(result)])
-    except OSError as e:
-        print(f"collbench: cannot write {e.filename or 'a result file'}: {e.strerror or e}", file=sys.stderr)
-        write_output(args.output, text)
-        return 1
-    write_output(args.output, text)
+        text = _safe(replay_report.render_table(result, verbose=args.verbose))
+    # every output that can be written is (the measurements are not thrown away for one that
+    # cannot); a file that failed is named and makes the exit 2, whichever flag it was
+    outs = Outputs()
+    if "--results" in checked:      # appended in place: an existing results log is not read
+        outs.append(checked["--results"], [dumps(r) + "\n" for r in result.records], "--results")
+    if "--csv" in checked:
+        outs.write(checked["--csv"], replay_report.render_csv(result), "--csv")
+    outs.write(args.output, text, "-o")
     if args.format != "table":
         for w in result.warnings:
-            print(f"collbench: warning: {w}", file=sys.stderr)
+            print(f"collbench: warning: {_safe(w)}", file=sys.stderr)
     bad_validation = [r for r in result.records if r.get("type") == "result" and r.get("validation") == "fail"]
     if result.failed or bad_validation:
         print(f"collbench: replay: {len(result.failed)} configuration(s) failed ({len(result.runner.failures)} "
               f"failure record(s)), {len(bad_validation)} failed validation", file=sys.stderr)
-        return 1
-    return 0
-
-
-class _Terminated(Exception):
-    """SIGTERM: unwind like Ctrl-C so the running MPI job is stopped, not orphaned."""
-
-
-def _terminated(signum, frame):
-    raise _Terminated()
+    outs.raise_if_failed()
+    return 1 if result.failed or bad_validation else 0

@@ -141,14 +141,19 @@ class CommSet:
         self.members = []
         self.status = "consistent"
         self.note = ""
+        self.rank_owner = {}    # commId sets: rank -> the first handle that claimed it
+        self.conflicted = False  # two processes claimed one rank
 
     def label(self):
         return self.key if self.source == "commId" else f"{self.key} (inferred)"
 
 
 def _ranks_text(members):
-    """`ranks 0-2,5` / `rank 3` / `host:pid comm 0x..` for members without a known rank."""
-    ranks = sorted(m.rank for m in members if m.rank is not None)
+    """`ranks 0-2,5` / `rank 3` / `host:pid comm 0x..` for members without a known rank. A rank
+    held by several handles (an inferred set of several communicators) is listed once, with the
+    number of handles: `ranks 0-1 (6 rank handles)`."""
+    known = [m.rank for m in members if m.rank is not None]
+    ranks = sorted(set(known))
     unknown = [m for m in members if m.rank is None]
     parts = []
     i = 0
@@ -161,6 +166,8 @@ def _ranks_text(members):
     text = ""
     if ranks:
         text = ("rank " if len(ranks) == 1 else "ranks ") + ",".join(parts)
+        if len(known) > len(ranks):
+            text += f" ({len(known)} rank handles)"
     if unknown:
         shown = ", ".join(m.where() for m in unknown[:4])
         more = f" and {len(unknown) - 4} more" if len(unknown) > 4 else ""

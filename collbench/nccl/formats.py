@@ -1,10 +1,18 @@
-"""NCCL/RCCL enums and op names: what the numbers in a COLL line mean.
+"""NCCL/RCCL enums and op names: what the numbers and names in a COLL line mean.
 
-One table per enum (shared/research/nccl.md §2 for the values, §1.2/§1.3 for the op names).
-Everything else in `collbench.nccl` asks these tables instead of branching on names.
+One table per enum (shared/research/nccl.md §2 for the values, §1.2/§1.3 for the op names). An
+NCCL op's facts are a row of OPS: its kind, how nccl-tests sizes it, whether it reduces or has a
+root, how its in-place buffers are laid out, and which row of collbench's own op table
+(`collbench.ops.OPS`) times it; whether it reduces is taken from that row where there is one, and
+tests/test_nccl_ops_table.py checks the rest against it (and the C engine's table is checked
+against ops.py), so the three op tables cannot drift apart. The parser, census and replay read
+these rows rather than test NCCL op names (replay_plan keeps a name-keyed table of the reasons
+why an op is not replayed, and the RCCL replayer's spellings).
 """
 
 from dataclasses import dataclass
+
+from collbench.ops import get_op
 
 # ncclDataType_t value -> (our name, bytes per element). RCCL uses the same values.
 DATATYPES = {
@@ -35,27 +43,36 @@ class NcclOp:
     reduction: bool     # the `op` field means something
     rooted: bool        # the `root` field means something (Send/Recv: it is the peer)
     collbench_op: str   # the matching row of collbench.ops.OPS, or "" when there is none
+    inplace_offset: int = 0     # in place when sendbuff - recvbuff = this * rank*count*size (+1
+                                # AllGather, -1 ReduceScatter: NCCL's definitions); 0: when they are equal
 
     def bytes_per_call(self, count, type_size, nranks):
         """nccl-tests' S for one call: the bytes that define algbw."""
         return count * type_size * (nranks if self.per_rank else 1)
 
 
+def _op(name, kind, per_rank, rooted, collbench_op="", reduction=None, inplace_offset=0):
+    """A row; `reduction` comes from collbench's op table when the op has a row there."""
+    if reduction is None:
+        reduction = get_op(collbench_op).reduction
+    return NcclOp(name, kind, per_rank, reduction, rooted, collbench_op, inplace_offset)
+
+
 OPS = {op.name: op for op in (
-    NcclOp("AllReduce", COLL, False, True, False, "allreduce"),
-    NcclOp("AllGather", COLL, True, False, False, "allgather"),
-    NcclOp("ReduceScatter", COLL, True, True, False, "reduce_scatter"),
-    NcclOp("Broadcast", COLL, False, False, True, "bcast"),
-    NcclOp("Reduce", COLL, False, True, True, "reduce"),
-    NcclOp("AlltoAll", COLL, True, False, False, "alltoall"),
-    NcclOp("Gather", COLL, True, False, True, ""),
-    NcclOp("Scatter", COLL, True, False, True, ""),
-    NcclOp("Send", SEND, False, False, True, ""),
-    NcclOp("Recv", RECV, False, False, True, ""),
+    _op("AllReduce", COLL, False, False, "allreduce"),
+    _op("AllGather", COLL, True, False, "allgather", inplace_offset=1),
+    _op("ReduceScatter", COLL, True, False, "reduce_scatter", inplace_offset=-1),
+    _op("Broadcast", COLL, False, True, "bcast"),
+    _op("Reduce", COLL, False, True, "reduce"),
+    _op("AlltoAll", COLL, True, False, "alltoall"),
+    _op("Gather", COLL, True, True, reduction=False),
+    _op("Scatter", COLL, True, True, reduction=False),
+    _op("Send", SEND, False, True, reduction=False),
+    _op("Recv", RECV, False, True, reduction=False),
     # NCCL 2.30 one-sided RMA: logged with the same printf, not matched across ranks
-    NcclOp("PutSignal", RMA, False, False, True, ""),
-    NcclOp("Signal", RMA, False, False, True, ""),
-    NcclOp("WaitSignal", RMA, False, False, True, ""),
+    _op("PutSignal", RMA, False, True, reduction=False),
+    _op("Signal", RMA, False, True, reduction=False),
+    _op("WaitSignal", RMA, False, True, reduction=False),
 )}
 
 # lower-case spellings -> NCCL name. RCCL spells AllToAll; rocm-systems logs AlltoAllPivot/AlltoAllGda;

@@ -2,23 +2,31 @@
 that end at a line boundary, with a cap on line length so that no input can exhaust memory.
 
 Named files must be NCCL-ish text: a binary file, an unreadable file or a broken gzip header is a
-`LogInputError` (exit 2) naming the file. Inside a directory such files are skipped with a warning,
-because a job's log directory holds other things too. stdin is spooled to a temporary file while
-it is read, so that a second pass (locating a desync) can read it again.
+`LogInputError` (exit 2) naming the file and what actually happened (a symlink loop, a directory
+that cannot be listed, a gzip file cut before its first line, a full $TMPDIR). Inside a directory
+such files are skipped with a warning, because a job's log directory holds other things too. stdin
+and pipes are spooled to a temporary file while they are read, so that a second pass (locating a
+desync) can read them again. A FIFO is opened without blocking: one that no process opens for
+writing within FIFO_WAIT_S is an error, not a hang.
 """
 
+import errno
 import os
 import stat
 import sys
 import tempfile
+import time
 import zlib
 
 from collbench.errors import UserError
+from collbench.nccl.log_parser import join_wrapped, wrapped_tail
 
 BLOCK = 1 << 20             # bytes per read, processed as one unit (bigger blocks fall out of the CPU caches)
 MAX_LINE = 64 << 10         # longer lines are cut here (the rest of the line is dropped and counted)
 SNIFF = 8192                # NUL bytes in the first SNIFF bytes mean a binary file
 GZIP_MAGIC = b"\x1f\x8b"
+FIFO_WAIT_S = 5.0           # how long a FIFO input waits for a process to open it for writing
+_FIFO_POLL_S = 0.05
 
 
 class LogInputError(UserError):
@@ -40,7 +48,12 @@ class Source:
         if self.stream:
             if self.spool is not None:
                 return open(self.spool, "rb")
-            raw = sys.stdin.buffer if self.path is None else open(self.path, "rb")
+            if self.path is None:
+                if sys.stdin is None:       # the shell closed it (<&-) and nothing stands in for it
+                    raise OSError(errno.EBADF, "standard input is closed")
+                raw = sys.stdin.buffer
+            else:
+                raw = open_stream(self.path, self.name)
             return _Spool(self, raw, own=self.path is not None)
         raw = open(self.path, "rb")
         try:
@@ -121,6 +134,60 @@ class Gunzip:
         self.raw.close()
 
 
+def open_stream(path, name=None):
+    """A binary reader of a FIFO or character device, opened without blocking: a FIFO that no
+    process opens for writing within FIFO_WAIT_S is a LogInputError (a hang otherwise)."""
+    name = name or path
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        mode = os.fstat(fd).st_mode
+        first = b""
+        if stat.S_ISFIFO(mode):
+            deadline = time.monotonic() + FIFO_WAIT_S
+            while True:
+                try:
+                    first = os.read(fd, 1 << 16)
+                except BlockingIOError:
+                    break               # a writer is there, nothing written yet: read on, blocking
+                if first:
+                    break
+                if time.monotonic() >= deadline:
+                    raise LogInputError(f"{name}: no process wrote to this FIFO within {FIFO_WAIT_S:g} s "
+                                        f"(nothing to read; start the writer first, e.g. <(zcat log.gz))")
+                time.sleep(_FIFO_POLL_S)
+        elif not stat.S_ISCHR(mode) and not stat.S_ISREG(mode):
+            raise LogInputError(f"{name}: not a file, pipe or directory")
+        os.set_blocking(fd, True)
+        raw = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    return _Prefixed(first, raw)
+
+
+class _Prefixed:
+    """A reader that returns `first` (bytes already read) before the rest of raw."""
+
+    def __init__(self, first, raw):
+        self.first, self.raw = first, raw
+
+    def peek(self, n):
+        return self.first if self.first else self.raw.peek(n)
+
+    def read(self, n):
+        if self.first:
+            out, self.first = self.first[:n], self.first[n:]
+            return out
+        return self.raw.read(n)
+
+    def close(self):
+        self.raw.close()
+
+
+class SpoolError(LogInputError):
+    """The temporary copy of stdin or a pipe cannot be written (a full or missing $TMPDIR)."""
+
+
 class _Spool:
     """A stream (gunzipped when it starts with the gzip magic), copied to a temporary file as read."""
 
@@ -135,9 +202,19 @@ class _Spool:
             source.compressed = True
             stream = Gunzip(stream)
         self.stream = stream
-        fd, path = tempfile.mkstemp(prefix="collbench-nccl-stdin.", suffix=".log")
-        self.copy = os.fdopen(fd, "wb")
+        try:
+            fd, path = tempfile.mkstemp(prefix="collbench-nccl-stdin.", suffix=".log")
+        except OSError as e:
+            self._fail(e, tempfile.gettempdir())
+        self.fd = fd
         source.spool = path
+
+    def _fail(self, e, where):
+        if self.raw is not None:
+            self.raw.close()
+        raise SpoolError(f"{self.source.name}: cannot copy the input to a temporary file in {where} "
+                         f"(a second pass may need it): {e.strerror or e}; set TMPDIR to a directory "
+                         f"with room") from None
 
     @property
     def truncated(self):
@@ -145,13 +222,33 @@ class _Spool:
 
     def read(self, n):
         data = self.stream.read(n)
-        self.copy.write(data)
+        view = memoryview(data)
+        try:
+            while view:                 # unbuffered: a full disk fails here, not silently at close
+                view = view[os.write(self.fd, view):]
+        except OSError as e:
+            self._fail(e, os.path.dirname(self.source.spool))
         return data
 
     def close(self):
-        self.copy.close()
+        os.close(self.fd)
         if self.raw is not None:
             self.raw.close()
+
+
+def _stat_problem(arg, e):
+    """What is wrong with a path os.stat refused, in words."""
+    if e.errno == errno.ELOOP:
+        return f"{arg}: symlink loop (too many levels of symbolic links)"
+    if e.errno == errno.ENOENT and os.path.islink(arg):
+        try:
+            target = os.readlink(arg)
+        except OSError:
+            target = "?"
+        return f"{arg}: broken symlink (its target {target} does not exist)"
+    if e.errno == errno.ENOENT:
+        return f"{arg}: no such file or directory"
+    return f"{arg}: cannot read: {e.strerror or e}"
 
 
 def expand_paths(paths, warnings):
@@ -174,29 +271,36 @@ def expand_paths(paths, warnings):
             stdin_seen = True
             sources.append(Source("<stdin>"))
             continue
-        if os.path.isdir(arg):
-            found = []
-            for root, dirs, files in os.walk(arg, onerror=lambda e: warnings.append(
-                    f"{e.filename}: cannot list directory: {e.strerror}")):
+        try:
+            mode = os.stat(arg).st_mode
+        except OSError as e:
+            raise LogInputError(_stat_problem(arg, e)) from None
+        if stat.S_ISDIR(mode):
+            found, errors = [], []
+
+            def listing_failed(e):
+                errors.append(e)
+                warnings.append(f"{e.filename}: cannot list directory: {e.strerror}")
+            for root, dirs, files in os.walk(arg, onerror=listing_failed):
                 dirs.sort()
                 for name in sorted(files):
                     path = os.path.join(root, name)
                     if os.path.isfile(path):
                         found.append(Source(path, path, explicit=False))
             if not found:
+                if errors:
+                    e = errors[0]
+                    raise LogInputError(f"{e.filename}: cannot list directory: {e.strerror}"
+                                        + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
                 raise LogInputError(f"{arg}: directory contains no files")
             for source in found:
                 add(source)
-        elif os.path.exists(arg):
-            mode = os.stat(arg).st_mode
-            if stat.S_ISREG(mode):
-                add(Source(arg, arg))
-            elif stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):   # <(zcat log.gz), /dev/stdin
-                sources.append(Source(arg, arg, stream=True))
-            else:
-                raise LogInputError(f"{arg}: not a file, pipe or directory")
+        elif stat.S_ISREG(mode):
+            add(Source(arg, arg))
+        elif stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):   # <(zcat log.gz), /dev/stdin
+            sources.append(Source(arg, arg, stream=True))
         else:
-            raise LogInputError(f"{arg}: no such file or directory")
+            raise LogInputError(f"{arg}: not a file, pipe or directory")
     return sources
 
 
@@ -204,12 +308,13 @@ class SourceStats:
     """What reading one source found (bytes, lines, cut lines, why it was skipped). `lines` is
     counted by the consumer of the blocks, which splits them anyway."""
 
-    __slots__ = ("bytes", "lines", "overlong", "skipped", "error")
+    __slots__ = ("bytes", "lines", "overlong", "joined", "skipped", "error")
 
     def __init__(self):
         self.bytes = 0
         self.lines = 0
         self.overlong = 0
+        self.joined = 0         # wrapped COLL lines joined with their continuation
         self.skipped = None     # reason the whole source was not read (binary, unreadable)
         self.error = None       # reason reading stopped early (corrupt gzip, I/O error)
 
@@ -226,6 +331,12 @@ def read_blocks(source, stats, warnings, block=BLOCK, max_line=MAX_LINE):
         f = source.open()
     except OSError as e:
         _refuse(source, stats, warnings, f"cannot open: {e.strerror or e}")
+        return
+    except LogInputError as e:      # a FIFO nobody writes to, a spool that cannot be made
+        stats.skipped = str(e)
+        if source.explicit or isinstance(e, SpoolError):
+            raise
+        warnings.append(f"skipped: {e}")
         return
     try:
         carry = b""
@@ -278,6 +389,10 @@ def read_blocks(source, stats, warnings, block=BLOCK, max_line=MAX_LINE):
                 skipping = True
         if carry and not skipping:
             yield carry + b"\n"
+        if getattr(f, "truncated", False) and stats.bytes == 0:
+            _refuse(source, stats, warnings, "gzip data cut short before its first line (nothing could be "
+                                             "decompressed: the file ends inside the gzip header or first block)")
+            return
         if getattr(f, "truncated", False):
             stats.error = (f"{source.name}: gzip data cut short after {stats.bytes} bytes; "
                            f"using the lines before the cut")
@@ -295,3 +410,22 @@ def _refuse(source, stats, warnings, reason):
         raise LogInputError(f"{source.name}: {reason}")
     warnings.append(f"{source.name}: skipped: {reason}")
 
+
+
+def joined_blocks(blocks):
+    """(block, joins) for each block of read_blocks, with COLL lines wrapped after `comm` or
+    `stream` joined to their continuation (log_parser.join_wrapped); a block's wrapped last line
+    waits for the next block. joins: how many lines were joined away (for line numbers)."""
+    carry = b""
+    for chunk in blocks:
+        if carry:
+            chunk = carry + chunk
+            carry = b""
+        if wrapped_tail(chunk):
+            cut = chunk.rfind(b"\n", 0, len(chunk) - 1) + 1
+            carry, chunk = chunk[cut:], chunk[:cut]
+            if not chunk:
+                continue
+        yield join_wrapped(chunk)
+    if carry:
+        yield join_wrapped(carry)

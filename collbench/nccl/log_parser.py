@@ -15,7 +15,12 @@ Nothing here raises on any input: a line is a record, a `Malformed` with its rea
 `normalize_chunk` is the census' fast path: it rewrites the per-call parts of every COLL line in a
 block (opCount and buffer pointers) into an in-place marker, with a few C-level passes, so that the
 lines of one rank's repeated calls become byte-identical and can be counted by dictionary lookup.
-`parse_coll` understands both the raw and the normalized form.
+`parse_coll` understands both the raw and the normalized form. `join_wrapped` puts a COLL line
+that a terminal or an issue tracker wrapped after `comm` or `stream` back on one line.
+
+Numbers are checked against the C types NCCL prints them from: a count above 2^64-1 (size_t) is
+a malformed line, not a call; pointer-like fields (comm, stream, commId, ...) longer than
+FIELD_MAX characters are malformed too, so that no field can make a table entry large.
 """
 
 import functools
@@ -24,12 +29,15 @@ import re
 from itertools import compress, repeat
 from typing import NamedTuple, Optional
 
-from collbench.nccl.formats import (ALGORITHMS, DATATYPES, KERNEL_ALGOS, KERNEL_PROTOS, KERNEL_TYPES,
+from collbench.nccl.formats import (ALGORITHMS, DATATYPES, KERNEL_ALGOS, KERNEL_PROTOS, KERNEL_TYPES, OPS,
                                     PROTOCOLS, RECV, SEND, NcclOp, canonical_op, redop_name)
 
 COLL_MARK = b": opCount "       # every COLL line has it; cheap `in` pre-filter
 INFO_MARK = b"NCCL INFO "
 MAX_TEXT = 300                  # characters of a bad line kept for the -v report
+SIZE_T_MAX = (1 << 64) - 1      # NCCL's count and byte sizes are size_t
+FIELD_MAX = 64                  # characters of a pointer or id field (0x + 16 hex digits is 18)
+HOST_MAX = 255                  # characters of a host name (a longer "prefix" is not one NCCL wrote)
 
 
 class CollLine(NamedTuple):
@@ -131,7 +139,7 @@ def split_prefix(line):
     parts = tok.rsplit(b":", 3)
     host = pid = tid = None
     if (len(parts) >= 3 and parts[-1].isdigit() and parts[-2].isdigit() and parts[-3]
-            and len(parts[-1]) < 20 and len(parts[-2]) < 20):
+            and len(parts[-1]) < 20 and len(parts[-2]) < 20 and len(parts[-3]) <= HOST_MAX):
         host, pid, tid = _text(parts[-3]), int(parts[-2]), int(parts[-1])
     if msg[:1] == b"[":             # `NCCL INFO [2] AllReduce:` (seen in NVIDIA/nccl#1352)
         j = msg.find(b"] ")
@@ -143,16 +151,16 @@ def split_prefix(line):
 # numbers are bounded (a size_t has 20 digits) so that int() never meets a 64 KiB digit string
 _COLL = re.compile(
     rb"([A-Za-z_][A-Za-z0-9_]*): opCount "
-    rb"(?:([0-9a-fA-F]{1,16}|\^) sendbuff (\S+) recvbuff (\S+) (?:acc \S+ )?|([=~]) )"
+    rb"(?:([0-9a-fA-F]{1,16}|\^) sendbuff (\S+) recvbuff (\S+) (?:acc \S+ )?|([=~^]) )"
     rb"count (\d{1,20}) (?:size \d{1,20} )?datatype (-?\d{1,10}) op (-?\d{1,10}) (?:root (-?\d{1,10}) )?"
     rb"comm (\S+) \[nranks=(\d{1,10})\] stream (\S+)"
     rb"((?: task -?\d{1,10} globalrank -?\d{1,10}| devRedOp -?\d{1,10} isPtr -?\d{1,10} scaler [0-9a-fA-F]{1,16})*)"
     rb"\s*\Z")
 _TASK = re.compile(rb" task (-?\d{1,10}) globalrank (-?\d{1,10})")
-_OFFSET_OPS = ("AllGather", "ReduceScatter")
+OFFSET_OPS = tuple(name for name, op in OPS.items() if op.inplace_offset)  # AllGather, ReduceScatter
 
 
-def _pointer(text):
+def pointer_value(text):
     if text == b"(nil)":
         return 0
     try:
@@ -161,11 +169,10 @@ def _pointer(text):
         return None
 
 
-def offset_inplace(op_name, diff, unit, nranks):
-    """AllGather is in place when sendbuff = recvbuff + rank*count*size, ReduceScatter when
-    recvbuff = sendbuff + rank*count*size (NCCL's definition); diff = sendbuff - recvbuff."""
-    if op_name == "ReduceScatter":
-        diff = -diff
+def offset_inplace(op, diff, unit, nranks):
+    """Whether a call of op (an NcclOp with an inplace_offset) is in place: diff = sendbuff - recvbuff
+    is inplace_offset * rank*count*size for a rank in 0..nranks-1 (NCCL's definition)."""
+    diff *= op.inplace_offset
     return unit > 0 and diff >= 0 and diff % unit == 0 and diff // unit < nranks
 
 
@@ -193,6 +200,8 @@ def parse_coll(line):
     dt = DATATYPES.get(int(dtype))
     if dt is None:
         return Malformed(f"unknown datatype {int(dtype)} (expected 0-11)", clip_text(line))
+    if len(comm) > FIELD_MAX or len(stream) > FIELD_MAX:
+        return Malformed(f"comm or stream field longer than {FIELD_MAX} characters", clip_text(line))
     redop_value = int(redop)
     if redop_value < 0:
         return Malformed(f"negative reduction op {redop_value}", clip_text(line))
@@ -204,16 +213,18 @@ def parse_coll(line):
         what = "peer" if op.kind in (SEND, RECV) else "root"
         return Malformed(f"{what} {root} outside 0..{nranks - 1}", clip_text(line))
     count = int(count)
+    if count > SIZE_T_MAX:
+        return Malformed(f"count {count} above 2^64-1 (NCCL's count is a size_t)", clip_text(line))
     unit = count * dt[1]
     inplace = False
     if op.kind not in (SEND, RECV):
         if marker is not None:
-            inplace = marker == b"="
+            inplace = marker == b"="    # `^` without pointers: the caller decides (census.OffsetCall)
         elif send == recv:
             inplace = True
-        elif op.name in _OFFSET_OPS:
-            s, r = _pointer(send), _pointer(recv)
-            inplace = s is not None and r is not None and offset_inplace(op.name, s - r, unit, nranks)
+        elif op.inplace_offset:
+            s, r = pointer_value(send), pointer_value(recv)
+            inplace = s is not None and r is not None and offset_inplace(op, s - r, unit, nranks)
     task = grank = None
     if extra:
         t = _TASK.search(extra)
@@ -256,8 +267,13 @@ def parse_init(line):
     if nranks < 1 or not 0 <= rank < nranks:
         return Malformed(f"Init COMPLETE with rank {rank} of nranks {nranks}", clip_text(line))
     got = {}
+    if len(comm) > FIELD_MAX:
+        return Malformed(f"Init COMPLETE with a comm field longer than {FIELD_MAX} characters", clip_text(line))
     for key, rx in _INIT_EXTRA.items():
         e = rx.search(extra)
+        if e and len(e.group(1)) > FIELD_MAX:
+            return Malformed(f"Init COMPLETE with a {key.decode()} field longer than {FIELD_MAX} characters",
+                             clip_text(line))
         got[key] = _text(e.group(1)) if e else None
     cuda = got[b"cudaDev"]
     cuda = int(cuda) if cuda and cuda.isdigit() and len(cuda) < 10 else None
@@ -339,6 +355,11 @@ def parse_tuning(line):
     if m is None:
         return Malformed("TUNING line without '<n> Bytes -> Algo <a> proto <p>'", clip_text(line))
     name, nbytes, algo, proto = m.groups()
+    if int(nbytes) > SIZE_T_MAX:
+        return Malformed(f"TUNING line with {int(nbytes)} bytes, above 2^64-1", clip_text(line))
+    if len(algo) > FIELD_MAX or len(proto) > FIELD_MAX:
+        return Malformed(f"TUNING line with an algorithm or protocol longer than {FIELD_MAX} characters",
+                         clip_text(line))
     op = canonical_op(_text(name)) if name else None
     if name and op is None:
         return None             # another subsystem's line that happens to look alike
@@ -374,18 +395,22 @@ _SPLIT = re.compile(rb" opCount [0-9a-fA-F]{1,16} sendbuff (\S+) recvbuff (\S+) 
 _SPLIT_OPCOUNT = re.compile(rb" opCount ([0-9a-fA-F]{1,16}) sendbuff (\S+) recvbuff (\S+) (?:acc \S+ )?")
 _MARKS = {True: b" opCount = ", False: b" opCount ~ "}
 MARKER = re.compile(rb" opCount [=~^] ")     # what normalize_chunk leaves, once per COLL line
-_OFFSET_SUFFIXES = tuple(name.encode() + b":" for name in _OFFSET_OPS)
-_OFFSET_PROBES = tuple(name.encode() + b": opCount " for name in _OFFSET_OPS)
+_OFFSET_SUFFIXES = tuple(name.encode() + b":" for name in OFFSET_OPS)
+_OFFSET_PROBES = tuple(name.encode() + b": opCount " for name in OFFSET_OPS)
+_BARE_OFFSET = b" opCount ^ "
 
 
-def normalize_chunk(chunk, opcounts=None):
+def normalize_chunk(chunk, opcounts=None, pointers=None):
     """The block with every COLL line's `opCount <hex> sendbuff <p> recvbuff <p> [acc <p>]` replaced
     by `opCount =` (sendbuff == recvbuff) or `opCount ~` (not). AllGather/ReduceScatter lines whose
     pointers differ keep them (`opCount ^ sendbuff <p> recvbuff <p>`): their in-place test is an
-    offset of rank*count, decided by parse_coll once per distinct line. Only C-level list passes:
-    no Python code runs per line. Everything else is left as it was; the line count does not change.
+    offset of rank*count, decided by parse_coll. Only C-level list passes: no Python code runs per
+    line. Everything else is left as it was; the line count does not change.
 
-    opcounts: a list that receives the removed opCounts (hex bytes), one per marker, in order."""
+    opcounts: a list that receives the removed opCounts (hex bytes), one per marker, in order.
+    pointers: a list; AllGather/ReduceScatter lines whose pointers differ then become a bare
+    `opCount ^ ` too, and their (sendbuff, recvbuff) pairs are appended to it, in line order, for
+    the caller to decide per call (a log with fresh buffers on every call still repeats lines)."""
     if opcounts is None:
         parts = _SPLIT.split(chunk)
         n = len(parts) // 3
@@ -408,11 +433,49 @@ def normalize_chunk(chunk, opcounts=None):
         need = list(map(operator.and_, offset_ops, map(operator.not_, equal)))
         if True in need:
             idx = list(compress(range(n), need))
-            raws = map(b"".join, zip(repeat(b" opCount ^ sendbuff "), map(sends.__getitem__, idx),
-                                     repeat(b" recvbuff "), map(recvs.__getitem__, idx), repeat(b" ")))
-            for i, mark in zip(idx, raws):
-                marks[i] = mark
+            if pointers is not None:
+                pointers.extend(zip(map(sends.__getitem__, idx), map(recvs.__getitem__, idx)))
+                for i in idx:
+                    marks[i] = _BARE_OFFSET
+            else:
+                raws = map(b"".join, zip(repeat(b" opCount ^ sendbuff "), map(sends.__getitem__, idx),
+                                         repeat(b" recvbuff "), map(recvs.__getitem__, idx), repeat(b" ")))
+                for i, mark in zip(idx, raws):
+                    marks[i] = mark
     out = [b""] * (2 * n + 1)
     out[0::2] = pieces
     out[1::2] = marks
     return b"".join(out)
+
+
+# --- wrapped lines -------------------------------------------------------------------------------
+
+WRAP_WORDS = (b" comm", b" stream")
+CONTINUATION = re.compile(rb"[ \t]*(?:0x[0-9a-fA-F]{1,16}|\(nil\))(?:[ \t\r]|\Z)")   # a wrapped line's rest
+WRAP_ENDS = tuple(word + space + end for word in (b" comm", b" stream") for space in (b"", b" ", b"\t")
+                  for end in (b"\n", b"\r\n"))
+# a COLL line cut after `comm` or `stream`, and a next line that starts with the pointer it lacks
+_WRAPPED = re.compile(rb"(: opCount [^\n]*? (?:comm|stream))[ \t]*\r?\n[ \t]*"
+                      rb"(?=(?:0x[0-9a-fA-F]{1,16}|\(nil\))(?:[ \t\r\n]|\Z))")
+
+
+def join_wrapped(chunk):
+    """(chunk, joins): COLL lines wrapped after `comm` or `stream` (a terminal's or an issue
+    tracker's line wrap; the pointer continues on the next line) joined with their continuation.
+    Only a next line that starts with a pointer is joined: a line cut for good is left alone (and
+    parses as malformed). Costs a few C-level searches when nothing is wrapped."""
+    if not any(map(chunk.__contains__, WRAP_ENDS)):
+        return chunk, 0
+    total = 0
+    for _ in range(2):      # a line wrapped after both `comm` and `stream`
+        chunk, n = _WRAPPED.subn(rb"\1 ", chunk)
+        total += n
+        if not n:
+            break
+    return chunk, total
+
+
+def wrapped_tail(chunk):
+    """Whether the last line of a block (ending in a newline) is a COLL line cut after `comm` or
+    `stream`, whose continuation is in the next block."""
+    return chunk.endswith(WRAP_ENDS) and COLL_MARK in chunk[chunk.rfind(b"\n", 0, len(chunk) - 1) + 1:]

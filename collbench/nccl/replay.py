@@ -22,8 +22,8 @@ Python API:
 """
 
 import copy
+import errno
 import os
-import shutil
 import stat
 import statistics
 import sys
@@ -83,12 +83,12 @@ class Runner:
 
     def __init__(self, cfg, settings, run_id=None):
         from collbench import engines
-        from collbench.engines.launcher import mpi_version, resolve_launcher
+        from collbench.engines.launcher import mpi_version
         self.cfg = cfg
         self.settings = settings
         self.run_id = run_id or RUN_ID_PREFIX + records.new_run_id()
         self.engine = engines.get_engine("builtin")
-        self.mpi = mpi_version(resolve_launcher(cfg))
+        self.mpi = mpi_version(cfg)
         self.contexts = {}
         self.failures = []      # failure records of the engine
 
@@ -598,17 +598,35 @@ class SpooledInputs:
             raise
 
     def _spool(self, p):
-        fd, tmp = tempfile.mkstemp(prefix="collbench-replay-", suffix=".log")
+        from collbench.nccl.log_input import open_stream
+        try:
+            fd, tmp = tempfile.mkstemp(prefix="collbench-replay-", suffix=".log")
+        except OSError as e:
+            raise UserError(f"{p}: cannot copy the input to a temporary file in {tempfile.gettempdir()} "
+                            f"(the log is read twice): {e.strerror}; set TMPDIR to a directory with room") from None
         self.tmp.append(tmp)
         with os.fdopen(fd, "wb") as out:
             try:
-                if p == "-":
-                    shutil.copyfileobj(sys.stdin.buffer, out, 1 << 20)
-                else:
-                    with open(p, "rb") as src:
-                        shutil.copyfileobj(src, out, 1 << 20)
+                own = p != "-"
+                if not own and sys.stdin is None:
+                    raise OSError(errno.EBADF, "standard input is closed")
+                src = open_stream(p) if own else sys.stdin.buffer
+                try:
+                    while True:
+                        data = src.read(1 << 20)
+                        if not data:
+                            break
+                        try:
+                            out.write(data)
+                            out.flush()
+                        except OSError as e:
+                            raise UserError(f"{p}: cannot copy the input to {tmp} (the log is read twice): "
+                                            f"{e.strerror}; set TMPDIR to a directory with room") from None
+                finally:
+                    if own:
+                        src.close()
             except OSError as e:
-                raise UserError(f"{p}: cannot read: {e.strerror}") from None
+                raise UserError(f"{p}: cannot read: {e.strerror or e}") from None
         return tmp
 
     def cleanup(self):

@@ -4,20 +4,13 @@ import csv
 import io
 import json
 
+from collbench.tables import Column, format_bytes, table_lines
+
 
 TABLE_ROWS = 40             # rows per section without -v
 GROUP_CSV_FIELDS = ("op", "count", "datatype", "type_size", "redop", "nranks", "inplace", "rank_calls",
                     "calls", "bytes_per_call", "total_bytes", "share", "roots", "op_names", "ranks", "hosts",
                     "algorithms", "collbench_op")
-_UNITS = (("TB", 1 << 40), ("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10))
-
-
-def human_bytes(n):
-    """Binary units as the rest of collbench (1MB = 1048576 B): 512MB exact, 28.2MB otherwise."""
-    for unit, mult in _UNITS:
-        if n >= mult:
-            return f"{n // mult}{unit}" if n % mult == 0 else f"{n / mult:.1f}{unit}"
-    return f"{n}B"
 
 
 def algorithm_text(algorithms):
@@ -32,14 +25,8 @@ def algorithm_text(algorithms):
 
 
 def _table(headers, rows, right):
-    widths = [len(h) for h in headers]
-    for r in rows:
-        widths = [max(w, len(c)) for w, c in zip(widths, r)]
-
-    def fmt(cells):
-        return "  ".join(c.rjust(w) if h in right else c.ljust(w)
-                         for c, w, h in zip(cells, widths, headers)).rstrip()
-    return [fmt(headers)] + [fmt(r) for r in rows]
+    columns = [Column(i, h, align="right" if h in right else "left") for i, h in enumerate(headers)]
+    return table_lines(columns, [dict(enumerate(r)) for r in rows], rule=False)
 
 
 def _cut(rows, verbose, what):
@@ -53,12 +40,15 @@ def render_table(census, verbose=False):
     n_in = len(census.inputs)
     out = [f"NCCL census of {n_in} input{'s' if n_in != 1 else ''}: {t['lines']} lines, "
            f"{t['collective_lines']} collective lines, {t['malformed_lines']} malformed"
-           + (f", {t['overlong_lines']} over-long" if t["overlong_lines"] else ""), ""]
+           + (f", {t['overlong_lines']} over-long" if t["overlong_lines"] else "")
+           + (f", {t['untracked_lines']} beyond the census' tables" if t.get("untracked_lines") else "")
+           + (f", {t['wrapped_lines_joined']} joined from wrapped lines" if t.get("wrapped_lines_joined") else ""),
+           ""]
 
     rows = []
     for g in census.groups:
         rows.append([g.op, str(g.count), g.datatype, g.redop or "-", str(g.nranks), "yes" if g.inplace else "no",
-                     str(g.rank_calls), str(g.calls), human_bytes(g.bytes_per_call), human_bytes(g.total_bytes),
+                     str(g.rank_calls), str(g.calls), format_bytes(g.bytes_per_call), format_bytes(g.total_bytes),
                      f"{100 * g.share:.1f}%", algorithm_text(g.algorithms)])
     rows, more = _cut(rows, verbose, "configurations")
     out.append(f"Configurations ({len(census.groups)}), largest share of bytes first "
@@ -79,12 +69,12 @@ def render_table(census, verbose=False):
         out += ["", "Rank handles:"]
         rows = [[f"{c['host'] or '?'}:{c['pid'] if c['pid'] is not None else '?'}", c["comm"],
                  "-" if c["rank"] is None else str(c["rank"]), str(c["nranks"]), c["comm_id"] or "-", c["set"],
-                 str(c["collectives"]), str(c["p2p"]), human_bytes(c["bytes"])] for c in census.communicators]
+                 str(c["collectives"]), str(c["p2p"]), format_bytes(c["bytes"])] for c in census.communicators]
         out += _table(("host:pid", "comm", "rank", "nranks", "commId", "communicator", "collectives", "p2p",
                        "bytes"), rows, {"rank", "nranks", "collectives", "p2p", "bytes"})
 
     rows = [[h["host"] or "?", str(h["processes"]), str(h["communicators"]), str(h["collective_lines"]),
-             human_bytes(h["bytes"])] for h in census.hosts]
+             format_bytes(h["bytes"])] for h in census.hosts]
     rows, more = _cut(rows, verbose, "hosts")
     out += ["", "Hosts:"] + _table(("host", "processes", "rank handles", "collective lines", "bytes"), rows,
                                    {"processes", "rank handles", "collective lines", "bytes"}) + more
@@ -96,6 +86,11 @@ def render_table(census, verbose=False):
     else:
         checked = sum(1 for s in sets if s["status"] != "unchecked")
         out.append(f"Desync: none found ({checked} of {len(sets)} communicators had two or more ranks to compare).")
+    if census.inconsistencies:
+        n = t.get("inconsistency_count", len(census.inconsistencies))
+        shown = "" if n == len(census.inconsistencies) else f", the first {len(census.inconsistencies)}"
+        out += ["", f"Inconsistencies ({n}{shown}): lines of one communicator that contradict each other:"]
+        out += [f"  - {c['message']}" for c in census.inconsistencies]
     if census.warnings:
         out += ["", "Warnings:"] + [f"  - {w}" for w in census.warnings]
     if census.malformed and verbose:

@@ -1,0 +1,669 @@
+"""The census' streaming pass: blocks of log lines in, per-rank counts and desync digests out.
+
+A block without kernel-trace lines takes the fast path: `normalize_chunk` turns every COLL line
+into a form without its per-call parts (opCount, buffer pointers), so a rank's repeated calls are
+byte-identical; each line is then one dictionary lookup that yields a callable appending the
+call's record id to its rank's list. AllGather/ReduceScatter lines whose buffers differ (in place
+is then an offset of rank*count*size, decided per call) get a cached `OffsetCall` instead, which
+takes the pointers normalize_chunk handed over, in line order; so a merged log whose every line
+has fresh buffer addresses still hits the cache. Lines not in the cache (new configurations,
+other subsystems, INIT/TUNING lines, garbage) take the slow path: `log_parser` parses them and
+the result is cached when it is a COLL line. After each block the per-rank lists are folded into
+counts and desync digests, then cleared. A COLL line wrapped after `comm` or `stream` (a terminal's
+or an issue tracker's wrap) is malformed on its own; only then is the next line looked at, and
+joined when it completes the record, so unwrapped logs pay nothing for it.
+
+Every table is bounded (LIMITS), whatever the log: distinct rank handles (comm pointers),
+configurations, pending INIT lines, TUNING keys, (handle, configuration) counters, p2p pairs,
+malformed reasons, the line cache. What does not fit is counted in `overflow` and reported, so
+memory stays under 100 MB. In RCCL kernel-trace input the opCount matters (it ties a kernel
+launch, and so an algorithm and protocol, to its call): there the normalization hands the removed
+opCounts over, in line order.
+"""
+
+from collections import Counter
+from functools import partial
+from itertools import repeat
+from operator import itemgetter, sub
+from typing import NamedTuple, Optional
+
+from collbench.nccl import desync
+from collbench.nccl.formats import COLL, RECV, SEND, same_kernel_type
+from collbench.nccl.log_input import MAX_LINE, SourceStats, read_blocks
+from collbench.nccl.log_parser import (COLL_MARK, CONTINUATION, INFO_MARK, INIT_MARK, KERNEL_MARK, MARKER,
+                                       TUNING_MARK, WRAP_WORDS, Malformed, clip_text, normalize_chunk,
+                                       parse_coll, parse_init, parse_kernel, parse_tuning,
+                                       pointer_value)
+
+# the bounds of every table (see the module doc); what exceeds one is counted in Scanner.overflow
+MEMBERS_MAX = 8192          # rank handles (host, pid, comm pointer): lines of more are counted, not checked
+RECS_MAX = 20_000           # distinct call configurations per rank (lines of more: counted as untracked)
+INIT_PENDING_MAX = 20_000   # INIT lines whose handle has not logged a collective yet (oldest dropped)
+TUNING_KEYS_MAX = 10_000    # (host, pid, op, bytes) of TUNING lines
+COUNTERS_MAX = 400_000      # (handle, configuration) call counters
+PAIRS_MAX = 20_000          # (rank, direction, peer) p2p digests; beyond, p2p lines are only counted
+REASONS_MAX = 64            # distinct malformed-line reasons (more are counted under one)
+CONFLICTS_MAX = 50          # inconsistencies kept with their message (all are counted)
+CACHE_MAX = 50_000          # normalized lines cached; cleared when full (timestamped lines never repeat)
+CACHE_BYTES = 16 << 20      # ... or when their bytes reach this
+RECENT_MAX = 1024           # per-rank opCount -> call map for kernel-trace attribution
+SAMPLES_MAX = 50            # malformed lines kept for -v / JSON
+FLUSH_BYTES = 4 << 20       # input bytes between folds of the per-rank lists (bounds their length)
+KIND_CODE = {COLL: 0, SEND: 1, RECV: 2}     # anything else (RMA) is 3: counted, not checked
+
+OVERFLOW_WHAT = {
+    "rank_handles": f"COLL lines of rank handles beyond the first {MEMBERS_MAX} (counted in the "
+                    f"configurations' rank lines, not per communicator, not checked for desync)",
+    "configurations": f"COLL lines of configurations beyond the first {RECS_MAX} (not counted in any group)",
+    "counters": f"COLL lines beyond {COUNTERS_MAX} (handle, configuration) counters (counted in the "
+                f"configurations' rank lines, not in their calls per rank)",
+    "init_lines": f"INIT lines dropped beyond {INIT_PENDING_MAX} pending ones (those handles lose their rank)",
+    "tuning_keys": f"TUNING lines beyond {TUNING_KEYS_MAX} distinct (host, pid, op, size) keys (not used)",
+    "p2p_pairs": f"Send/Recv lines beyond {PAIRS_MAX} rank pairs (counted, not checked for desync)",
+}
+
+
+class Rec(NamedTuple):
+    """One distinct call configuration as a rank issued it (the census' unit of counting)."""
+    op: str
+    op_name: str
+    count: int
+    datatype: str
+    redop: Optional[str]
+    root: int
+    inplace: bool
+    nranks: int
+
+
+class Member:
+    """One rank's handle of one communicator: (host, pid, comm pointer), a new one after re-init."""
+
+    __slots__ = ("index", "host", "pid", "comm", "rank", "nranks", "comm_id", "bus_id", "cuda_dev", "func",
+                 "parent", "cset", "seq", "other", "pairs", "pairs_dropped", "counts", "lines", "digest", "recent",
+                 "closed")
+
+    def __init__(self, index, host, pid, comm, nranks):
+        self.index = index
+        self.host, self.pid, self.comm, self.nranks = host, pid, comm, nranks
+        self.rank = self.comm_id = self.bus_id = self.cuda_dev = self.func = self.parent = None
+        self.cset = None
+        self.seq = []           # collective record ids of this block, in order
+        self.pairs = {}         # ("send"|"recv", peer) -> desync.PairDigest, whose .rids is this block's
+        self.pairs_dropped = False
+        self.other = []         # record ids not checked for desync (one-sided RMA, p2p beyond PAIRS_MAX)
+        self.counts = {}        # record id -> lines
+        self.lines = 0
+        self.digest = desync.SequenceDigest()
+        self.recent = {}        # opCount -> record id (kernel-trace blocks only)
+        self.closed = False
+
+    def identity(self):
+        return {"host": self.host, "pid": self.pid, "comm": self.comm, "rank": self.rank}
+
+    def where(self):
+        return f"{self.host or '?'}:{self.pid if self.pid is not None else '?'} comm {self.comm}"
+
+
+class OffsetCall:
+    """The cache entry of an AllGather/ReduceScatter line whose buffers differ: whether a call is
+    in place (sendbuff and recvbuff rank*count*size apart, NCCL's definition) is decided per call
+    from the pointer difference the block handed over; each outcome's target is made once."""
+
+    __slots__ = ("scanner", "call", "member", "unit", "span", "negate", "targets")
+
+    def __init__(self, scanner, call, member):
+        self.scanner, self.call, self.member = scanner, call, member
+        self.unit = call.count * call.type_size
+        self.span = self.unit * call.nranks
+        self.negate = call.op.inplace_offset < 0        # ReduceScatter: recvbuff = sendbuff + rank*count*size
+        self.targets = [None, None]     # out of place, in place: bound appends
+
+    def take(self, diff):
+        """diff: sendbuff - recvbuff, or None when a pointer is not a number."""
+        if diff is None:
+            inplace = False
+        else:
+            if self.negate:
+                diff = -diff
+            unit = self.unit
+            inplace = (0 <= diff < self.span and diff % unit == 0) if unit else diff == 0
+        f = self.targets[inplace]
+        if f is None:
+            lst, rid = self.scanner._place(self.call._replace(inplace=inplace), self.member)
+            f = self.targets[inplace] = partial(lst.append, rid)
+        f()
+
+    def __call__(self):
+        """The next call of this line in the block (the cache's hot path: take() inlined)."""
+        diffs = self.scanner.diffs
+        diff = next(diffs, None) if diffs is not None else None
+        if diff is None:
+            return self.take(None)
+        if self.negate:
+            diff = -diff
+        unit = self.unit
+        inplace = (0 <= diff < self.span and diff % unit == 0) if unit else diff == 0
+        f = self.targets[inplace]
+        if f is None:
+            return self.take(-diff if self.negate else diff)
+        f()
+
+
+def pointer_diffs(pairs):
+    """sendbuff - recvbuff of each (sendbuff, recvbuff) pair (None where one is not a number),
+    with C-level passes unless a pointer is `(nil)` or garbage."""
+    try:
+        return list(map(sub, map(int, map(itemgetter(0), pairs), repeat(16)),
+                        map(int, map(itemgetter(1), pairs), repeat(16))))
+    except ValueError:
+        out = []
+        for send, recv in pairs:
+            s, r = pointer_value(send), pointer_value(recv)
+            out.append(None if s is None or r is None else s - r)
+        return out
+
+
+class Scanner:
+    """The streaming pass. `collect` (second pass only): {member index: (lo, hi)} collective windows
+    and {(member index, dir, peer)} p2p sequences to gather for locating desyncs."""
+
+    def __init__(self, collect=None):
+        self.recs, self.rec_ids = [], {}
+        self.rec_kind, self.rec_dsig = [], []
+        self.dsigs, self.dsig_ids = [], {}
+        self.members, self.by_ptr, self.by_rank = [], {}, {}
+        self.sets = {}
+        self.init_pending = {}
+        self.ordinals = {}
+        self.cache = {}                 # normalized COLL line -> callable that appends to its rank list
+        self.dcache = {}                # the same for kernel-trace input: (list, record id, opCount map)
+        self.tail_cache = {}            # the same keyed by the line from its host on (wrapper cut off)
+        self.cache_bytes = 0
+        self.diffs = None               # sendbuff - recvbuff of this block's `opCount ^` lines, in order
+        self._opcounts = None
+        self.kernel_algos = {}          # record id -> Counter((algo, proto))
+        self.tuning = {}                # (host, pid, op or None, bytes) -> Counter((algo, proto))
+        self.malformed = 0
+        self.malformed_reasons = Counter()
+        self.samples = []
+        self.info_lines = self.warn_lines = self.init_lines = 0
+        self.kernel_lines = self.kernel_attributed = self.tuning_lines = 0
+        self.no_prefix = 0
+        self.overlong = 0
+        self.overlong_by_source = {}
+        self.pair_count = 0
+        self.counters = 0
+        self.spill = []                 # record ids of lines of handles beyond MEMBERS_MAX (this block)
+        self.unknown = []               # lines of configurations beyond RECS_MAX (this block)
+        self.spill_counts = {}          # record id -> lines counted outside any handle
+        self.overflow = Counter()       # OVERFLOW_WHAT key -> lines or entries that did not fit
+        self.conflicts = []             # inconsistencies: {"kind", "set", "message"}, at most CONFLICTS_MAX
+        self.conflict_count = 0
+        self._scratch_recent = {}
+        self.joined = 0                 # wrapped COLL lines joined with their continuation
+        self._pending_wrap = None       # a wrapped last line of a block: (line, opCount, pointers)
+        self._unflushed = 0
+        self.detailed = False           # kernel-trace input: COLL lines keep their opCounts
+        self.collect_coll, self.collect_p2p = collect if collect else ({}, set())
+        self.collected_coll, self.collected_p2p = {}, {}
+        self._source = ""
+        self._lineno = 0
+        self._lines = None
+        self._raw = None
+        self._search = 0
+
+    # --- blocks ----------------------------------------------------------------------------------
+
+    def feed(self, chunk, source_name, first_line):
+        """One block of complete lines from source_name, whose first line is number first_line."""
+        self._source, self._lineno, self._search, self._raw = source_name, first_line, 0, chunk
+        if self._pending_wrap is not None:
+            self._finish_wrap(chunk[:chunk.find(b"\n")])
+        if self.detailed or KERNEL_MARK in chunk:
+            # kernel-trace input: a COLL line's opCount ties it to its kernel's line, so the
+            # normalization hands the opCounts over, consumed one per COLL line in order
+            self.detailed = True
+            if MARKER.search(chunk):    # marker text in the input itself: parse raw lines instead
+                lines = chunk.split(b"\n")
+                lines.pop()
+                self._lines = lines
+                for line in lines:
+                    self._slow(line, False)
+            else:
+                opcounts = []
+                lines = normalize_chunk(chunk, opcounts).split(b"\n")
+                lines.pop()
+                self._lines = lines
+                self._opcounts = opc = iter(opcounts)
+                get = self.dcache.get
+                slow = self._slow
+                for line in lines:
+                    e = get(line)
+                    if e is None:
+                        slow(line, True)
+                    else:
+                        target, rid, recent = e
+                        target.append(rid)
+                        recent[int(next(opc), 16)] = rid
+                        if len(recent) > RECENT_MAX:
+                            del recent[next(iter(recent))]
+                self._opcounts = None
+        else:
+            # `opCount ^` text in the input itself would take pointers meant for other lines
+            pairs = None if b" opCount ^" in chunk else []
+            lines = normalize_chunk(chunk, pointers=pairs).split(b"\n")
+            lines.pop()
+            self._lines = lines
+            self.diffs = iter(pointer_diffs(pairs)) if pairs else None
+            get = self.cache.get
+            slow = self._slow
+            for line in lines:
+                f = get(line)
+                if f is None:
+                    slow(line, True)
+                else:
+                    f()
+            self.diffs = None
+        self._lines = self._raw = None
+        self._unflushed += len(chunk)
+        if self._unflushed >= FLUSH_BYTES:
+            self.flush()
+        return len(lines)
+
+    def _slow(self, line, fast):
+        opcount = diff = None
+        if self._opcounts is not None and b" opCount " in line:
+            for _ in MARKER.findall(line):      # keep the opCounts aligned with their lines
+                opcount = next(self._opcounts, None)
+        elif self.diffs is not None and b" opCount ^ " in line:
+            for _ in range(line.count(b" opCount ^ ")):     # the same for the pointer differences
+                diff = next(self.diffs, None)
+        if len(line) > MAX_LINE:        # a joined wrapped line can exceed a block's line cap
+            self.overlong += 1
+            self.overlong_by_source[self._source] = self.overlong_by_source.get(self._source, 0) + 1
+            line = line[:MAX_LINE]
+            fast = False
+        if COLL_MARK in line:
+            self._coll(line, fast, opcount, diff)
+        elif INFO_MARK in line:
+            self.info_lines += 1
+            if INIT_MARK in line:
+                self._init(line)
+            elif KERNEL_MARK in line:
+                self._kernel(line)
+            elif TUNING_MARK in line:
+                self._tuning(line)
+        elif b"NCCL WARN" in line:
+            self.warn_lines += 1
+
+    def _bad(self, line, reason):
+        self.malformed += 1
+        if reason not in self.malformed_reasons and len(self.malformed_reasons) >= REASONS_MAX:
+            reason = "other reasons"
+        self.malformed_reasons[reason] += 1
+        if len(self.samples) < SAMPLES_MAX and self._lines is not None:
+            try:
+                idx = self._lines.index(line, self._search)
+            except ValueError:
+                idx = None
+            if idx is not None:
+                self._search = idx + 1
+                raw = self._raw.split(b"\n")[idx] if self._raw is not None else line
+                self.samples.append({"source": self._source, "line": self._lineno + idx, "reason": reason,
+                                     "text": clip_text(raw)})
+
+    def _cache(self, table, key, value):
+        if len(table) >= CACHE_MAX or self.cache_bytes >= CACHE_BYTES:
+            self.cache.clear()
+            self.dcache.clear()
+            self.tail_cache.clear()
+            self.cache_bytes = 0
+        table[key] = value
+        self.cache_bytes += len(key)
+
+    def conflict(self, kind, cset, message):
+        self.conflict_count += 1
+        if len(self.conflicts) < CONFLICTS_MAX:
+            self.conflicts.append({"kind": kind, "set": cset.key if cset else None, "message": message})
+
+    # --- COLL ------------------------------------------------------------------------------------
+
+    def _coll(self, line, fast, opcount=None, diff=None):
+        """diff: for a bare `opCount ^` line, its sendbuff - recvbuff (None: not known)."""
+        tail = None
+        if fast and self._opcounts is None:
+            # a wrapper prefix that changes on every line (a timestamp) defeats the line cache; the
+            # part from the host on parses the same, so it has a cache of its own
+            i = line.rfind(INFO_MARK)
+            j = line.rfind(b" ", 0, line.rfind(b" ", 0, i - 1)) if i > 1 else -1
+            if j > 0:
+                tail = line[j + 1:]
+                f = self.tail_cache.get(tail)
+                if f is not None:
+                    if type(f) is OffsetCall:
+                        f.take(diff)
+                    else:
+                        f()
+                    return
+        rec = parse_coll(line.rstrip(b"\r"))
+        if type(rec) is Malformed:
+            if not self._wrapped(line, opcount, diff):
+                self._bad(line, rec.reason)
+            return
+        if rec.host is None:
+            self.no_prefix += 1
+        m = self._member(rec)
+        if m is not None and m.rank is None and rec.globalrank is not None and 0 <= rec.globalrank < rec.nranks:
+            m.rank = rec.globalrank     # MSCCL lines have no globalrank; the rank's other lines do
+            self.by_rank.setdefault((m.host, m.pid, m.rank, m.nranks), []).append(m)
+        if rec.op.inplace_offset and b" opCount ^ count " in line:    # normalize_chunk's bare form
+            entry = OffsetCall(self, rec, m)
+            if fast:
+                self._cache(self.cache, line, entry)
+                if tail is not None:
+                    self._cache(self.tail_cache, tail, entry)
+            entry.take(diff)
+            return
+        target, rid = self._place(rec, m)
+        if self.detailed:
+            recent = m.recent if m is not None else self._scratch_recent
+            if fast and self._opcounts is not None:
+                self._cache(self.dcache, line, (target, rid, recent))
+            number = rec.opcount if opcount is None else int(opcount, 16)
+            if number is not None:
+                recent[number] = rid
+                if len(recent) > RECENT_MAX:
+                    del recent[next(iter(recent))]
+        elif fast:
+            f = partial(target.append, rid)
+            self._cache(self.cache, line, f)
+            if tail is not None:
+                self._cache(self.tail_cache, tail, f)
+        target.append(rid)
+
+    # --- wrapped lines -----------------------------------------------------------------------------
+
+    def _wrapped(self, line, opcount, diff):
+        """Whether a malformed COLL line was wrapped after `comm`/`stream` and is (or may be, at the
+        end of a block) completed by the next line; the joined line is then counted, once."""
+        if not line.rstrip(b" \t\r").endswith(WRAP_WORDS) or self._lines is None:
+            return False
+        try:
+            idx = self._lines.index(line, self._search)
+        except ValueError:
+            return False
+        if idx + 1 == len(self._lines):     # the continuation is in the next block
+            self._pending_wrap = (line, opcount, diff)
+            return True
+        return self._join(line, self._lines[idx + 1], opcount, diff)
+
+    def _join(self, line, nxt, opcount, diff):
+        if not CONTINUATION.match(nxt):
+            return False
+        joined = line.rstrip(b" \t\r") + b" " + nxt.strip()
+        if type(parse_coll(joined)) is Malformed:
+            return False
+        self.joined += 1
+        self._coll(joined, False, opcount, diff)
+        return True
+
+    def _finish_wrap(self, nxt):
+        """The next block's first line (b"" at the end of a source) for a wrapped line kept back."""
+        line, opcount, diff = self._pending_wrap
+        self._pending_wrap = None
+        lines, self._lines = self._lines, None      # not sampled: its block is gone
+        if not self._join(line, nxt, opcount, diff):
+            rec = parse_coll(line.rstrip(b"\r"))
+            self._bad(line, rec.reason if type(rec) is Malformed else "wrapped COLL line")
+        self._lines = lines
+
+    def end_source(self):
+        if self._pending_wrap is not None:
+            self._finish_wrap(b"")
+        self.flush()
+
+    def _place(self, c, m):
+        """(list, record id) where a call of this configuration on handle m (None: beyond the
+        table) is appended."""
+        rid = self._rid(c)
+        if rid is None:
+            return self.unknown, None
+        if m is None:
+            return self.spill, rid
+        kind = self.rec_kind[rid]
+        if kind == 0:
+            return m.seq, rid
+        if kind == 3:
+            return m.other, rid
+        key = ("send" if kind == 1 else "recv", c.root)
+        pd = m.pairs.get(key)
+        if pd is None and self.pair_count < PAIRS_MAX:
+            pd = m.pairs[key] = desync.PairDigest()
+            self.pair_count += 1
+        if pd is None:
+            m.pairs_dropped = True
+            self.overflow["p2p_pairs"] += 1
+            return m.other, rid
+        return pd.rids, rid
+
+    def _rid(self, c):
+        rec = Rec(c.op.name, c.op_name, c.count, c.datatype, c.redop, c.root, c.inplace, c.nranks)
+        rid = self.rec_ids.get(rec)
+        if rid is not None:
+            return rid
+        if len(self.recs) >= RECS_MAX:
+            return None
+        rid = len(self.recs)
+        self.recs.append(rec)
+        self.rec_ids[rec] = rid
+        kind = KIND_CODE.get(c.op.kind, 3)
+        if kind == 0:
+            sig = (c.op.name, c.count, c.datatype, c.redop, c.root if c.op.rooted else None)
+        else:
+            sig = ("p2p", c.count, c.datatype)
+        dsig = self.dsig_ids.get(sig)
+        if dsig is None:
+            dsig = self.dsig_ids[sig] = len(self.dsigs)
+            self.dsigs.append(sig)
+        self.rec_kind.append(kind)
+        self.rec_dsig.append(dsig)
+        return rid
+
+    def _member(self, c):
+        """The handle of a COLL line, made on its first line; None when the table is full."""
+        key = (c.host, c.pid, c.comm)
+        m = self.by_ptr.get(key)
+        if m is not None and not m.closed and m.nranks == c.nranks:
+            return m
+        if len(self.members) >= MEMBERS_MAX:
+            return None
+        m = Member(len(self.members), c.host, c.pid, c.comm, c.nranks)
+        self.members.append(m)
+        self.by_ptr[key] = m
+        init = self.init_pending.pop(key, None)
+        if init is not None and init.nranks != c.nranks:
+            self.conflict("nranks", None,
+                          f"{m.where()}: its INIT line says rank {init.rank} of nranks {init.nranks} but its COLL "
+                          f"lines say nranks={c.nranks}; the INIT line is not used for it")
+            init = None
+        if init is not None:
+            m.rank, m.comm_id, m.bus_id, m.cuda_dev = init.rank, init.comm_id, init.bus_id, init.cuda_dev
+            m.func, m.parent = init.func, init.parent
+        elif c.globalrank is not None and 0 <= c.globalrank < c.nranks:
+            m.rank = c.globalrank
+        if c.host is None:
+            skey, source = f"no host:pid prefix, nranks={c.nranks}", "unattributed"
+        elif m.comm_id:
+            skey, source = f"commId {m.comm_id}", "commId"
+        else:
+            # the k-th communicator of this size in the process (per rank, or per device when the
+            # rank is unknown: one process may drive several GPUs of one communicator)
+            who = ("rank", m.rank) if m.rank is not None else ("dev", c.dev)
+            okey = (c.host, c.pid, c.nranks, who)
+            k = self.ordinals.get(okey, 0)
+            self.ordinals[okey] = k + 1
+            skey, source = f"nranks={c.nranks} #{k}", "inferred"
+        cset = self.sets.get(skey)
+        if cset is None:
+            cset = self.sets[skey] = desync.CommSet(skey, source, c.nranks)
+        if source == "commId" and m.rank is not None:
+            owner = cset.rank_owner.setdefault(m.rank, m)
+            if owner is not m and (owner.host, owner.pid) != (m.host, m.pid):
+                cset.conflicted = True
+                self.conflict("duplicate_rank", cset,
+                              f"communicator {cset.key}: rank {m.rank} is claimed by two processes, "
+                              f"{owner.where()} and {m.where()}")
+        cset.members.append(m)
+        m.cset = cset
+        if m.rank is not None:
+            self.by_rank.setdefault((c.host, c.pid, m.rank, c.nranks), []).append(m)
+        return m
+
+    # --- other lines -----------------------------------------------------------------------------
+
+    def _init(self, line):
+        init = parse_init(line.rstrip(b"\r"))
+        if init is None:
+            return
+        if type(init) is Malformed:
+            self._bad(line, init.reason)
+            return
+        self.init_lines += 1
+        key = (init.host, init.pid, init.comm)
+        pending = self.init_pending
+        pending.pop(key, None)
+        if len(self.members) < MEMBERS_MAX:     # else no handle can be made for it any more
+            if len(pending) >= INIT_PENDING_MAX:
+                del pending[next(iter(pending))]
+                self.overflow["init_lines"] += 1
+            pending[key] = init
+        old = self.by_ptr.get(key)
+        if old is not None:
+            old.closed = True   # the pointer was re-initialised: its next COLL line starts a new handle
+            self.cache.clear()
+            self.dcache.clear()
+            self.tail_cache.clear()
+            self.cache_bytes = 0
+
+    def _kernel(self, line):
+        if b" KL " not in line:         # kernel end, element and data records: counted, not parsed
+            self.kernel_lines += 1
+            return
+        k = parse_kernel(line.rstrip(b"\r"))
+        if k is None or type(k) is Malformed:
+            return
+        self.kernel_lines += 1
+        if k.record != "KL" or k.coll is None or k.p2p:
+            return
+        for m in self.by_rank.get((k.host, k.pid, k.rank, k.nranks), ()):
+            rid = m.recent.get(k.opcount)
+            if rid is None:
+                continue
+            rec = self.recs[rid]
+            if rec.op != k.coll.name or not same_kernel_type(rec.datatype, k.datatype):
+                continue
+            del m.recent[k.opcount]     # one launch per call, however many blocks print it
+            self.kernel_algos.setdefault(rid, Counter())[(k.algorithm, k.protocol)] += 1
+            self.kernel_attributed += 1
+            return
+
+    def _tuning(self, line):
+        t = parse_tuning(line.rstrip(b"\r"))
+        if t is None or type(t) is Malformed:
+            return
+        self.tuning_lines += 1
+        key = (t.host, t.pid, t.op.name if t.op else None, t.nbytes)
+        got = self.tuning.get(key)
+        if got is None:
+            if len(self.tuning) >= TUNING_KEYS_MAX:
+                self.overflow["tuning_keys"] += 1
+                return
+            got = self.tuning[key] = Counter()
+        got[(t.algorithm, t.protocol)] += 1
+
+    # --- after each block ------------------------------------------------------------------------
+
+    def flush(self):
+        """Fold the rank lists filled since the last flush into counts and digests."""
+        self._unflushed = 0
+        dsig = self.rec_dsig
+        collect_coll, collect_p2p = self.collect_coll, self.collect_p2p
+        if self.spill:
+            self._spilled(self.spill, "rank_handles")
+            self.spill.clear()
+        if self.unknown:
+            self.overflow["configurations"] += len(self.unknown)
+            self.unknown.clear()
+        for m in self.members:
+            seq = m.seq
+            if seq:
+                self._count(m, seq)
+                ids = list(map(dsig.__getitem__, seq))
+                if collect_coll and m.index in collect_coll:
+                    lo, hi = collect_coll[m.index]
+                    start = m.digest.n
+                    a, b = max(lo, start), min(hi, start + len(ids))
+                    if a < b:
+                        self.collected_coll.setdefault(m.index, (lo, []))[1].extend(ids[a - start:b - start])
+                m.digest.feed(ids)
+                seq.clear()
+            for key, pd in m.pairs.items():
+                rids = pd.rids
+                if rids:
+                    self._count(m, rids)
+                    ids = list(map(dsig.__getitem__, rids))
+                    if collect_p2p and (m.index,) + key in collect_p2p:
+                        got = self.collected_p2p.setdefault((m.index,) + key, [])
+                        got.extend(ids[:desync.P2P_LOCATE_CAP - len(got)])
+                    pd.feed(ids)
+                    rids.clear()
+            if m.other:
+                self._count(m, m.other)
+                m.other.clear()
+
+    def _spilled(self, rids, what):
+        """Lines counted outside any handle's counters: in the groups' rank lines only."""
+        spill = self.spill_counts
+        for rid, n in Counter(rids).items():
+            spill[rid] = spill.get(rid, 0) + n
+        self.overflow[what] += len(rids)
+
+    def _count(self, m, rids):
+        m.lines += len(rids)
+        counts = m.counts
+        over = None
+        for rid, n in Counter(rids).items():
+            if rid in counts:
+                counts[rid] += n
+            elif self.counters < COUNTERS_MAX:
+                counts[rid] = n
+                self.counters += 1
+            else:
+                over = over or []
+                over += [rid] * n
+        if over:
+            self._spilled(over, "counters")
+
+    # --- results ---------------------------------------------------------------------------------
+
+    def describe(self, dsig_id):
+        sig = self.dsigs[dsig_id]
+        if sig[0] == "p2p":
+            return {"op": "Send/Recv", "count": sig[1], "datatype": sig[2]}
+        op, count, datatype, redop, root = sig
+        return {"op": op, "count": count, "datatype": datatype, "redop": redop, "root": root}
+
+
+def scan(sources, scanner, stats, warnings, block):
+    """Feed every source to the scanner, block by block."""
+    for src in sources:
+        st = stats.setdefault(src.name, SourceStats())
+        lineno = 1
+        if not scanner.detailed and src.sniff(KERNEL_MARK):
+            scanner.detailed = True     # decided before the first block, whatever the block size
+        joined = scanner.joined
+        for chunk in read_blocks(src, st, warnings, block=block):
+            lineno += scanner.feed(chunk, src.name, lineno)
+        scanner.end_source()
+        st.lines = lineno - 1
+        st.joined = scanner.joined - joined
