@@ -12,7 +12,8 @@ from exporter_helpers import append, event_line, failure_line, result_line, seqs
 
 from collbench.exporter.app import Exporter
 from collbench.exporter.results_state import ResultsState
-from collbench.results.tailer import LogTailer, read_lines_backwards
+from collbench.results.lines import read_lines_backwards
+from collbench.results.tailer import LogTailer
 
 
 def lines(n0, n1, **kw):

@@ -9,7 +9,8 @@ import pytest
 
 from collbench.errors import UserError
 from collbench.report.aggregate import SERIES_FIELDS, Aggregate, series_key
-from collbench.results.file_reader import MAX_LINE_BYTES, ResultsInput, expand_inputs, parse_since
+from collbench.results.file_reader import ResultsInput, expand_inputs, parse_since
+from collbench.results.record_parser import MAX_LINE_BYTES
 from collbench.stats import summarize
 
 GOOD = {"schema": 1, "time": "2026-11-22T15:58:48.140Z", "ts": 1795363128.14, "type": "result",

@@ -8,7 +8,8 @@ import time
 
 from collbench.proctree import start_ticks
 from collbench.results.records import event_record
-from collbench.results.results_log import LogFollower, ResultsLog, read_records, tail_records
+from collbench.results.follower import LogFollower
+from collbench.results.results_log import ResultsLog, read_records, tail_records
 from collbench.results.state_dir import (CRASHED, RUNNING, STOPPED, StatePaths, daemon_status, write_json_atomic,
                                     write_pid_file)
 

@@ -18,6 +18,7 @@ import time
 from collbench import proctree
 from collbench.ctl import ssh
 from collbench.hosts import is_this_machine
+from collbench.results.lines import read_lines_backwards
 from collbench.results.record_parser import is_record, parse_record
 from collbench.stress import processes
 from collbench.results.state_dir import StatePaths
@@ -138,15 +139,7 @@ def check_host(host, master, timeout, accept_new_host_key=False):
 def last_results(results_log, hosts):
     """{host: newest result record naming it} from the tail of the results log."""
     out = {}
-    try:
-        with open(results_log, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - RESULTS_TAIL_BYTES))
-            tail = f.read().splitlines()
-    except OSError:
-        return out
-    for line in reversed(tail):
+    for line in read_lines_backwards(results_log, RESULTS_TAIL_BYTES):
         rec = parse_record(line)      # the log is untrusted: only valid records count
         if not is_record(rec) or rec["type"] != "result":
             continue

@@ -28,7 +28,8 @@ from collbench.exporter.collectors.netstat import NetstatCollector
 from collbench.exporter.collectors.rdma_sysfs import RdmaSysfsCollector
 from collbench.exporter.collectors.results import ResultsCollector
 from collbench.exporter.results_state import DEFAULT_MAX_SERIES, ResultsState
-from collbench.results.tailer import LogTailer, read_lines_backwards
+from collbench.results.lines import read_lines_backwards
+from collbench.results.tailer import LogTailer
 
 log = logging.getLogger("collbench.exporter")
 

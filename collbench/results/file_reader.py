@@ -19,7 +19,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from collbench.errors import UserError
-from collbench.results.record_parser import MAX_LINE_BYTES, is_record, parse_record
+from collbench.results.lines import LineSplitter
+from collbench.results.record_parser import ParseError, is_record, parse_record
 
 MAX_EXAMPLES = 20            # bad lines remembered per file (line number + reason)
 _LABEL_CHARS = 200           # extra label fields (algorithm, order) are cut here
@@ -209,49 +210,55 @@ def read_file(path, stats, since=None, start=0, end=None, first_lineno=1):
     with f:
         if start:
             f.seek(start)
-        pos = start
+        splitter = LineSplitter(start)
         lineno = first_lineno - 1
-        while end is None or pos < end:
+        while True:
             try:
-                line = f.readline(MAX_LINE_BYTES + 1)
+                data = f.read(_CHUNK)
             except OSError as e:
                 stats.bad_line(lineno + 1, f"read error: {e.strerror}")
                 return
-            if not line:
-                return
-            pos += len(line)
-            lineno += 1
-            stats.lines += 1
-            if not line.endswith(b"\n"):
-                if len(line) > MAX_LINE_BYTES:
-                    while True:   # skip the rest of an oversized line without holding it
-                        rest = f.readline(MAX_LINE_BYTES)
-                        pos += len(rest)
-                        if not rest or rest.endswith(b"\n"):
-                            break
-                    stats.bad_line(lineno, f"line longer than {MAX_LINE_BYTES} bytes")
+            if not data:
+                break
+            for offset, line in splitter.feed(data):
+                if end is not None and offset >= end:
+                    return
+                lineno += 1
+                stats.lines += 1
+                if isinstance(line, ParseError):      # over-long: its bytes were never held
+                    stats.bad_line(lineno, line.reason)
                     continue
-                # the last line without its newline is still being written (LOG_FORMAT.md)
-                stats.incomplete_tail = True
-                stats.bad_line(lineno, "incomplete last line (still being written?)")
+                got = _usable(path, line, lineno, stats, since)
+                if got is not None:
+                    yield got
+            if end is not None and splitter.offset >= end and (not splitter.pending or splitter.pending_offset >= end):
                 return
-            try:
-                rec, problems = check_line(line)
-            except BadRecord as e:
-                stats.bad_line(lineno, str(e))
-                continue
-            if problems:
-                stats.field_problems += 1
-                for p in problems:
-                    stats.field_reasons[_reason_class(p)] += 1
-                if len(stats.examples) < MAX_EXAMPLES:
-                    stats.examples.append((lineno, "field dropped: " + "; ".join(problems)[:200]))
-            if since is not None and rec.get("ts", -1.0) < since:
-                stats.filtered += 1
-                continue
-            stats.records[rec["type"]] += 1
-            rec["_file"] = path
-            yield rec
+        if splitter.pending and (end is None or splitter.pending_offset < end):
+            # the last line without its newline is still being written (LOG_FORMAT.md)
+            stats.lines += 1
+            stats.incomplete_tail = True
+            stats.bad_line(lineno + 1, "incomplete last line (still being written?)")
+
+
+def _usable(path, line, lineno, stats, since):
+    """The record of one complete line if it is usable and within --since; stats counts the rest."""
+    try:
+        rec, problems = check_line(line)
+    except BadRecord as e:
+        stats.bad_line(lineno, str(e))
+        return None
+    if problems:
+        stats.field_problems += 1
+        for p in problems:
+            stats.field_reasons[_reason_class(p)] += 1
+        if len(stats.examples) < MAX_EXAMPLES:
+            stats.examples.append((lineno, "field dropped: " + "; ".join(problems)[:200]))
+    if since is not None and rec.get("ts", -1.0) < since:
+        stats.filtered += 1
+        return None
+    stats.records[rec["type"]] += 1
+    rec["_file"] = path
+    return rec
 
 
 # Parallel reading: the shared record check costs ~30 us a line, so a 100,000-record log is CPU

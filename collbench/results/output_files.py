@@ -1,13 +1,12 @@
-"""The result files of `collbench once`: JSON Lines records and a TSV table.
+"""The result files of `collbench once`: JSON Lines records and a TSV table (atomic_file's writer).
 
-Both are written atomically: a temporary file in the target's directory, fsync'd, then renamed
-over the target. An interrupted or failed write leaves the previous file (or none) intact,
-never a half-written one.
+* JSONL (`--results`) is a history: this run's records are appended in place after what is there
+  (each record carries its run_id); the old content is never read or rewritten, a torn last line
+  is ended first, and a failed append (a full disk) is cut back to the old size.
+* TSV (`--tsv`) is this run's table (like seed 000's `t_<op>_<id>.tsv`): replaced atomically each
+  run (a temporary file in the target's directory, fsync'd, renamed over it).
 
-* JSONL (`--results`) is a history: an existing file is kept and this run's records are added
-  after it (each record carries its run_id). The copy-then-rename costs a read of the old file,
-  the price of never leaving it half-appended.
-* TSV (`--tsv`) is this run's table (like seed 000's `t_<op>_<id>.tsv`): replaced each run.
+A character device or FIFO is written through, a symlink's target is written (atomic_file).
 """
 
 from collbench.atomic_file import write_atomic

@@ -20,29 +20,13 @@ bytes in fixed-size chunks; memory is one chunk plus the partial line.
 
 import errno
 import os
-import stat
 
-from collbench.results.record_parser import MAX_LINE_BYTES
+from collbench.results.lines import LineSplitter, open_regular
+from collbench.results.record_parser import MAX_LINE_BYTES, ParseError
 
 CHUNK = 1 << 20
 HEAD_BYTES = 128          # fingerprint of the file start: changes when copytruncate rewrites it
 MAX_ROTATED = 32          # rotated siblings (path.1 .. path.N) searched after a rename rotation
-
-
-def open_regular(path):
-    """A read-only descriptor of `path` if it is a regular file. O_NONBLOCK: opening a FIFO
-    for reading would otherwise wait for a writer forever. OSError for anything else."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise OSError(errno.EISDIR, "is a directory", path)
-        if not stat.S_ISREG(mode):
-            raise OSError(errno.EINVAL, "not a regular file", path)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 class LogTailer:
@@ -59,8 +43,7 @@ class LogTailer:
         self._ino = None          # (st_dev, st_ino) of the open file
         self._offset = 0          # bytes of the open file consumed (complete lines + partial)
         self._head = b""          # the first HEAD_BYTES we read from the open file
-        self._partial = bytearray()
-        self._skipping = False    # inside an over-long line: drop until its newline
+        self._lines = LineSplitter(0, max_line)   # holds the partial last line
         self.rotations = 0
         self.truncations = 0
         self.rewrites = 0
@@ -76,6 +59,7 @@ class LogTailer:
         size = os.fstat(self._fd).st_size
         start = self._line_start_before(size)
         self._offset = start
+        self._lines.reset(start)
         self._head = os.pread(self._fd, min(HEAD_BYTES, start), 0)
         return start
 
@@ -112,7 +96,7 @@ class LogTailer:
                 yield from self._read_to_end()
                 return
             # Rename rotation: the old file is drained; then unread rotations, then the new file.
-            yield from self._flush_partial("rotation")
+            yield from self._flush_partial()
             old = self._ino
             self._close()
             for rotated in self._unread_rotations(old):
@@ -126,9 +110,8 @@ class LogTailer:
             self.truncations += 1
             copy = self._copy_of_current()
             if copy is not None:
-                yield from self._read_whole(copy, start=self._offset, partial=bytes(self._partial))
-            self._partial.clear()
-            self._skipping = False
+                yield from self._read_whole(copy, start=self._offset, splitter=self._lines)
+            self._lines.reset(0)
             self._offset = 0
             self._head = b""
         yield from self._read_to_end()
@@ -173,41 +156,17 @@ class LogTailer:
             yield from self._split(data)
 
     def _split(self, data):
-        start = 0
-        while True:
-            nl = data.find(b"\n", start)
-            if nl < 0:
-                rest = data[start:]
-                if self._skipping:
-                    return
-                if len(self._partial) + len(rest) > self.max_line:
-                    self._partial.clear()
-                    self._skipping = True
-                    self.on_bad_line("line longer than %d bytes" % self.max_line)
-                    return
-                self._partial += rest
-                return
-            if self._skipping:
-                self._skipping = False
-            elif self._partial:
-                self._partial += data[start:nl]
-                if len(self._partial) > self.max_line:
-                    self.on_bad_line("line longer than %d bytes" % self.max_line)
-                else:
-                    yield bytes(self._partial)
-                self._partial.clear()
-            elif nl - start > self.max_line:
-                self.on_bad_line("line longer than %d bytes" % self.max_line)
+        for _offset, line in self._lines.feed(data):
+            if isinstance(line, ParseError):
+                self.on_bad_line(line.reason)
             else:
-                yield data[start:nl]
-            start = nl + 1
+                yield line
 
-    def _flush_partial(self, why):
+    def _flush_partial(self):
         """A file that will not grow again: its unterminated last line is all there is of it."""
-        if self._partial and not self._skipping:
-            yield bytes(self._partial)
-        self._partial.clear()
-        self._skipping = False
+        last = self._lines.take_pending()
+        if last is not None:
+            yield last[1]
 
     def _unread_rotations(self, old_ino):
         """Rotated files newer than the one we just finished (several rotations between polls),
@@ -239,21 +198,22 @@ class LogTailer:
             return None
         return p
 
-    def _read_whole(self, path, start=0, partial=b""):
-        """Read a file that no longer grows from `start` to its end (a rotated file; a copy)."""
+    def _read_whole(self, path, start=0, splitter=None):
+        """Read a file that no longer grows from `start` to its end (a rotated file; a copy),
+        continuing the partial line `splitter` holds (a copy of the file we were reading)."""
         try:
             fd = open_regular(path)
         except OSError:
             return
-        saved = (self._fd, self._offset, self._head)
+        saved = (self._fd, self._offset, self._head, self._lines)
         self._fd, self._offset, self._head = fd, start, b"x" * HEAD_BYTES
-        self._partial = bytearray(partial)
+        self._lines = splitter or LineSplitter(start, self.max_line)
         try:
             yield from self._read_to_end()
-            yield from self._flush_partial("rotation")
+            yield from self._flush_partial()
         finally:
             os.close(fd)
-            self._fd, self._offset, self._head = saved
+            self._fd, self._offset, self._head, self._lines = saved
 
     # -------------------------------------------------------------- file handling
 
@@ -268,8 +228,7 @@ class LogTailer:
             return False
         st = os.fstat(fd)
         self._fd, self._ino, self._offset, self._head = fd, (st.st_dev, st.st_ino), 0, b""
-        self._partial.clear()
-        self._skipping = False
+        self._lines.reset(0)
         return True
 
     def _close(self):
@@ -284,45 +243,3 @@ class LogTailer:
     @property
     def offset(self):
         return self._offset
-
-
-def read_lines_backwards(path, budget, end=None, chunk=CHUNK, max_line=MAX_LINE_BYTES):
-    """Complete lines of `path` before byte `end` (default: the end), newest first, reading at
-    most `budget` bytes.
-
-    Used at start-up: the latest value of each series is near the end, so a huge log is never
-    read whole. An unterminated last line (the writer is mid-record) is not returned: the
-    tailer starts at its beginning and reads it once it is complete.
-    """
-    try:
-        fd = open_regular(path)
-    except OSError:
-        return
-    try:
-        size = os.fstat(fd).st_size if end is None else min(end, os.fstat(fd).st_size)
-        pos = size
-        carry = b""
-        in_partial = True               # the block's end belongs to a line we do not return
-        while pos > 0 and size - pos < budget:
-            n = min(chunk, pos)
-            pos -= n
-            block = os.pread(fd, n, pos) + carry
-            lines = block.split(b"\n")
-            carry = lines[0]            # may continue in the previous chunk
-            tail = lines[1:]
-            if in_partial:
-                if not tail:
-                    carry = carry if len(carry) <= max_line else b""
-                    continue
-                tail = tail[:-1]
-                in_partial = False
-            for line in reversed(tail):
-                if line:
-                    yield line
-            if len(carry) > max_line:
-                carry = b""             # an over-long line: skip the rest of it, like a partial
-                in_partial = True
-        if pos == 0 and carry and not in_partial:
-            yield carry
-    finally:
-        os.close(fd)

@@ -25,7 +25,8 @@ from collbench.errors import UserError
 from collbench.hosts import is_this_machine
 from collbench.tables import format_us
 from collbench.stress import processes, slurm_job
-from collbench.results.results_log import LogFollower, tail_records
+from collbench.results.follower import LogFollower
+from collbench.results.results_log import tail_records
 from collbench.results.state_dir import (CRASHED, RUNNING, STOPPED, AlreadyRunning, StatePaths, daemon_status,
                                     is_daemon, read_state, remove_pid_file, write_json_atomic)
 

@@ -46,6 +46,7 @@ from collbench.engines import get_engine, launcher
 from collbench.engines.base import failure_message, run_per_step
 from collbench.engines.mpi_job import JobRunner, MpiJob
 from collbench.stress import processes
+from collbench.results.appender import RotatingAppender
 from collbench.results.results_log import ResultsLog
 from collbench.errors import UserError
 from collbench.results.state_dir import (STOPPED, AlreadyRunning, DaemonLock, read_pid_file, read_state,
@@ -563,93 +564,27 @@ class _DaemonJobs(JobRunner):
 
 
 class RawOutputLog:
-    """The raw MPI output (mpi-output.log) as the file object MpiJob writes to; past
-    max_bytes it moves to mpi-output.log.1 (one old file kept: it is for debugging).
-
-    Like the results log it reopens its path when the file is renamed or deleted under it and
-    survives a rotation that fails; it reports both through on_event(event, detail, **fields),
-    called from the job's reader threads (the daemon queues them for the results log).
+    """The raw MPI output (mpi-output.log) as the file object MpiJob writes to: the results
+    log's own writer (collbench.results.appender), one old file kept past max_bytes (it is for
+    debugging). Reopening and failed rotations are reported through on_event(event, detail,
+    **fields), called from the job's reader threads (the daemon queues them for the results log).
     """
 
     def __init__(self, path, max_bytes, on_event=None):
         self.path = path
-        self.max_bytes = max_bytes
-        self.on_event = on_event or (lambda event, detail, **fields: None)
-        self._lock = threading.Lock()
-        self._retry_at = 0
-        self._f = None
-        self._id = None
-        self._adopt(self._open_new())
-
-    def _open_new(self):
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)) or ".", exist_ok=True)
-        return open(self.path, "a", encoding="utf-8", errors="replace")
-
-    def _adopt(self, f):
-        st = os.fstat(f.fileno())
-        old, self._f, self._id = self._f, f, (st.st_dev, st.st_ino)
-        if old is not None:
-            try:
-                old.close()
-            except OSError:
-                pass
+        self._file = RotatingAppender(path, max_bytes, 1, on_event=on_event, what="MPI output log")
 
     def write(self, text):
-        with self._lock:
-            self._check()
-            self._f.write(text)
-            self._maybe_rotate()
+        self._file.write(text.encode("utf-8", "replace"))
 
     def check(self):
-        with self._lock:
-            self._check()
-
-    def _check(self):
-        try:
-            st = os.stat(self.path)
-            if (st.st_dev, st.st_ino) == self._id:
-                return
-        except FileNotFoundError:
-            pass
-        except OSError:
-            return
-        reason = "deleted" if os.fstat(self._f.fileno()).st_nlink == 0 else "renamed"
-        try:
-            self._f.flush()
-        except OSError:
-            pass
-        try:
-            new = self._open_new()
-        except OSError as e:
-            log.error("%s was %s and cannot be reopened: %s", self.path, reason, e)
-            return
-        self._adopt(new)
-        self.on_event("log_reopened", f"{self.path} was {reason} while open; reopened it",
-                      file=self.path, reason=reason)
-
-    def _maybe_rotate(self):
-        if not self.max_bytes or self._f.tell() < max(self.max_bytes, self._retry_at):
-            return
-        try:
-            self._f.flush()
-            os.replace(self.path, self.path + ".1")
-            new = self._open_new()
-        except OSError as e:
-            self._retry_at = self._f.tell() + max(self.max_bytes // 10, 4096)
-            log.error("cannot rotate %s: %s", self.path, e)
-            self.on_event("rotate_failed", f"cannot rotate {self.path}: {e}; still writing to it, "
-                                           "trying again later", file=self.path, error=str(e))
-            return
-        self._retry_at = 0
-        self._adopt(new)
+        self._file.check()
 
     def flush(self):
-        with self._lock:
-            self._f.flush()
+        pass        # every write is a write(2) already
 
     def close(self):
-        with self._lock:
-            self._f.close()
+        self._file.close()
 
 
 def _become_subreaper():
