@@ -1,11 +1,16 @@
-"""deploy/kubernetes/ and `collbench rules --format prometheusrule`, validated against the real
-schemas: the Kubernetes API's (kubernetes-validate) for built-in kinds, and the published CRDs of
-the MPI Operator and the Prometheus Operator (in ../shared/k8s-crds/, read there, never copied)
-for the custom resources. The kustomization is rendered by the small kustomize subset below (what
-deploy/kubernetes uses); where kubectl is installed its own `kubectl kustomize` must agree."""
+"""deploy/kubernetes/ and `collbench rules --format prometheusrule`, validated against the upstream
+APIs with what a user's machine has (./scripts/install.sh installs it, nothing beside the clone is read):
+- built-in kinds: the Kubernetes API's schemas (kubernetes-validate, strict);
+- Prometheus Operator kinds: decoded strictly into the operator's published Go API types by
+  tools/k8s-validate (built by install.sh into .venv/bin; unknown field, wrong type, bad duration);
+- MPIJob (the MPI Operator publishes no Go module or package a registry serves): the envelope
+  against tools/k8s-schemas/mpijob-v2beta1.schema.json, written from its v2beta1 API, and its
+  metadata and pod templates against kubernetes-validate's ObjectMeta and PodTemplateSpec.
+The kustomization is rendered by the small kustomize subset below (what deploy/kubernetes uses);
+kustomize's own library (k8s-validate -kustomize, what `kubectl kustomize` runs) must agree."""
 
 import copy
-import functools
+import json
 import os
 import re
 import shutil
@@ -19,22 +24,8 @@ import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KDIR = os.path.join(REPO, "deploy", "kubernetes")
-
-
-def _crd_dir():
-    """The project's shared CRD schemas: $COLLBENCH_SHARED_DIR/k8s-crds, else shared/k8s-crds
-    beside the checkout or beside one of its parents (a clone may sit deeper than the main one)."""
-    if os.environ.get("COLLBENCH_SHARED_DIR"):
-        return os.path.join(os.environ["COLLBENCH_SHARED_DIR"], "k8s-crds")
-    here = REPO
-    while True:
-        candidate = os.path.join(os.path.dirname(here), "shared", "k8s-crds")
-        if os.path.isdir(candidate) or os.path.dirname(here) == here:
-            return candidate
-        here = os.path.dirname(here)
-
-
-CRD_DIR = _crd_dir()
+VALIDATOR = os.path.join(os.path.dirname(sys.executable), "k8s-validate")
+MPIJOB_SCHEMA = os.path.join(REPO, "tools", "k8s-schemas", "mpijob-v2beta1.schema.json")
 CLUSTER_SCOPED = {"Namespace", "PersistentVolume", "ClusterRole", "ClusterRoleBinding",
                   "CustomResourceDefinition", "StorageClass", "PriorityClass"}
 KUSTOMIZE_KEYS = {"apiVersion", "kind", "namespace", "resources", "configMapGenerator",
@@ -91,6 +82,8 @@ def render_kustomization(directory):
         for o in objs:
             if o["kind"] not in CLUSTER_SCOPED:
                 o["metadata"]["namespace"] = kust["namespace"]
+            elif o["kind"] == "Namespace":        # kustomize renames a Namespace it is given
+                o["metadata"]["name"] = kust["namespace"]
     images = {i["name"]: i for i in kust.get("images", [])}
     for o in objs:
         _set_images(o, images)
@@ -110,62 +103,63 @@ def by_kind(objs, kind):
     return [o for o in objs if o["kind"] == kind]
 
 
-# ---------------------------------------------------------------- CRD schemas
+# ---------------------------------------------------------------- validation
 
-def _strict(schema):
-    """The CRD schema with unknown fields rejected (kubectl's default field validation is
-    Strict), except where the schema preserves them."""
-    schema = copy.deepcopy(schema)
-
-    def walk(s):
-        if isinstance(s, dict):
-            if s.get("type") == "object" and "properties" in s and "additionalProperties" not in s \
-                    and not s.get("x-kubernetes-preserve-unknown-fields"):
-                s["additionalProperties"] = False
-            for v in s.values():
-                walk(v)
-        elif isinstance(s, list):
-            for v in s:
-                walk(v)
-    walk(schema)
-    return schema
+class Invalid(Exception):
+    """A manifest the API server (or its operator) would refuse; the message says where."""
 
 
-@functools.lru_cache(maxsize=None)
-def _crds():
-    """Every CRD document in CRD_DIR (the MPIJob one is 670 KB of YAML: parsed once)."""
-    assert os.path.isdir(CRD_DIR), (f"the CRD schemas are expected in {CRD_DIR} (set COLLBENCH_SHARED_DIR "
-                                    "to the folder holding k8s-crds/)")
-    docs = []
-    for name in sorted(os.listdir(CRD_DIR)):
-        if name.endswith(".yaml"):
-            with open(os.path.join(CRD_DIR, name), encoding="utf-8") as f:
-                docs += [d for d in yaml.load_all(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) if d]
-    return docs
+def _validator():
+    assert os.access(VALIDATOR, os.X_OK), f"{VALIDATOR} is missing: run ./scripts/install.sh (it builds tools/k8s-validate)"
+    return VALIDATOR
 
 
-@functools.lru_cache(maxsize=None)
-def crd_schema(api_version, kind):
-    group, _, version = api_version.partition("/")
-    for crd in _crds():
-        spec = crd.get("spec", {})
-        if crd.get("kind") != "CustomResourceDefinition" or spec.get("group") != group \
-                or spec.get("names", {}).get("kind") != kind:
-            continue
-        for v in spec["versions"]:
-            if v["name"] == version and v.get("served"):
-                return _strict(v["schema"]["openAPIV3Schema"])
-    raise AssertionError(f"no CRD for {api_version} {kind} in {CRD_DIR}")
+def run_validator(*args, stdin=None):
+    return subprocess.run([_validator(), *args], input=stdin, capture_output=True, text=True, timeout=60)
+
+
+def _validate_prometheus_operator(obj):
+    out = run_validator("-", stdin=json.dumps(obj))
+    if out.returncode == 1:
+        raise Invalid(out.stdout.strip())
+    assert out.returncode == 0 and out.stdout.startswith("ok "), (out.returncode, out.stdout, out.stderr)
+
+
+def _validate_mpijob(obj):
+    with open(MPIJOB_SCHEMA, encoding="utf-8") as f:
+        schema = json.load(f)
+    try:
+        jsonschema.Draft7Validator(schema).validate(obj)
+    except jsonschema.ValidationError as e:
+        raise Invalid(f"{'.'.join(map(str, e.absolute_path))}: {e.message}") from None
+    # ObjectMeta and PodTemplateSpec are core types: a v1 PodTemplate carries both
+    for role, replica in obj["spec"]["mpiReplicaSpecs"].items():
+        _validate_builtin({"apiVersion": "v1", "kind": "PodTemplate", "metadata": obj["metadata"],
+                           "template": replica["template"]}, f"spec.mpiReplicaSpecs.{role}.template")
+
+
+def _validate_builtin(obj, where=""):
+    try:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    except (kubernetes_validate.ValidationError, kubernetes_validate.SchemaNotFoundError,
+            kubernetes_validate.InvalidSchemaError) as e:
+        raise Invalid(f"{where or obj['kind']}: {e}") from None
 
 
 def validate(obj):
-    """Raise if obj is not valid: kubernetes-validate for built-in kinds, the CRD otherwise."""
+    """Raise Invalid if the API server (with the operators' APIs installed) would refuse obj."""
     name = obj["metadata"]["name"]
-    assert _DNS_SUBDOMAIN.match(name) and len(name) <= 253, f"bad metadata.name {name!r}"
-    if "." in obj["apiVersion"].split("/")[0] and "/" in obj["apiVersion"]:
-        jsonschema.Draft7Validator(crd_schema(obj["apiVersion"], obj["kind"])).validate(obj)
+    if not (_DNS_SUBDOMAIN.match(name) and len(name) <= 253):
+        raise Invalid(f"bad metadata.name {name!r}")
+    group = obj["apiVersion"].rpartition("/")[0]
+    if group == "monitoring.coreos.com":
+        _validate_prometheus_operator(obj)
+    elif group == "kubeflow.org":
+        _validate_mpijob(obj)
+    elif "." in group:
+        raise Invalid(f"{obj['apiVersion']} {obj['kind']}: no API this test knows")
     else:
-        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        _validate_builtin(obj)
 
 
 # ---------------------------------------------------------------- the manifests
@@ -180,45 +174,117 @@ def test_kustomization_renders_what_deploy_needs(rendered):
     assert all(o["metadata"].get("namespace") == "collbench" for o in rendered if o["kind"] != "Namespace")
 
 
-def test_kubectl_kustomize_agrees_where_installed(rendered):
-    """Our subset renders exactly what kustomize itself does (when kubectl is on this machine)."""
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:   # the subset above is the renderer then; its own test still ran
-        assert render_kustomization(KDIR) == rendered
-        return
-    out = subprocess.run([kubectl, "kustomize", KDIR], capture_output=True, text=True, timeout=120)
+def test_kustomizes_own_rendering_agrees(rendered):
+    """Our subset renders exactly what kustomize's library renders (k8s-validate -kustomize)."""
+    out = run_validator("-kustomize", KDIR)
     assert out.returncode == 0, out.stderr
     theirs = {_key(o): o for o in yaml.safe_load_all(out.stdout) if o}
     ours = {_key(o): o for o in rendered}
     assert theirs == ours
 
 
+def test_kustomize_comparison_sees_a_difference(tmp_path, rendered):
+    """Where the subset and kustomize differ, the comparison above sees it: a kustomization whose
+    namespace is changed renders differently from the `rendered` of the checked-in one."""
+    copy_dir = tmp_path / "k"
+    shutil.copytree(KDIR, copy_dir)
+    kust = (copy_dir / "kustomization.yaml").read_text()
+    (copy_dir / "kustomization.yaml").write_text(kust.replace("namespace: collbench", "namespace: other"))
+    out = run_validator("-kustomize", str(copy_dir))
+    assert out.returncode == 0, out.stderr
+    theirs = {_key(o): o for o in yaml.safe_load_all(out.stdout) if o}
+    assert theirs != {_key(o): o for o in rendered}
+    assert theirs == {_key(o): o for o in render_kustomization(str(copy_dir))}
+    bad = run_validator("-kustomize", str(tmp_path / "missing"))
+    assert bad.returncode == 2 and "missing" in bad.stderr
+
+
 def test_every_manifest_validates_against_its_schema(rendered):
     for obj in rendered:
         validate(obj)
+    # the Prometheus Operator files as written, too: a duplicate key is gone once parsed to a dict
+    files = [os.path.join(KDIR, f) for f in ("servicemonitor.yaml", "prometheusrule.yaml")]
+    out = run_validator(*files)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.splitlines() == ["ok ServiceMonitor collbench", "ok PrometheusRule collbench"]
 
 
-def test_builtin_validation_rejects_a_bad_field(rendered):
-    dep = copy.deepcopy(by_kind(rendered, "Deployment")[0])
-    dep["spec"]["template"]["spec"]["containers"][0]["port"] = 9105   # should be ports
-    with pytest.raises(kubernetes_validate.ValidationError):
-        validate(dep)
-
-
-@pytest.mark.parametrize("kind,path,value", [
-    ("MPIJob", ("spec", "slotsPerWorkr"), 1),                                # a typo
-    ("MPIJob", ("spec", "mpiImplementation"), "OpenMPI5"),                   # not in the enum
-    ("ServiceMonitor", ("spec", "endpoints", 0, "interval"), "15 seconds"),  # not a duration
-    ("PrometheusRule", ("spec", "groups", 0, "rules", 0, "for"), "2 min"),
-])
-def test_crd_validation_rejects_bad_custom_resources(rendered, kind, path, value):
-    obj = copy.deepcopy(by_kind(rendered, kind)[0])
+def _set(obj, path, value):
     node = obj
     for p in path[:-1]:
         node = node[p]
     node[path[-1]] = value
-    with pytest.raises(jsonschema.ValidationError):
+
+
+_LAUNCHER = ("spec", "mpiReplicaSpecs", "Launcher", "template", "spec")
+_WORKER = ("spec", "mpiReplicaSpecs", "Worker", "template", "spec")
+_POD = ("spec", "template", "spec")
+
+# (kind, path, value, fragment of the message): one unknown or mistyped field per kind and level.
+BAD_FIELDS = [
+    ("Namespace", ("metadata", "lables"), {"a": "b"}, "lables"),
+    ("Namespace", ("metadata", "labels"), ["a"], "labels"),
+    ("PersistentVolumeClaim", ("spec", "accessMode"), ["ReadWriteMany"], "accessMode"),
+    ("PersistentVolumeClaim", ("spec", "accessModes"), "ReadWriteMany", "accessModes"),
+    ("Deployment", _POD + ("containers", 0, "port"), 9105, "port"),                        # should be ports
+    ("Deployment", ("spec", "replicas"), "1", "replicas"),
+    ("Service", ("spec", "ports", 0, "port"), "9105", "port"),
+    ("Service", ("spec", "selectr"), {}, "selectr"),
+    ("ConfigMap", ("dataa",), {}, "dataa"),
+    ("ConfigMap", ("data", "collbench.yaml"), 1, "collbench.yaml"),
+    ("MPIJob", ("spec", "slotsPerWorkr"), 1, "slotsPerWorkr"),                               # a typo
+    ("MPIJob", ("spec", "slotsPerWorker"), "1", "slotsPerWorker"),
+    ("MPIJob", ("spec", "mpiImplementation"), "OpenMPI5", "OpenMPI5"),                       # not in the enum
+    ("MPIJob", ("spec", "runPolicy", "cleanPodPolicy"), "Sometimes", "Sometimes"),
+    ("MPIJob", ("spec", "runPolicy", "backoffLimit"), 2 ** 31, "backoffLimit"),             # beyond int32
+    ("MPIJob", ("spec", "mpiReplicaSpecs", "Launcher", "replicas"), 2, "replicas"),         # one launcher
+    ("MPIJob", ("spec", "mpiReplicaSpecs", "Launchr"), {}, "Launchr"),
+    ("MPIJob", ("spec", "mpiReplicaSpecs", "Worker", "restartPolicy"), "Always", "Always"),
+    ("MPIJob", ("metadata", "labelz"), {}, "labelz"),
+    ("MPIJob", _LAUNCHER + ("containers", 0, "comand"), ["x"], "comand"),
+    ("MPIJob", _LAUNCHER + ("terminationGracePeriodSeconds",), "30", "terminationGracePeriodSeconds"),
+    ("MPIJob", _WORKER + ("containers", 0, "securityContext", "capabilities", "add"), "IPC_LOCK", "add"),
+    ("MPIJob", _WORKER + ("volume",), [], "volume"),
+    ("ServiceMonitor", ("spec", "endpoints", 0, "interval"), "15 seconds", "interval"),      # not a duration
+    ("ServiceMonitor", ("spec", "endpoints", 0, "scrapeTimout"), "10s", "scrapeTimout"),
+    ("ServiceMonitor", ("spec", "endpoints", 0, "port"), 9105, "port"),
+    ("ServiceMonitor", ("spec", "selector", "matchLabel"), {}, "matchLabel"),
+    ("ServiceMonitor", ("metadata", "label"), {}, "label"),
+    ("PrometheusRule", ("spec", "groups", 0, "rules", 0, "for"), "2 min", "for"),
+    ("PrometheusRule", ("spec", "groups", 0, "rules", 0, "labels"), ["severity"], "labels"),
+    ("PrometheusRule", ("spec", "groups", 0, "rulez"), [], "rulez"),
+    ("PrometheusRule", ("spek",), {}, "spek"),
+]
+
+
+@pytest.mark.parametrize("kind,path,value,fragment", BAD_FIELDS,
+                         ids=[f"{k}-{'.'.join(map(str, p))}" for k, p, _, _ in BAD_FIELDS])
+def test_validation_rejects_an_unknown_or_mistyped_field(rendered, kind, path, value, fragment):
+    obj = copy.deepcopy(by_kind(rendered, kind)[0])
+    validate(copy.deepcopy(obj))            # valid as rendered: the change below is what fails
+    _set(obj, path, value)
+    with pytest.raises(Invalid) as e:
         validate(obj)
+    assert fragment in str(e.value)
+
+
+def test_every_kind_has_bad_field_rows(rendered):
+    """A kind added to deploy/kubernetes gets its negative rows above."""
+    assert {o["kind"] for o in rendered} <= {k for k, _, _, _ in BAD_FIELDS}
+
+
+def test_validator_refuses_what_it_cannot_check():
+    for doc, fragment in (('{"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitr", '
+                           '"metadata": {"name": "a"}}', "ServiceMonitr"),
+                          ('{"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule", '
+                           '"metadata": {"name": "a"}, "spec": {}, "spec": {}}', 'key "spec" already set'),
+                          ("apiVersion: monitoring.coreos.com/v1\nkind: PrometheusRule\nmetadata: {}\n", "name")):
+        out = run_validator("-", stdin=doc)
+        assert out.returncode == 1 and fragment in out.stdout, (doc, out.stdout, out.stderr)
+    with pytest.raises(Invalid, match="no API"):
+        validate({"apiVersion": "example.com/v1", "kind": "X", "metadata": {"name": "a"}})
+    with pytest.raises(Invalid, match="kubeflow.org/v2beta1"):
+        validate({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "a"}, "spec": {}})
 
 
 def test_the_pieces_reference_each_other(rendered):
