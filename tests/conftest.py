@@ -15,9 +15,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:   # the lab package (lab/testbed.py) lives beside collbench, unpackaged
     sys.path.insert(0, str(REPO))
 FIXTURES = REPO / "tests" / "fixtures"
-# Real OSU 7.4 output shipped beside the repo (shared/fixtures); tests fall back to a copy in tests/fixtures.
-OSU_FIXTURES = next((p for p in (REPO.parent / "shared" / "fixtures" / "osu-7.4",
-                                 FIXTURES / "osu-7.4") if p.is_dir()), FIXTURES / "osu-7.4")
+# Real OSU 7.4 output, captured once and kept in the repository (a clone has nothing beside it).
+OSU_FIXTURES = FIXTURES / "osu-7.4"
 
 
 @pytest.fixture

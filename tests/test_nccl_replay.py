@@ -3,7 +3,7 @@ mpirun (2 and 4 ranks, ob1 `shm` and UCX `ucx-tcp`), in log order (the RCCL repl
 grouped (the estimate of the log's collective time); the op/size/datatype mapping against
 hand-computed bytes; the nranks warning, the --max-bytes cap; bad input exits 2 with nothing written.
 
-The logs are generated here in NCCL 2.23's format (shared/research/nccl.md §1.2: the COLL printf,
+The logs are generated here in NCCL 2.23's format (NCCL's COLL INFO printf,
 the `ncclCommInitRank ... commId` INIT line), one process per rank.
 """
 

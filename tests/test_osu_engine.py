@@ -2,7 +2,7 @@
 
 OSU itself cannot be built here (no source in any reachable registry), so the jobs run
 tests/osu_standin/osu_<op>: scripts that accept OSU 7.4's options and print the captured OSU
-7.4 output (shared/fixtures/osu-7.4) for the requested size, launched by REAL mpirun at 2 ranks.
+7.4 output (tests/fixtures/osu-7.4) for the requested size, launched by REAL mpirun at 2 ranks.
 """
 
 import os

@@ -1,6 +1,6 @@
 """NCCL/RCCL enums and op names: what the numbers and names in a COLL line mean.
 
-One table per enum (shared/research/nccl.md §2 for the values, §1.2/§1.3 for the op names). An
+One table per enum (nccl.h's for the values, NCCL's COLL INFO lines for the op names). An
 NCCL op's facts are a row of OPS: its kind, how nccl-tests sizes it, whether it reduces or has a
 root, how its in-place buffers are laid out, and which row of collbench's own op table
 (`collbench.ops.OPS`) times it; whether it reduces is taken from that row where there is one, and

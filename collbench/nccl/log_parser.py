@@ -1,6 +1,6 @@
 """Parse one NCCL/RCCL debug-log line (bytes) into a typed record.
 
-Lines that matter (formats: shared/research/nccl.md §1, §3.3, §3.4):
+Lines that matter (as NCCL and RCCL print them; docs/NCCL.md lists the versions):
 - COLL:   `<prefix> NCCL INFO <Op>: opCount <hex> sendbuff <p> recvbuff <p> [acc <p>] count <n>
            [size <n>] datatype <d> op <r> [root <r>] comm <p> [nranks=<n>] stream <p>
            [task <t> globalrank <g>] [devRedOp <d> isPtr <i> scaler <x>]`  (NCCL 2.4-2.30, RCCL 4.x-7.x)

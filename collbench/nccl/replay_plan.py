@@ -1,6 +1,6 @@
 """How an NCCL/RCCL call becomes a step of the built-in engine (`collbench nccl replay`).
 
-Per nccl-tests' conventions (shared/research/nccl.md §4) and the engine's OSU size convention
+Per nccl-tests' conventions (its doc/PERFORMANCE.md) and the engine's OSU size convention
 (docs/DESIGN.md), for a call replayed at n ranks with element size ts:
 
   NCCL op        engine op       engine size (bytes per rank)       nccl-tests S       busbw factor
