@@ -114,6 +114,28 @@ def count_type(low=1, high=MAX_COUNT):
     return parse
 
 
+def size_type():
+    """argparse type= for one message size flag (--lat-size)."""
+    def parse(text):
+        try:
+            return parse_message_size(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    parse.__name__ = "size"
+    return parse
+
+
+def duration_type(low=0.0, high=365 * 86400.0):
+    """argparse type= for a duration flag (--timeout): seconds, or 30s / 5m / 2h."""
+    def parse(text):
+        try:
+            return duration(text, "", low, high)
+        except UserError as e:
+            raise argparse.ArgumentTypeError(str(e).lstrip(": ")) from None
+    parse.__name__ = "duration"
+    return parse
+
+
 def duration(value, flag, low=0.0, high=365 * 86400.0):
     """Seconds from 30, 1.5, 30s, 5m, 2h, 1d."""
     text = str(value).strip().lower()

@@ -11,6 +11,14 @@ EXIT_INTERRUPTED = 130     # 128 + SIGINT, as a shell reports Ctrl-C
 EXIT_TERMINATED = 143      # 128 + SIGTERM
 
 
+def run_context(cfg, engine):
+    """The RunContext of a run: its run id, hosts, and the config's MPI as records name it (the
+    launcher is asked once, here, for every verb)."""
+    from collbench.engines import launcher
+    from collbench.results.records import RunContext
+    return RunContext(cfg, engine, launcher.mpi_version(cfg))
+
+
 class Terminated(Exception):
     """SIGTERM arrived: unwind like Ctrl-C so the running MPI job is stopped, not orphaned."""
 

@@ -11,12 +11,10 @@ import sys
 from collbench import engines, harness
 from collbench.cli import add_config_arg
 from collbench.config import apply_overrides, int_flag, load_config
-from collbench.engines.launcher import mpi_version, resolve_launcher
 from collbench.errors import UserError
 from collbench.once.report_table import render_other_failures, render_tables
 from collbench.atomic_file import check_writable
 from collbench.results.output_files import write_jsonl, write_tsv
-from collbench.results.records import RunContext
 
 
 def register(subparsers):
@@ -66,7 +64,7 @@ def run(args):
     tsv_path = check_writable(args.tsv, "--tsv") if args.tsv else None
     engine = engines.get_engine(cfg.engine)
     engine.preflight(cfg, steps)
-    ctx = RunContext(cfg, cfg.engine, mpi_version(resolve_launcher(cfg)))
+    ctx = harness.run_context(cfg, cfg.engine)
 
     progress = harness.StepProgress(sys.stderr, steps, quiet=args.quiet)
     records = []

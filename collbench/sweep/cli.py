@@ -12,12 +12,10 @@ import sys
 from collbench import engines, harness
 from collbench.cli import add_config_arg
 from collbench.config import apply_overrides, int_flag, load_config
-from collbench.engines.launcher import mpi_version, resolve_launcher
 from collbench.errors import UserError
 from collbench.atomic_file import check_writable
 from collbench.results.output_files import write_jsonl
 from collbench.ops import DATATYPES
-from collbench.results.records import RunContext
 from collbench.sweep import metrics_report, plan, table
 
 def register(subparsers):
@@ -107,7 +105,7 @@ def run(args):
     results_path = check_writable(args.results, "--results", append=True) if args.results else None
     engine = engines.get_engine(cfg.engine)
     engine.preflight(cfg, steps)
-    ctx = RunContext(cfg, cfg.engine, mpi_version(resolve_launcher(cfg)))
+    ctx = harness.run_context(cfg, cfg.engine)
 
     progress = harness.StepProgress(sys.stderr, steps, quiet=args.quiet)
     records = []

@@ -15,10 +15,9 @@ import sys
 
 from collbench import cli_values, harness
 from collbench.config import load_config
-from collbench.engines.launcher import mpi_version, resolve_launcher
 from collbench.errors import UserError
 from collbench.ops import DATATYPES
-from collbench.results.records import RunContext, event_record
+from collbench.results.records import event_record
 from collbench.sizes import format_size
 from collbench.tables import Column, format_us, table_lines
 from collbench.topo import compare
@@ -237,7 +236,7 @@ def cmd_compare(args):
     if args.results:
         from collbench.atomic_file import check_writable
         results_path = check_writable(args.results, "--results", append=True)
-    ctx = RunContext(cfg, "builtin", mpi_version(resolve_launcher(cfg)))
+    ctx = harness.run_context(cfg, "builtin")
     predicted = predictions(matrix, orders)
 
     estimate = estimate_seconds(matrix, orders, settings)

@@ -14,14 +14,12 @@ import json
 import os
 import sys
 
-from collbench import harness
+from collbench import cli_values, harness
 from collbench.config import load_config
-from collbench.engines.launcher import mpi_version, resolve_launcher
 from collbench.errors import UserError
-from collbench.results.records import RunContext
 from collbench.atomic_file import check_writable
 from collbench.results.output_files import write_jsonl
-from collbench.sizes import format_size, parse_message_size
+from collbench.sizes import format_size
 from collbench.tables import Column, table_lines
 from collbench.topo import measure
 from collbench.topo.heatmap import write_heatmap
@@ -77,28 +75,9 @@ def add_measure(verbs):
     m.set_defaults(func=cmd_measure)
 
 
-def _positive_int(text):
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"got {text[:40]!r}, expected a whole number") from None
-    if not 1 <= v <= 1_000_000:
-        raise argparse.ArgumentTypeError(f"got {v}, expected 1 to 1000000")
-    return v
-
-
-def _nonneg_int(text):
-    return 0 if text.strip() == "0" else _positive_int(text)
-
-
-def _size(text):
-    try:
-        v = parse_message_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"got {text[:40]!r}, expected at least 1 byte")
-    return v
+_positive_int = cli_values.count_type(1, 1_000_000)     # --ranks-per-host, --iterations
+_nonneg_int = cli_values.count_type(0, 1_000_000)       # --warmup
+_size = cli_values.size_type()
 
 
 def _ratio(text):
@@ -111,14 +90,7 @@ def _ratio(text):
     return v
 
 
-def _seconds(text):
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"got {text[:40]!r}, expected seconds") from None
-    if not 1.0 <= v <= 7 * 86400:
-        raise argparse.ArgumentTypeError(f"got {text[:40]!r}, expected 1 to 604800 seconds")
-    return v
+_seconds = cli_values.duration_type(1.0, 7 * 86400.0)    # --timeout
 
 
 def check_out_dir(path):
@@ -143,7 +115,7 @@ def cmd_measure(args):
     measure.measure_config(cfg, settings.ranks_per_host)     # a bad host/slot combination: exit 2 now
     out_dir = check_out_dir(args.out_dir)
     results_path = check_writable(args.results, "--results", append=True) if args.results else None
-    ctx = RunContext(cfg, "builtin", mpi_version(resolve_launcher(cfg)))
+    ctx = harness.run_context(cfg, "builtin")
 
     failed = None
     with harness.Run("topo measure", quiet=True, on_stop="nothing written") as job:
