@@ -94,3 +94,18 @@ class Run:
             return True
         finally:
             signal.signal(signal.SIGTERM, self._previous)
+
+
+def run_plan(verb, engine, cfg, steps, ctx, quiet=False, on_stop="nothing written", stream=None):
+    """Every step of a plan through an engine, with a progress line per step: (records, the Run).
+
+    The records are what finished, also when the run was stopped (run.stopped, run.exit_code).
+    """
+    from collbench.harness.progress import StepProgress
+    progress = StepProgress(stream or sys.stderr, steps, quiet=quiet)
+    records = []
+    with Run(verb, total=len(steps), progress=progress, on_stop=on_stop, stream=stream) as job:
+        for rec in engine.run_steps(cfg, steps, ctx, on_progress=progress.start):
+            records.append(rec)
+            progress.record(rec)
+    return records, job

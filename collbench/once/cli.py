@@ -66,12 +66,7 @@ def run(args):
     engine.preflight(cfg, steps)
     ctx = harness.run_context(cfg, cfg.engine)
 
-    progress = harness.StepProgress(sys.stderr, steps, quiet=args.quiet)
-    records = []
-    with harness.Run("once", total=len(steps), progress=progress, on_stop="no result file written") as job:
-        for rec in engine.run_steps(cfg, steps, ctx, on_progress=progress.start):
-            records.append(rec)
-            progress.record(rec)
+    records, job = harness.run_plan("once", engine, cfg, steps, ctx, quiet=args.quiet, on_stop="no result file written")
     if job.stopped:
         return job.exit_code
     if not args.quiet:

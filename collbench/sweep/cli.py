@@ -107,12 +107,7 @@ def run(args):
     engine.preflight(cfg, steps)
     ctx = harness.run_context(cfg, cfg.engine)
 
-    progress = harness.StepProgress(sys.stderr, steps, quiet=args.quiet)
-    records = []
-    with harness.Run("sweep", total=len(steps), progress=progress, on_stop="no file written") as job:
-        for rec in engine.run_steps(cfg, steps, ctx, on_progress=progress.start):
-            records.append(rec)
-            progress.record(rec)
+    records, job = harness.run_plan("sweep", engine, cfg, steps, ctx, quiet=args.quiet, on_stop="no file written")
     if job.stopped:
         return job.exit_code
 
