@@ -158,7 +158,7 @@ def main():
         print(f"reference: OSU 7.4 binaries in {args.osu_dir}, run here, alternating with the engine (ABBA)")
     else:
         print(f"reference: fixtures in {args.fixtures} (captured on another VM: includes the machine difference)")
-    print(f"mpi: {launcher.mpi_version(launcher.resolve_launcher(cfg))}; load before: {os.getloadavg()[0]:.2f}")
+    print(f"mpi: {launcher.mpi_version(cfg)}; load before: {os.getloadavg()[0]:.2f}")
 
     run_osu_too = args.osu_dir is not None
     engine_runs = {op.name: [] for op in ops}

@@ -1,7 +1,11 @@
-"""The op table. An operation is one row: its OSU binary, what it moves, its busbw factor.
+"""The op table and the datatype table: one row per operation, one row per datatype, each with
+every fact about it that collbench uses.
 
-Everything that needs to know about an op (engine plan, OSU runner, bandwidth, exporter
-legacy names, dashboard reference) reads this table instead of branching on names.
+Everything that needs to know about an op (engine plan, OSU runner, nccl-tests runner,
+bandwidth, exporter legacy names, dashboard reference, failure diagnosis) or a datatype (element
+size, the MPI type, OSU's and nccl-tests' spelling) reads these tables instead of branching on
+names. The built-in engine's own tables (OPS[] and DATATYPES[] in engines/collbench_engine.c)
+are checked against these by tests/test_ops_table.py.
 """
 
 from dataclasses import dataclass
@@ -34,6 +38,8 @@ class Op:
     bus_factor_kind: str  # a key of BUS_FACTORS
     legacy_name: str     # the prototype's metric infix (mpi_<legacy>_latency_us), or ""
     training_use: str    # what it means for training (the prototype's reference table)
+    mpi_function: str    # the MPI call (as MPI's error messages name it)
+    nccl_tests_binary: str = None   # nccl-tests' <op>_perf; None: NCCL has no such collective
 
     def data_bytes(self, size_bytes, nranks):
         """S, the bytes that define algorithm bandwidth (docs/METRICS.md)."""
@@ -60,30 +66,52 @@ class Op:
 OPS = {op.name: op for op in (
     Op(name="allreduce", title="Allreduce", osu_binary="osu_allreduce", reduction=True, has_size=True,
        data_per_rank=False, bus_factor_kind="allreduce", legacy_name="allreduce",
-       training_use="Gradient synchronization across GPUs, every training step"),
+       training_use="Gradient synchronization across GPUs, every training step", mpi_function="MPI_Allreduce", nccl_tests_binary="all_reduce_perf"),
     Op(name="bcast", title="Broadcast", osu_binary="osu_bcast", reduction=False, has_size=True,
        data_per_rank=False, bus_factor_kind="one", legacy_name="broadcast",
-       training_use="Model weight distribution at initialization"),
+       training_use="Model weight distribution at initialization", mpi_function="MPI_Bcast", nccl_tests_binary="broadcast_perf"),
     Op(name="reduce", title="Reduce", osu_binary="osu_reduce", reduction=True, has_size=True,
        data_per_rank=False, bus_factor_kind="one", legacy_name="reduce",
-       training_use="Loss aggregation for logging, every N steps"),
+       training_use="Loss aggregation for logging, every N steps", mpi_function="MPI_Reduce", nccl_tests_binary="reduce_perf"),
     Op(name="allgather", title="Allgather", osu_binary="osu_allgather", reduction=False, has_size=True,
        data_per_rank=True, bus_factor_kind="ring", legacy_name="allgather",
-       training_use="Batch-norm statistics, sharded-parameter gathers (ZeRO/FSDP)"),
+       training_use="Batch-norm statistics, sharded-parameter gathers (ZeRO/FSDP)", mpi_function="MPI_Allgather", nccl_tests_binary="all_gather_perf"),
     Op(name="alltoall", title="Alltoall", osu_binary="osu_alltoall", reduction=False, has_size=True,
        data_per_rank=True, bus_factor_kind="ring", legacy_name="alltoall",
-       training_use="Expert routing in MoE models, per layer"),
+       training_use="Expert routing in MoE models, per layer", mpi_function="MPI_Alltoall", nccl_tests_binary="alltoall_perf"),
     Op(name="reduce_scatter", title="Reduce_scatter", osu_binary="osu_reduce_scatter", reduction=True,
        has_size=True, data_per_rank=False, bus_factor_kind="ring", legacy_name="",
-       training_use="Sharded gradient reduction (ZeRO/FSDP)"),
+       training_use="Sharded gradient reduction (ZeRO/FSDP)", mpi_function="MPI_Reduce_scatter", nccl_tests_binary="reduce_scatter_perf"),
     Op(name="barrier", title="Barrier", osu_binary="osu_barrier", reduction=False, has_size=False,
        data_per_rank=False, bus_factor_kind="none", legacy_name="",
-       training_use="Synchronization; pure latency"),
+       training_use="Synchronization; pure latency", mpi_function="MPI_Barrier"),
 )}
 
 ALIASES = {"broadcast": "bcast", "reducescatter": "reduce_scatter", "reduce-scatter": "reduce_scatter"}
-# the engine's datatypes and their sizes; short and long stand in for 2- and 8-byte types MPI lacks
-DATATYPES = {"char": 1, "short": 2, "int": 4, "float": 4, "double": 8, "long": 8}
+
+
+@dataclass(frozen=True)
+class Datatype:
+    name: str            # ours: plans, --datatype, records, the engine's plan files
+    size: int            # bytes per element
+    mpi: str             # the MPI type the engine moves (MPI_SIGNED_CHAR for char sums where
+                         # the MPI refuses MPI_SUM on MPI_CHAR: collbench_engine.c probes it)
+    osu: str             # OSU 7.4's name: `-T` takes it in lower case, its table prints it; None: OSU lacks it
+    nccl: str            # nccl-tests' `-d` value; None: NCCL has no such type
+
+
+# short and long stand in for what MPI has no type for (NCCL's float16/bfloat16, 8-byte ints):
+# the same bytes moved; reductions on them are integer sums
+DATATYPE_TABLE = {dt.name: dt for dt in (
+    Datatype(name="char", size=1, mpi="MPI_CHAR", osu="MPI_CHAR", nccl="int8"),
+    Datatype(name="short", size=2, mpi="MPI_SHORT", osu=None, nccl=None),
+    Datatype(name="int", size=4, mpi="MPI_INT", osu="MPI_INT", nccl="int32"),
+    Datatype(name="float", size=4, mpi="MPI_FLOAT", osu="MPI_FLOAT", nccl="float"),
+    Datatype(name="double", size=8, mpi="MPI_DOUBLE", osu=None, nccl="double"),
+    Datatype(name="long", size=8, mpi="MPI_LONG_LONG", osu=None, nccl="int64"),
+)}
+# name -> bytes per element: the table's size column, what most readers need
+DATATYPES = {dt.name: dt.size for dt in DATATYPE_TABLE.values()}
 
 
 def get_op(name):

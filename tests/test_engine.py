@@ -33,7 +33,7 @@ DATA_TIMES_N = {"allgather", "alltoall"}
 
 
 def ctx_for(cfg):
-    return records.RunContext(cfg, "builtin", launcher.mpi_version(launcher.resolve_launcher(cfg)))
+    return records.RunContext(cfg, "builtin", launcher.mpi_version(cfg))
 
 
 def every_op_plan():

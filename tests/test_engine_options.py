@@ -17,7 +17,7 @@ from engine_helpers import engine_bin, engine_cfg  # noqa: F401
 
 
 def ctx_for(cfg):
-    return records.RunContext(cfg, "builtin", launcher.mpi_version(launcher.resolve_launcher(cfg)))
+    return records.RunContext(cfg, "builtin", launcher.mpi_version(cfg))
 
 
 def run(cfg, steps):

@@ -8,6 +8,7 @@ import pytest
 from collbench.config import build_config
 from collbench.errors import UserError
 from collbench.engines.launcher import TRANSPORT_PRESETS, build_command, mpi_version
+from collbench.engines.mpi_flavour import version_line
 
 
 def cfg_for(tmp_path, **data):
@@ -84,9 +85,10 @@ def test_real_mpirun_runs_ranks_with_the_transport_env(tmp_path, transport):
     assert lines == [f"rank=0 tls={tls} probe=x y", f"rank=1 tls={tls} probe=x y"]
 
 
-def test_mpi_version_names_open_mpi():
-    assert "Open MPI" in mpi_version("mpirun")
-    assert mpi_version("/nonexistent/mpirun") == "unknown"
+def test_mpi_version_names_open_mpi(tmp_path):
+    assert "Open MPI" in mpi_version(cfg_for(tmp_path, ranks=2))
+    assert "Open MPI" in version_line("mpirun")
+    assert version_line("/nonexistent/mpirun") == "unknown"
 
 
 def test_configured_localhost_keeps_its_slots(tmp_path):

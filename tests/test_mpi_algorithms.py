@@ -20,6 +20,7 @@ from engine_helpers import engine_bin, engine_cfg  # noqa: F401
 
 from collbench.config import Step, build_config
 from collbench.engines import algorithms as algs
+from collbench.engines.algorithms import discovery
 from collbench.engines import builtin, launcher, mpi_flavour
 from collbench.engines.mpi_job import JobRunner
 from collbench.errors import UserError
@@ -32,9 +33,9 @@ CALLS = 4          # 1 warm-up + 3 timed calls per step in the proofs below
 def private_cache(tmp_path, monkeypatch):
     """Algorithm lists cached per test (the cache file is part of what is tested)."""
     monkeypatch.setenv("COLLBENCH_CACHE_DIR", str(tmp_path / "cache"))
-    algs._MEMORY.clear()
+    discovery._MEMORY.clear()
     yield
-    algs._MEMORY.clear()
+    discovery._MEMORY.clear()
 
 
 def ompi_cfg(tmp_path, engine, transport="shm", ranks=4):
@@ -73,7 +74,7 @@ def test_list_is_cached_per_install_and_a_damaged_cache_is_ignored(tmp_path):
     files = list((tmp_path / "cache").glob("algorithms-*.json"))
     assert len(files) == 1
     # another process (empty memory) reads the file
-    algs._MEMORY.clear()
+    discovery._MEMORY.clear()
     assert algs.catalogue(cfg).to_json() == first.to_json()
     key = json.loads(files[0].read_text(encoding="utf-8"))["key"]
     damaged = ["{not json", json.dumps({"key": 1}), json.dumps([key]),
@@ -82,7 +83,7 @@ def test_list_is_cached_per_install_and_a_damaged_cache_is_ignored(tmp_path):
                json.dumps({"key": key, "catalogue": dict(first.to_json(), flavour="lam")})]
     for junk in damaged:
         files[0].write_text(junk, encoding="utf-8")
-        algs._MEMORY.clear()
+        discovery._MEMORY.clear()
         again = algs.catalogue(cfg)        # asks ompi_info again, never crashes on the file
         assert again.to_json() == first.to_json()
         assert json.loads(files[0].read_text(encoding="utf-8"))["catalogue"] == first.to_json()
@@ -247,7 +248,7 @@ def test_mpich_list_comes_from_mpivars(tmp_path, mpich_engine):
             assert re.search(rf"{re.escape(name)} +- Force", line), (op, name)
     # MPICH itself accepted every value (a fragment such as "ing" is refused in MPI_Init)
     assert "accepted by MPICH" in cat.source
-    assert algs._mpich_accepts(tool, "allgather", "ring") and not algs._mpich_accepts(tool, "allgather", "ing")
+    assert discovery._mpich_accepts(tool, "allgather", "ring") and not discovery._mpich_accepts(tool, "allgather", "ing")
     assert {"ring", "recursive_doubling"} <= set(cat.names("allgather"))
     assert "recursive_doubling" in cat.names("allreduce")
 
@@ -276,6 +277,24 @@ def test_mpich_forcing_reaches_mpichs_selection(tmp_path, mpich_engine):
     assert not algs.known_constraint(mpi_flavour.MPICH, "allgather", "recursive_doubling", 4, 4096)
 
 
+def test_mpich_refusal_reaches_every_failure_record(tmp_path, mpich_engine):
+    """Issue 19: under load the refusal's failure record came with an empty stderr_tail. MPICH's
+    own fatal handler aborts through Hydra, which can kill the rank's proxy before it forwards
+    the rank's stderr; the engine's handler prints MPI's error text and exits instead, so the
+    text precedes the exit. Every run (each in its own session, as JobRunner starts them) must
+    carry the engine's line with MPICH's reason, from the rank that failed."""
+    cfg = mpich_cfg(tmp_path, mpich_engine, ranks=3)
+    ctx = RunContext(cfg, "builtin", "test")
+    step = Step("allgather", 4096, 2, 1, "char", algorithm="recursive_doubling")
+    for attempt in range(8):
+        rec = list(builtin.run_steps(cfg, [step], ctx))[0]
+        assert rec["type"] == "failure" and rec["exit_code"] != 0, attempt
+        tail = rec["stderr_tail"]
+        assert re.search(r"^collbench-engine: rank \d: Fatal error in an MPI call: ", tail, re.M), (attempt, tail)
+        assert "User set collective algorithm is not usable" in tail, (attempt, tail)
+        assert algs.failure_reason(tail, step).startswith("MPICH: the algorithm cannot serve this call")
+
+
 def test_mpich_checks_every_value_itself(tmp_path, mpich_engine):
     """A value MPICH does not know fails MPI_Init: the run verifies the list."""
     cfg = mpich_cfg(tmp_path, mpich_engine, ranks=2)
@@ -301,4 +320,4 @@ def test_hydra_command_line(tmp_path):
     assert genv == {"FOO": "1", "UCX_TLS": "tcp,sm,self", "MPIR_CVAR_ALLGATHER_INTRA_ALGORITHM": "ring",
                     "MPIR_CVAR_DEVICE_COLLECTIVES": "none", "MPIR_CVAR_COLLECTIVE_FALLBACK": "error"}
     assert env["MPIR_CVAR_ALLGATHER_INTRA_ALGORITHM"] == "ring"
-    assert launcher.mpi_version(shutil.which("mpirun.mpich")).startswith("MPICH ")
+    assert launcher.mpi_version(cfg).startswith("MPICH ")

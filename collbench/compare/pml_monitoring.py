@@ -19,6 +19,7 @@ import copy
 import os
 import re
 
+from collbench.engines import launcher
 from collbench.engines.launcher import TRANSPORT_PRESETS
 
 _LINE = re.compile(r"^([EI])\t(\d+)\t(\d+)\t(\d+) bytes\t(\d+) msgs sent\t([\d,]+)\s*$")
@@ -31,18 +32,14 @@ def monitored(cfg, directory, prefix="prof"):
     to its pml list; its environment into env.
     """
     preset = TRANSPORT_PRESETS[cfg.transport]
-    args = []
-    has_pml = False
-    for key, value in preset["mca"]:
-        if key == "pml":
-            value, has_pml = f"{value},monitoring", True
-        args += ["--mca", key, value]
-    if not has_pml:
-        args += ["--mca", "pml", "ob1,monitoring"]
-    args += ["--mca", "pml_monitoring_enable", "2", "--mca", "pml_monitoring_enable_output", "3",
-             "--mca", "pml_monitoring_filename", os.path.join(os.path.abspath(directory), prefix)]
+    mca = [(key, f"{value},monitoring" if key == "pml" else value) for key, value in preset["mca"]]
+    if not any(key == "pml" for key, _ in mca):
+        mca.append(("pml", "ob1,monitoring"))
+    mca += [("pml_monitoring_enable", "2"), ("pml_monitoring_enable_output", "3"),
+            ("pml_monitoring_filename", os.path.join(os.path.abspath(directory), prefix))]
+    args, mca_env = launcher.mca_arguments(cfg, mca)   # the launcher's own mapping
     out = copy.copy(cfg)
-    out.env = dict(preset["env"], **cfg.env)
+    out.env = dict(preset["env"], **cfg.env, **mca_env)
     out.transport = "none"
     out.launcher_args = args + list(cfg.launcher_args)
     return out

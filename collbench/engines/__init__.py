@@ -6,14 +6,18 @@
     collbench_engine.c   its source; build.py builds it with mpicc (cli.py: `collbench engine`)
     osu.py               the OSU Micro-Benchmarks, one job per step; osu_parser.py reads them
     nccl_tests.py        NVIDIA's nccl-tests / AMD's rccl-tests on GPUs; nccl_tests_parser.py reads them
-    launcher.py          the mpirun / srun command line and environment from the config
+    launcher.py          the one launch path: mpirun / Hydra / srun command line and environment
     mpi_job.py           one MPI job: stream its output, stop its whole process tree
-    algorithms.py        the MPI's own collective algorithms and how to force one
-    mpi_flavour.py       Open MPI or MPICH, and the tools beside the launcher
-    rank_order.py        the config's hosts_order at launch
+    mpi_flavour.py       the config's MPI: its launcher, Open MPI or MPICH, version, tools beside it
+    algorithms/          the MPI's own collective algorithms: what it offers, forcing one, why one
+                         cannot run, what a failed forced run says
+    rank_order.py        the one writer of rankfiles, machinefiles and SLURM_HOSTFILEs (hosts_order)
 
-Callers find an engine by its config name with get_engine() and use only the Engine interface:
-nothing outside this package branches on an engine's name.
+The verbs that run the config's engine (once, sweep, the stress daemon) find it by its config
+name with get_engine() and use only the Engine interface. The verbs that need what only the
+built-in engine does ask for it by name: forced algorithms and timing modes through
+get_engine("builtin") (compare, topo compare, nccl replay), its --pairs mode through
+launcher.build_command and builtin's CBHOSTS parser (topo measure).
 """
 
 import importlib

@@ -1,14 +1,26 @@
-"""Build the mpirun / srun command line and environment from the config.
+"""The one launch path: the command line and environment of one MPI job, from the config.
 
-Transport presets are one table: the MCA parameters and UCX variables each preset sets. With
-mpirun they become `--mca k v` and `-x VAR`; with srun, OMPI_MCA_k variables in the environment.
+build_command makes one pass and asks each part once:
+
+1. mpi_flavour.mpi_of: the launcher and its MPI (Open MPI or MPICH; probed once per process)
+2. algorithms.launch_settings: what forces the job's algorithms (MCA parameters or variables)
+3. the transport preset (TRANSPORT_PRESETS) and the config's `env`
+4. rank_order.placement: hosts_order as the launcher's own file
+5. slurm.srun_options (srun only): the PMI plugin and the job's shape
+
+and then writes the argv in the launcher's syntax: Open MPI's mpirun (`--mca k v`, `-x VAR`),
+MPICH's Hydra (`-genv VAR value`, no MCA), Slurm's srun (MCA parameters as OMPI_MCA_k in the
+environment), or none (launcher: none, one process started as it is). mca_arguments is the one
+mapping from MCA parameters to a launcher's options or environment, for callers that pass
+settings through launcher_args and env (compare's tuning files, pml monitoring).
 """
 
 import os
-import shutil
-import subprocess
-from functools import lru_cache
 
+from collbench import slurm
+from collbench.engines import algorithms as algs
+from collbench.engines import mpi_flavour, rank_order
+from collbench.engines.mpi_flavour import NO_LAUNCHER
 from collbench.errors import UserError
 
 TRANSPORT_PRESETS = {
@@ -27,44 +39,23 @@ TRANSPORT_PRESETS = {
 }
 
 
-@lru_cache(maxsize=8)
-def mpi_version(launcher_path):
-    """First line of `mpirun --version` (e.g. 'mpirun (Open MPI) 4.1.4'), or 'unknown'."""
-    if launcher_path == "none":
-        return "none"
-    if os.path.basename(launcher_path) == "srun":   # srun is Slurm's: ask the MPI the engine is built with
-        launcher_path = shutil.which("mpirun") or launcher_path
-    try:
-        out = subprocess.run([launcher_path, "--version"], capture_output=True, text=True, timeout=20)
-        line = (out.stdout or out.stderr).strip().splitlines()
-        if line and line[0].startswith("HYDRA"):   # MPICH's launcher: "HYDRA build details:"
-            from collbench.engines.mpi_flavour import describe
-            return describe(launcher_path)
-        return line[0].strip() if line else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+# the launcher syntaxes build_command writes, and the rank-order file each reads
+MPIRUN, HYDRA, SRUN = "mpirun", "hydra", "srun"
+_ORDER_FORM = {MPIRUN: rank_order.RANKFILE, HYDRA: rank_order.MACHINEFILE, SRUN: rank_order.SLURM_HOSTFILE}
 
 
-def resolve_launcher(cfg):
-    """Absolute path of mpirun/srun, or a UserError saying how to get it ("none" for launcher: none)."""
-    if cfg.launcher == "none":
-        return "none"
-    name = cfg.launcher_path or cfg.launcher
-    path = shutil.which(name)
-    if path is None and cfg.launcher_path:
-        # the advice differs: the configured path is what is wrong, not the PATH
-        where = f"launcher_path {name!r} in {cfg.source}"
-        if os.sep not in name:
-            raise UserError(f"{where}: not found on PATH (give the full path of {cfg.launcher}, "
-                            f"or remove launcher_path to use the {cfg.launcher} on PATH)")
-        problem = ("is a directory" if os.path.isdir(name) else "is not executable" if os.path.exists(name)
-                   else "does not exist")
-        raise UserError(f"{where}: {problem} (set it to the full path of an executable {cfg.launcher}, "
-                        f"or remove launcher_path to use the {cfg.launcher} on PATH)")
-    if path is None:
-        raise UserError(f"launcher {name!r} not found on PATH (install openmpi-bin, or set "
-                        f"launcher_path in the config)")
-    return path
+def mpi_version(cfg):
+    """The config's MPI as records name it ('mpirun (Open MPI) 4.1.4', 'MPICH 4.0.2 (Hydra)',
+    'none' for launcher: none); UserError when the launcher cannot be found."""
+    return mpi_flavour.mpi_of(cfg).version
+
+
+def syntax(cfg, mpi=None):
+    """MPIRUN, HYDRA, SRUN or NO_LAUNCHER: the command line the config's launcher takes."""
+    if cfg.launcher in (SRUN, NO_LAUNCHER):
+        return cfg.launcher
+    mpi = mpi or mpi_flavour.mpi_of(cfg)
+    return HYDRA if mpi.flavour == mpi_flavour.MPICH else MPIRUN
 
 
 def transport_env(cfg):
@@ -74,49 +65,54 @@ def transport_env(cfg):
     return env
 
 
+def mca_arguments(cfg, mca):
+    """(launcher options, environment variables) carrying MCA parameters [(name, value)]:
+    `--mca name value` on mpirun's command line; OMPI_MCA_name variables under srun (and under
+    Hydra or no launcher, where only an Open MPI program reads them)."""
+    if syntax(cfg) == MPIRUN:
+        options = []
+        for k, v in mca:
+            options += ["--mca", k, v]
+        return options, {}
+    return [], {f"OMPI_MCA_{k}": v for k, v in mca}
+
+
 def build_command(cfg, program_argv, ranks=None, algorithms=None):
-    """(argv, env) to launch program_argv on cfg.ranks ranks over cfg.hosts.
+    """(argv, env) to launch program_argv on cfg.ranks ranks (or `ranks`) over cfg.hosts.
 
     env is the full environment for subprocess (os.environ plus the transport's variables).
-    algorithms: {op: algorithm name} forced for this job (engines/algorithms.py translates them
-    per MPI flavour). An MPICH launcher (mpirun.mpich, Hydra) gets Hydra's command line.
+    algorithms: {op: algorithm name} forced for this job (engines/algorithms translates them
+    per MPI flavour).
     """
-    launcher = resolve_launcher(cfg)
     np = ranks or cfg.ranks
-    if cfg.launcher == "none":   # one process on this machine, started as it is (a GPU box without MPI)
+    mpi = mpi_flavour.mpi_of(cfg)
+    form = syntax(cfg, mpi)
+    env = dict(os.environ)
+    if form == NO_LAUNCHER:   # one process on this machine, started as it is (a GPU box without MPI)
         if np != 1 or not cfg.implicit_hosts:
             raise UserError(f"launcher: none starts one process on this machine; the config asks for "
                             f"{np} ranks{'' if cfg.implicit_hosts else ' on hosts'} (use mpirun or srun)")
-        env = dict(os.environ)
         env.update(transport_env(cfg))
         return list(program_argv), env
-    from collbench.engines import algorithms as algs, mpi_flavour
-    forced = algs.launch_settings(cfg, algorithms)
-    extra_env = transport_env(cfg)
-    extra_env.update(forced.env)
-    env = dict(os.environ)
-    env.update(extra_env)
-    mca = tuple(TRANSPORT_PRESETS[cfg.transport]["mca"]) + tuple(forced.mca)
-    if cfg.launcher != "srun" and mpi_flavour.flavour(launcher) == mpi_flavour.MPICH:
-        return mpi_flavour.hydra_command(cfg, launcher, np, extra_env, program_argv), env
-    if cfg.launcher == "srun":
-        from collbench import slurm
-        argv = [launcher, "-n", str(np)] + slurm.srun_options(cfg, np)
-        if cfg.ranks_per_node and not cfg.hosts_order:
-            argv += ["--ntasks-per-node", str(cfg.ranks_per_node)]
-        if cfg.hosts_order:   # rank r on hosts_order[r]: SLURM_HOSTFILE, --distribution=arbitrary
-            from collbench.engines import rank_order
-            options, order_env = rank_order.srun_settings(cfg, np)
-            argv += options
-            env.update(order_env)
-        elif cfg.hosts and not _is_local(cfg):
-            argv += ["--nodelist", ",".join(cfg.placement())]
-        for k, v in mca:
-            env[f"OMPI_MCA_{k}"] = v
-        argv += ["--export=ALL"]
-        argv += list(cfg.launcher_args)
-        return argv + list(program_argv), env
+    forced = algs.launch_settings(cfg, algorithms, mpi=mpi)
+    variables = transport_env(cfg)
+    variables.update(forced.env)
+    mca = list(TRANSPORT_PRESETS[cfg.transport]["mca"]) + list(forced.mca)
+    placement, order_env = rank_order.placement(cfg, np, _ORDER_FORM[form])
+    env.update(variables)
+    env.update(order_env)
+    if form == SRUN:
+        argv = _srun_argv(cfg, mpi.launcher, np, placement)
+        env.update(mca_arguments(cfg, mca)[1])
+    elif form == HYDRA:
+        argv = _hydra_argv(cfg, mpi.launcher, np, placement, variables)
+    else:
+        argv = _mpirun_argv(cfg, mpi.launcher, np, placement, mca, variables)
+    return argv + list(cfg.launcher_args) + list(program_argv), env
 
+
+def _mpirun_argv(cfg, launcher, np, placement, mca, variables):
+    """Open MPI's mpirun: ranks, hosts, placement, MCA parameters, the variables to export (-x)."""
     argv = [launcher, "-np", str(np)]
     if os.geteuid() == 0:
         argv.append("--allow-run-as-root")
@@ -125,21 +121,39 @@ def build_command(cfg, program_argv, ranks=None, algorithms=None):
         argv += ["--oversubscribe", "--bind-to", "none"]
     if cfg.hostfile:
         argv += ["--hostfile", cfg.hostfile]
-    elif not _is_local(cfg):
+    elif not cfg.implicit_hosts:   # a configured localhost:4 still gets --host
         argv += ["--host", ",".join(f"{h.name}:{h.slots}" for h in cfg.hosts)]
-    if cfg.hosts_order:   # rank r on hosts_order[r]: a rankfile
-        from collbench.engines import rank_order
-        argv += rank_order.openmpi_options(cfg, np)
+    if placement:   # rank r on hosts_order[r]: a rankfile
+        argv += placement
     elif cfg.ranks_per_node:
         argv += ["--map-by", f"ppr:{cfg.ranks_per_node}:node"]
-    for k, v in mca:
-        argv += ["--mca", k, v]
-    for name in sorted(extra_env):
+    argv += mca_arguments(cfg, mca)[0]
+    for name in sorted(variables):
         argv += ["-x", name]
-    argv += list(cfg.launcher_args)
-    return argv + list(program_argv), env
+    return argv
 
 
-def _is_local(cfg):
-    """No hosts configured: plain -np on this machine (a configured localhost:4 still gets --host)."""
-    return cfg.implicit_hosts
+def _hydra_argv(cfg, launcher, np, placement, variables):
+    """MPICH Hydra: ranks, hosts or a machinefile, per-node count, the variables (-genv)."""
+    argv = [launcher, "-np", str(np)]
+    if placement:   # rank r on hosts_order[r]: a machinefile
+        argv += placement
+    elif not cfg.implicit_hosts:
+        argv += ["-hosts", ",".join(f"{h.name}:{h.slots}" for h in cfg.hosts)]
+    if cfg.ranks_per_node and not placement:
+        argv += ["-ppn", str(cfg.ranks_per_node)]
+    for name in sorted(variables):
+        argv += ["-genv", name, str(variables[name])]
+    return argv
+
+
+def _srun_argv(cfg, launcher, np, placement):
+    """Slurm's srun: tasks, the slurm section's options, placement; the environment goes whole."""
+    argv = [launcher, "-n", str(np)] + slurm.srun_options(cfg, np)
+    if cfg.ranks_per_node and not placement:
+        argv += ["--ntasks-per-node", str(cfg.ranks_per_node)]
+    if placement:   # rank r on hosts_order[r]: SLURM_HOSTFILE, --distribution=arbitrary
+        argv += placement
+    elif cfg.hosts and not cfg.implicit_hosts:
+        argv += ["--nodelist", ",".join(cfg.placement())]
+    return argv + ["--export=ALL"]

@@ -1,11 +1,13 @@
-"""Which MPI a launcher belongs to (Open MPI or MPICH), the tools installed beside it, and MPICH's
-Hydra command line.
+"""The config's MPI: the launcher that starts its jobs, which MPI that is (Open MPI or MPICH), its
+version, and the tools installed beside it.
 
 Open MPI and MPICH (Debian installs both: `mpirun` is Open MPI's orterun, `mpirun.mpich` is
 MPICH's Hydra) differ in everything a launch needs: Hydra takes `-genv NAME VALUE` where mpirun
 takes `-x NAME`, knows no `--mca`, `--oversubscribe` or `--allow-run-as-root`, and reads
-`-hosts a:2,b:2` rather than Open MPI's hostfile syntax. The flavour is read from the launcher's
-name (mpirun.mpich, mpiexec.hydra) or, failing that, from its `--version` text.
+`-hosts a:2,b:2` rather than Open MPI's hostfile syntax (engines/launcher.py writes each). The
+flavour is read from the launcher's name (mpirun.mpich, mpiexec.hydra) or, failing that, from
+its `--version` text; that text is asked once per launcher and process (version_output), and
+mpi_of(cfg) is everything the launch, the algorithm catalogue and the records need from it.
 """
 
 import os
@@ -13,12 +15,75 @@ import re
 import shutil
 import subprocess
 from functools import lru_cache
+from typing import NamedTuple
+
+from collbench.errors import UserError
 
 OPENMPI = "openmpi"
 MPICH = "mpich"
 UNKNOWN = "unknown"     # launched with Open MPI's syntax, as before flavours existed
 
 _SUFFIXED = re.compile(r"^(?:mpirun|mpiexec)\.([A-Za-z0-9_-]+)$")
+
+
+class MpiInstall(NamedTuple):
+    """The config's MPI, as the launch, the algorithm catalogue and the records see it."""
+    launcher: str    # absolute path of what starts a job: mpirun, mpirun.mpich, srun
+    mpirun: str      # the MPI's own launcher (under srun: the mpirun on PATH); its tools sit beside it
+    flavour: str     # OPENMPI, MPICH or UNKNOWN: the MPI of `mpirun`
+    version: str     # what records call it: 'mpirun (Open MPI) 4.1.4', 'MPICH 4.0.2 (Hydra)', 'unknown'
+
+
+NO_LAUNCHER = "none"   # launcher: none: one process started as it is, no MPI launcher
+
+
+def resolve_launcher(cfg):
+    """Absolute path of mpirun/srun, or a UserError saying how to get it (NO_LAUNCHER for
+    launcher: none)."""
+    if cfg.launcher == NO_LAUNCHER:
+        return NO_LAUNCHER
+    name = cfg.launcher_path or cfg.launcher
+    path = shutil.which(name)
+    if path is None and cfg.launcher_path:
+        # the advice differs: the configured path is what is wrong, not the PATH
+        where = f"launcher_path {name!r} in {cfg.source}"
+        if os.sep not in name:
+            raise UserError(f"{where}: not found on PATH (give the full path of {cfg.launcher}, "
+                            f"or remove launcher_path to use the {cfg.launcher} on PATH)")
+        problem = ("is a directory" if os.path.isdir(name) else "is not executable" if os.path.exists(name)
+                   else "does not exist")
+        raise UserError(f"{where}: {problem} (set it to the full path of an executable {cfg.launcher}, "
+                        f"or remove launcher_path to use the {cfg.launcher} on PATH)")
+    if path is None:
+        raise UserError(f"launcher {name!r} not found on PATH (install openmpi-bin, or set "
+                        f"launcher_path in the config)")
+    return path
+
+
+def mpi_of(cfg):
+    """The config's MPI (UserError when its launcher cannot be found). Under srun the MPI is the
+    one the engine is built with: the mpirun on PATH."""
+    launcher = resolve_launcher(cfg)
+    return _install(launcher, cfg.launcher == "srun")
+
+
+@lru_cache(maxsize=16)
+def _install(launcher, under_srun):
+    if launcher == NO_LAUNCHER:
+        return MpiInstall(NO_LAUNCHER, NO_LAUNCHER, UNKNOWN, NO_LAUNCHER)
+    mpirun = (shutil.which("mpirun") or launcher) if under_srun else launcher
+    return MpiInstall(launcher, mpirun, flavour(mpirun), version_line(mpirun))
+
+
+def version_line(launcher_path):
+    """The MPI of a launcher as records name it: the first line of its --version ('mpirun (Open
+    MPI) 4.1.4'), MPICH's version for Hydra (whose first line is 'HYDRA build details:'), or
+    'unknown' when it cannot say."""
+    lines = [ln.strip() for ln in version_output(shutil.which(launcher_path) or launcher_path).splitlines()
+             if ln.strip()]
+    if not lines:
+        return "unknown"
+    return describe(launcher_path) if lines[0].startswith("HYDRA") else lines[0]
 
 
 @lru_cache(maxsize=16)
@@ -89,19 +154,3 @@ def mpicc_for(launcher_path):
     full = shutil.which(launcher_path) or launcher_path
     candidate = os.path.join(os.path.dirname(full), f"mpicc.{suffix}")
     return candidate if os.path.isfile(candidate) and os.access(candidate, os.X_OK) else None
-
-
-def hydra_command(cfg, launcher, np, extra_env, program_argv):
-    """MPICH Hydra's argv: ranks, hosts, per-node count, the variables the ranks need (-genv)."""
-    argv = [launcher, "-np", str(np)]
-    if getattr(cfg, "hosts_order", None):   # rank r on hosts_order[r]: a machinefile
-        from collbench.engines import rank_order
-        argv += rank_order.hydra_options(cfg, np)
-    elif not cfg.implicit_hosts:
-        argv += ["-hosts", ",".join(f"{h.name}:{h.slots}" for h in cfg.hosts)]
-    if cfg.ranks_per_node and not getattr(cfg, "hosts_order", None):
-        argv += ["-ppn", str(cfg.ranks_per_node)]
-    for name in sorted(extra_env):
-        argv += ["-genv", name, str(extra_env[name])]
-    argv += list(cfg.launcher_args)
-    return argv + list(program_argv)

@@ -28,16 +28,14 @@ from collbench.engines.launcher import build_command
 from collbench.engines.mpi_job import stderr_reason
 from collbench.engines.nccl_tests_parser import NcclTestsError, parse
 from collbench.errors import UserError
-from collbench.ops import get_op
+from collbench.ops import DATATYPE_TABLE, OPS, get_op
 from collbench.results.records import failure_record, result_record
 
 # collbench op -> nccl-tests binary (barrier has none: NCCL has no barrier)
-BINARIES = {"allreduce": "all_reduce_perf", "bcast": "broadcast_perf", "reduce": "reduce_perf",
-            "allgather": "all_gather_perf", "alltoall": "alltoall_perf",
-            "reduce_scatter": "reduce_scatter_perf"}
+BINARIES = {op.name: op.nccl_tests_binary for op in OPS.values() if op.nccl_tests_binary}
 OPS_OF_BINARY = {b: op for op, b in BINARIES.items()}
 # collbench datatype -> nccl-tests -d (2.x spellings; `short` has no NCCL integer type)
-DATATYPES = {"char": "int8", "int": "int32", "float": "float", "double": "double", "long": "int64"}
+DATATYPES = {dt.name: dt.nccl for dt in DATATYPE_TABLE.values() if dt.nccl}
 # nccl-tests' printed type (every version's spelling) -> collbench datatype
 FROM_NCCL_TYPE = {"int8": "char", "char": "char", "int32": "int", "int": "int", "float": "float",
                   "float32": "float", "double": "double", "float64": "double", "int64": "long"}

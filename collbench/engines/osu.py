@@ -21,11 +21,11 @@ from collbench.engines.launcher import build_command
 from collbench.engines.mpi_job import stderr_reason
 from collbench.engines.osu_parser import OsuOutputError, parse_output
 from collbench.errors import UserError
-from collbench.ops import get_op
+from collbench.ops import DATATYPE_TABLE, get_op
 from collbench.results.records import failure_record, result_record
 
-# OSU 7.4 `-T` accepts mpi_char, mpi_int, mpi_float (and all); it has no double.
-OSU_DATATYPES = {"char": "MPI_CHAR", "int": "MPI_INT", "float": "MPI_FLOAT"}
+# OSU 7.4 `-T` accepts mpi_char, mpi_int, mpi_float (and all): the datatype table's osu column
+OSU_DATATYPES = {dt.name: dt.osu for dt in DATATYPE_TABLE.values() if dt.osu}
 OSU_DEFAULT_MEM_LIMIT = 512 << 20   # OSU's MAX_MEM_LIMIT: -M is needed past it
 # Where OSU's `make install` puts the collectives (7.x adds /blocking), under a given root.
 INSTALL_SUBDIRS = (

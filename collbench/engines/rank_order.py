@@ -1,21 +1,22 @@
-"""The config's `hosts_order` applied at launch: rank r runs on hosts_order[r].
-
-Each launcher takes a rank order in its own form (docs/TOPO.md, "Launch files"; topo.md §3):
+"""A rank order in each launcher's own form: the one writer of rankfiles, machinefiles, hostfiles
+and SLURM_HOSTFILEs (the config's `hosts_order` at launch here; `topo map`'s files through
+topo/order_files.py).
 
 | launcher            | form                                                               |
 |---------------------|--------------------------------------------------------------------|
 | Open MPI `mpirun`   | a rankfile, `--rankfile FILE`: `rank r=host slot=k`                |
+| Open MPI, seq mapper| a hostfile, one line per rank (`--mca rmaps seq`)                  |
 | MPICH Hydra         | a machinefile, `-f FILE`: `host:n` per run of ranks on one host    |
 | Slurm `srun`        | `SLURM_HOSTFILE=FILE` and `--distribution=arbitrary`: a host per task |
 
-A host may appear several times: its k-th entry is its slot k. An Open MPI rankfile binds each
-rank to the cores it names, `--bind-to none` cannot undo that, and a core number the host does
-not have makes mpirun fail (silently, exit 1). So a rank is bound to core k only when the
-config asks for binding (`--bind-to core`, `hwthread`, ... in launcher_args, without
-`oversubscribe`); otherwise every rank gets `slot=*:*`, all of its host's cores, as an unbound
-launch would.
+At launch (docs/TOPO.md, "Launch files"; topo.md §3) a host may appear several times in
+hosts_order: its k-th entry is its slot k. An Open MPI rankfile binds each rank to the cores it
+names, `--bind-to none` cannot undo that, and a core number the host does not have makes mpirun
+fail (silently, exit 1). So a rank is bound to core k only when the config asks for binding
+(`--bind-to core`, `hwthread`, ... in launcher_args, without `oversubscribe`); otherwise every
+rank gets `slot=*:*`, all of its host's cores, as an unbound launch would.
 
-The files are written atomically into the cache directory (collbench.engines.build.cache_dir,
+Launch files are written atomically into the cache directory (collbench.engines.build.cache_dir,
 `rank-order/`), named by a hash of their content: concurrent jobs with the same order share
 one file, with different orders never touch each other's, and nothing needs cleaning up after a
 job (a file is a few bytes per rank).
@@ -28,6 +29,49 @@ import tempfile
 from collbench.atomic_file import write_atomic
 from collbench.errors import UserError
 
+# the launch forms placement() writes, by the launcher syntax that reads them
+RANKFILE, MACHINEFILE, SLURM_HOSTFILE = "rankfile", "machinefile", "slurm_hostfile"
+ANY_CORE = "*:*"   # a rankfile slot: every core of the host (an unbound rank)
+
+
+# ---------------------------------------------------------------- the texts
+
+def _head(comment):
+    return [f"# {comment}"] if comment else []
+
+
+def rankfile_text(hosts, slots, comment=None):
+    """Open MPI rankfile: `rank r=hosts[r] slot=slots[r]` (a core number, or ANY_CORE)."""
+    lines = _head(comment) + [f"rank {r}={host} slot={slot}" for r, (host, slot) in enumerate(zip(hosts, slots))]
+    return "\n".join(lines) + "\n"
+
+
+def hostfile_text(hosts, comment=None):
+    """Open MPI hostfile for the sequential mapper: one line per rank, in rank order."""
+    return "\n".join(_head(comment) + list(hosts)) + "\n"
+
+
+def machinefile_text(hosts, comment=None):
+    """MPICH Hydra machinefile: `host:k` places k consecutive ranks; runs of one host merged."""
+    lines = _head(comment)
+    hosts = list(hosts)
+    i = 0
+    while i < len(hosts):
+        j = i
+        while j < len(hosts) and hosts[j] == hosts[i]:
+            j += 1
+        lines.append(f"{hosts[i]}:{j - i}")
+        i = j
+    return "\n".join(lines) + "\n"
+
+
+def slurm_hostfile_text(hosts):
+    """SLURM_HOSTFILE for --distribution=arbitrary: one host per task, in task order (no comments:
+    Slurm reads every line as a host)."""
+    return "\n".join(hosts) + "\n"
+
+
+# ---------------------------------------------------------------- hosts_order at launch
 
 def check_ranks(cfg, np):
     """UserError unless the job's rank count is the order's length."""
@@ -61,26 +105,6 @@ def slots(hosts_order):
     return out
 
 
-def rankfile_text(hosts_order, bind=True):
-    """Open MPI rankfile: `rank r=host slot=k` (k-th entry of the host), or slot=*:* unbound."""
-    lines = ["# collbench hosts_order: rank r runs on entry r"]
-    for r, (host, k) in enumerate(zip(hosts_order, slots(hosts_order))):
-        lines.append(f"rank {r}={host} slot={k if bind else '*:*'}")
-    return "\n".join(lines) + "\n"
-
-
-def machinefile_text(hosts_order):
-    """MPICH Hydra machinefile: `host:n` for each run of n consecutive ranks on one host."""
-    from collbench.topo.order_files import machinefile_text as text
-    return text(list(hosts_order))
-
-
-def slurm_hostfile_text(hosts_order):
-    """SLURM_HOSTFILE for --distribution=arbitrary: the host of each task, one per line."""
-    from collbench.topo.order_files import slurm_hostfile_text as text
-    return text(list(hosts_order))
-
-
 def _directory():
     from collbench.engines.build import cache_dir
     for d in (os.path.join(str(cache_dir()), "rank-order"),
@@ -110,20 +134,20 @@ def write_order_file(text, suffix):
         raise UserError(f"hosts_order: cannot write {path}: {e.strerror}") from None
 
 
-def openmpi_options(cfg, np):
-    """mpirun's options placing the ranks in hosts_order (a rankfile)."""
+def placement(cfg, np, form):
+    """(launcher options, environment) placing rank r on hosts_order[r] in the given form
+    (RANKFILE for mpirun, MACHINEFILE for Hydra, SLURM_HOSTFILE for srun); ([], {}) without one."""
+    if not cfg.hosts_order:
+        return [], {}
     check_ranks(cfg, np)
-    return ["--rankfile", write_order_file(rankfile_text(cfg.hosts_order, binds(cfg)), "rankfile")]
-
-
-def hydra_options(cfg, np):
-    """MPICH Hydra's options placing the ranks in hosts_order (a machinefile)."""
-    check_ranks(cfg, np)
-    return ["-f", write_order_file(machinefile_text(cfg.hosts_order), "machinefile")]
-
-
-def srun_settings(cfg, np):
-    """(srun options, environment) placing the tasks in hosts_order (SLURM_HOSTFILE)."""
-    check_ranks(cfg, np)
-    path = write_order_file(slurm_hostfile_text(cfg.hosts_order), "slurm_hostfile")
-    return ["--distribution=arbitrary"], {"SLURM_HOSTFILE": path}
+    order = list(cfg.hosts_order)
+    if form == RANKFILE:
+        cores = slots(order) if binds(cfg) else [ANY_CORE] * len(order)
+        text = rankfile_text(order, cores, "collbench hosts_order: rank r runs on entry r")
+        return ["--rankfile", write_order_file(text, RANKFILE)], {}
+    if form == MACHINEFILE:
+        return ["-f", write_order_file(machinefile_text(order), MACHINEFILE)], {}
+    if form == SLURM_HOSTFILE:
+        path = write_order_file(slurm_hostfile_text(order), SLURM_HOSTFILE)
+        return ["--distribution=arbitrary"], {"SLURM_HOSTFILE": path}
+    raise ValueError(f"unknown launch form {form!r}")

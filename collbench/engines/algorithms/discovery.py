@@ -1,25 +1,12 @@
-"""The MPI library's own collective algorithms: which the installed MPI offers, and how to force one.
-
-The list comes from the MPI at run time, never from a table here (names and ids differ between
-releases):
+"""The algorithms one MPI install offers, per op: asked of the MPI at run time and cached.
 
 * Open MPI: coll/tuned's enumerators of `coll_tuned_<op>_algorithm`, read from `ompi_info --param
   coll all --level 9 --parsable` (lines `mca:coll:tuned:param:coll_tuned_allgather_algorithm:
-  enumerator:value:4:ring`; id 0 "ignore" is the library's own choice). Forced per job with
-  `--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_<op>_algorithm <id>`; a component that
-  outranks tuned for intra-communicators (han in Open MPI 5.x, priority 35 against tuned's 30)
-  would take the call before tuned sees it, so it is excluded (`--mca coll ^han`) when
-  ompi_info shows it with the higher priority.
+  enumerator:value:4:ring`; id 0 "ignore" is the library's own choice), and the priorities of
+  the components that would take a call before tuned does (OUTRANKING_CANDIDATES).
 * MPICH: the values of `MPIR_CVAR_<OP>_INTRA_ALGORITHM`, read from `mpivars` (MPICH's own CVAR
-  lister), else MPICH_4_0_DOCUMENTED below. Forced per job with the environment
-  `MPIR_CVAR_<OP>_INTRA_ALGORITHM=<name>`, plus `MPIR_CVAR_DEVICE_COLLECTIVES=none` (the ch4
-  device may otherwise pick its own algorithm over the MPIR-level one) and
-  `MPIR_CVAR_COLLECTIVE_FALLBACK=error` (an algorithm that cannot serve the call fails the job
-  instead of silently running another one under the forced name). An unknown value makes MPI_Init
-  fail ("Invalid MPIR_CVAR_... value (x)"): every name is verified by the run itself.
-
-Forcing applies to a whole MPI job, per op: one job can force allgather and allreduce at once,
-never two algorithms of one op (job_algorithms, same_job_prefix).
+  lister), else MPICH_4_0_DOCUMENTED below; each value is checked by MPICH itself (MPI_Init
+  refuses an unknown one).
 
 The list is cached per MPI install (in this process, and in the engine cache directory keyed by
 the lister's path, size and mtime), so a CLI start does not re-run ompi_info.
@@ -34,7 +21,7 @@ from dataclasses import dataclass, field
 
 from collbench.engines import mpi_flavour
 from collbench.errors import UserError
-from collbench.ops import DATATYPES, OPS, get_op
+from collbench.ops import OPS, get_op
 
 DEFAULT = "default"     # the library's own choice: nothing forced
 RULES = "rules"         # the library's choice with a tuning (rules) file loaded
@@ -60,6 +47,9 @@ MPICH_4_0_DOCUMENTED = {
     "barrier": ("nb", "smp", "dissemination"),
 }
 MPICH_DOCUMENTED_SOURCE = "MPICH 4.0.x documented list (src/mpi/coll/cvars.txt)"
+
+# MPICH's refusal of an unknown CVAR value, in MPI_Init's error
+MPICH_BAD_VALUE = re.compile(r"Invalid (MPIR_CVAR_\w+) value \(([^)]*)\)")
 
 LISTER_TIMEOUT = 60
 CACHE_VERSION = 1
@@ -230,15 +220,6 @@ def _run(argv):
     return out.returncode, out.stdout, out.stderr
 
 
-def mpi_launcher(cfg):
-    """The mpirun/mpiexec of the config's MPI (under srun: the mpirun on PATH, as mpi_version does)."""
-    import shutil
-    if cfg.launcher == "srun":
-        return shutil.which("mpirun") or "mpirun"
-    from collbench.engines.launcher import resolve_launcher
-    return resolve_launcher(cfg)
-
-
 def _lister_key(flavour, tool):
     st = os.stat(tool)
     return f"{CACHE_VERSION}|{flavour}|{os.path.realpath(tool)}|{st.st_size}|{st.st_mtime_ns}"
@@ -269,10 +250,11 @@ def _write_cache(key, cat):
         pass   # a read-only cache only costs the lister's run next time
 
 
-def catalogue(cfg):
-    """The Catalogue of the config's MPI; UserError (exit 2) when it cannot be asked."""
-    launcher = mpi_launcher(cfg)
-    flavour = mpi_flavour.flavour(launcher)
+def catalogue(cfg, mpi=None):
+    """The Catalogue of the config's MPI (mpi: its mpi_flavour.MpiInstall, when the caller holds
+    it); UserError (exit 2) when it cannot be asked."""
+    mpi = mpi or mpi_flavour.mpi_of(cfg)
+    launcher, flavour = mpi.mpirun, mpi.flavour
     if flavour == mpi_flavour.OPENMPI:
         tool = mpi_flavour.sibling_tool(launcher, "ompi_info")
         if tool is None:
@@ -344,203 +326,4 @@ def _mpich_accepts(tool, op, value):
                              stdin=subprocess.DEVNULL, env=env, errors="replace")
     except (OSError, subprocess.SubprocessError):
         return True   # cannot ask: the job itself will say (failure_reason)
-    return not _MPICH_BAD_VALUE.search(out.stdout + out.stderr)
-
-
-# ---------------------------------------------------------------- jobs and launch settings
-
-def job_algorithms(steps):
-    """{op: algorithm} that one job running steps must force (default steps force nothing);
-    ValueError when two steps of one op ask for different algorithms."""
-    chosen = {}
-    for s in steps:
-        name = None if is_default(getattr(s, "algorithm", None)) else canonical(s.algorithm)
-        if s.op in chosen and chosen[s.op] != name:
-            raise ValueError(f"{s.op}: steps ask for {chosen[s.op] or DEFAULT} and {name or DEFAULT} "
-                             f"in one MPI job (an algorithm is forced per job)")
-        chosen[s.op] = name
-    return {op: name for op, name in chosen.items() if name is not None}
-
-
-def same_job_prefix(steps):
-    """The longest leading run of steps one MPI job can run (no op with two algorithms)."""
-    steps = list(steps)
-    chosen = {}
-    for i, s in enumerate(steps):
-        name = None if is_default(getattr(s, "algorithm", None)) else canonical(s.algorithm)
-        if s.op in chosen and chosen[s.op] != name:
-            return steps[:i]
-        chosen[s.op] = name
-    return steps
-
-
-def needs_separate_jobs(steps):
-    try:
-        job_algorithms(steps)
-        return False
-    except ValueError:
-        return True
-
-
-def check_steps(cfg, steps):
-    """Every step's algorithm exists in the config's MPI (UserError naming the step and listing
-    the available ones); nothing is asked of the MPI when no step forces one."""
-    forced = [s for s in steps if not is_default(getattr(s, "algorithm", None))]
-    if not forced:
-        return
-    cat = catalogue(cfg)
-    for s in forced:
-        try:
-            cat.find(s.op, s.algorithm)
-        except UserError as e:
-            size = f" {s.size_label}" if get_op(s.op).has_size else ""
-            raise UserError(f"{cfg.source}: plan step {s.op}{size}: {e}") from None
-
-
-@dataclass
-class LaunchSettings:
-    mca: list = field(default_factory=list)    # (name, value) pairs: Open MPI's --mca
-    env: dict = field(default_factory=dict)    # variables the ranks need
-
-
-def launch_settings(cfg, algorithms=None, rules_file=None):
-    """What forces algorithms ({op: name}) or loads a tuning file for one job of cfg's MPI.
-    Nothing (and no MPI tool run) when neither is asked for."""
-    algorithms = {op: name for op, name in (algorithms or {}).items() if not is_default(name)}
-    if not algorithms and not rules_file:
-        return LaunchSettings()
-    return settings_for(catalogue(cfg), algorithms, rules_file)
-
-
-def settings_for(cat, algorithms, rules_file=None):
-    """launch_settings for a given Catalogue."""
-    algorithms = {op: name for op, name in (algorithms or {}).items() if not is_default(name)}
-    settings = LaunchSettings()
-    if cat.flavour == mpi_flavour.OPENMPI:
-        settings.mca.append(("coll_tuned_use_dynamic_rules", "1"))
-        for op, name in sorted(algorithms.items()):
-            a = cat.find(op, name)
-            settings.mca.append((f"coll_tuned_{get_op(op).name}_algorithm", a.value))
-        if rules_file:
-            settings.mca.append(("coll_tuned_dynamic_rules_filename", os.path.abspath(rules_file)))
-        if cat.outranking:
-            settings.mca.append(("coll", "^" + ",".join(cat.outranking)))
-        return settings
-    for op, name in sorted(algorithms.items()):
-        a = cat.find(op, name)
-        settings.env[f"MPIR_CVAR_{MPICH_INFIX[get_op(op).name]}_INTRA_ALGORITHM"] = a.value
-    if algorithms:
-        settings.env["MPIR_CVAR_DEVICE_COLLECTIVES"] = "none"
-        settings.env["MPIR_CVAR_COLLECTIVE_FALLBACK"] = "error"
-    if rules_file:
-        settings.env.update(read_env_file(rules_file))
-    return settings
-
-
-_ENV_LINE = re.compile(r"^(?:export\s+)?(MPIR_CVAR_[A-Z0-9_]+)=([A-Za-z0-9_./:,+-]*)$")
-
-
-def read_env_file(path):
-    """MPIR_CVAR_* settings from an env file (`[export ]NAME=value`, # comments); UserError naming
-    the file and line for anything else."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read(1 << 20)
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: cannot read the MPICH settings file: {e}") from None
-    env = {}
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _ENV_LINE.match(line)
-        if not m:
-            raise UserError(f"{path}: line {n}: expected MPIR_CVAR_NAME=value, got {line[:80]!r}")
-        env[m.group(1)] = m.group(2)
-    return env
-
-
-# ---------------------------------------------------------------- why an algorithm cannot run
-
-def _is_pow2(n):
-    return n > 0 and n & (n - 1) == 0
-
-
-def known_constraint(flavour, op, name, nranks, count):
-    """Why this algorithm cannot run as itself for nranks ranks and count elements ("" if it
-    can), from the library's source: such a row is reported, not measured under a wrong name."""
-    if is_default(name):
-        return ""
-    op, name = get_op(op).name, canonical(name)
-    if flavour == mpi_flavour.MPICH:
-        if op == "allgather" and name == "recursive_doubling" and not _is_pow2(nranks):
-            # MPIR_Allgather_impl: MPII_COLLECTIVE_FALLBACK_CHECK(local_size == coll.pof2)
-            return f"needs a power-of-two number of ranks (MPICH refuses it at {nranks})"
-        return ""
-    if flavour != mpi_flavour.OPENMPI:
-        return ""
-    if name == "two_proc" and nranks != 2:
-        # coll_base_{allgather,alltoall,barrier}.c: *_two_procs returns MPI_ERR_UNSUPPORTED_OPERATION
-        return f"needs exactly 2 ranks (Open MPI aborts with MPI_ERR_UNSUPPORTED_OPERATION at {nranks})"
-    if op == "allgather" and name == "recursive_doubling" and not _is_pow2(nranks):
-        # coll_base_allgather.c: non-power-of-two sizes switch to bruck
-        return f"needs a power-of-two number of ranks (at {nranks} Open MPI runs bruck instead)"
-    if op == "allgather" and name == "neighbor" and nranks % 2:
-        # coll_base_allgather.c: odd sizes switch to ring
-        return f"needs an even number of ranks (at {nranks} Open MPI runs ring instead)"
-    if op == "allreduce" and name == "ring" and count < nranks:
-        # coll_base_allreduce.c: count < comm size switches to recursive doubling
-        return (f"needs at least one element per rank ({count} < {nranks}: Open MPI runs "
-                f"recursive_doubling instead)")
-    return ""
-
-
-_MPICH_BAD_VALUE = re.compile(r"Invalid (MPIR_CVAR_\w+) value \(([^)]*)\)")
-_MPI_CALL = re.compile(r"\b(MPI_[A-Z][a-z_]*)\(([^()]*)\) failed")
-_MPI_NAME = {"allreduce": "MPI_Allreduce", "bcast": "MPI_Bcast", "reduce": "MPI_Reduce",
-             "allgather": "MPI_Allgather", "alltoall": "MPI_Alltoall",
-             "reduce_scatter": "MPI_Reduce_scatter", "barrier": "MPI_Barrier"}
-
-
-def _timed_call(call, args, step):
-    """Whether MPICH's failing call is the step's own collective (same op and count)."""
-    if step is None or call != _MPI_NAME.get(get_op(step.op).name):
-        return False
-    m = re.search(r"\b(?:send)?count=(\d+)", args)
-    if m is None:
-        return True
-    return int(m.group(1)) == step.size_bytes // DATATYPES.get(step.datatype, 1)
-
-
-def failure_reason(stderr_tail, step=None):
-    """What a failed forced run's stderr says about the algorithm ("" when it says nothing).
-
-    MPICH names the failing call in its error stack; when that is not the step's own collective
-    (the engine's bookkeeping: count=1 reductions, the plan broadcast), the algorithm was refused
-    for that call, and the row says so rather than blaming the timed one.
-    """
-    text = stderr_tail or ""
-    m = _MPICH_BAD_VALUE.search(text)
-    if m:
-        return f"MPICH does not know {m.group(2)!r} for {m.group(1)}"
-    call = _MPI_CALL.search(text)
-    if "User set collective algorithm is not usable" in text:
-        if call is None or _timed_call(call.group(1), call.group(2), step):
-            return "MPICH: the algorithm cannot serve this call (MPIR_CVAR_COLLECTIVE_FALLBACK=error)"
-        return (f"MPICH refuses the algorithm for the engine's own {call.group(1)}"
-                f"({_short_args(call.group(2))}), so the timed calls could not run")
-    if "MPI_ERR_UNSUPPORTED_OPERATION" in text or "operation not supported" in text:
-        return "Open MPI: the algorithm does not support this call (MPI_ERR_UNSUPPORTED_OPERATION)"
-    if call is not None and "Fatal error in" in text:
-        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-        stack = [ln for ln in lines if re.match(r"^MPI[RDI]?\w*\(\d+\)", ln)]
-        where = stack[-1] if stack else lines[-1]
-        return f"MPICH: {call.group(1)} failed under the forced algorithm ({' '.join(where.split())[:160]})"
-    return ""
-
-
-def _short_args(args):
-    """The count, datatype and op of an MPI call's argument text (no buffer addresses)."""
-    parts = [p.strip() for p in args.split(",")]
-    keep = [p for p in parts if not re.match(r"^(?:send|recv)?buf(?:fer)?=", p)]
-    return ", ".join(keep)[:120]
+    return not MPICH_BAD_VALUE.search(out.stdout + out.stderr)
