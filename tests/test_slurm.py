@@ -168,6 +168,33 @@ def test_once_inside_salloc_uses_the_allocation(cluster, tmp_path):
     assert rec["type"] == "result" and sorted(rec["hosts"]) == sorted(alloc) and rec["nodes"] == 3
 
 
+def test_once_via_srun_records_and_prints_srun_and_its_slurm_job(cluster, tmp_path):
+    """Issue 19: with launcher: srun, `once` said only `mpirun (Open MPI) ...` (the MPI). The
+    records and the header name the launcher and the Slurm job: the one srun made outside an
+    allocation (as the ranks report it), the allocation's inside salloc."""
+    results = tmp_path / "r.jsonl"
+    res = run(COLLBENCH + ["once", "--config", cluster.config, "--np", "2", "--ops", "allreduce",
+                           "--sizes", "1KB", "--iterations", "10", "--results", str(results)])
+    assert res.returncode == 0, res.stdout + res.stderr
+    (rec,) = read_records(results)
+    assert rec["launcher"] == "srun" and rec["slurm_job_id"].isdigit(), rec
+    header = res.stdout.splitlines()[0]
+    assert f"launched by srun (Slurm job {rec['slurm_job_id']})" in header, header
+    states = dict(line.split("|") for line in cluster.squeue("--states=all", "-o", "%i|%T").splitlines())
+    assert states.get(rec["slurm_job_id"]) == "COMPLETED", states
+
+    inside = tmp_path / "inside.jsonl"
+    probe = ("echo JOB=$SLURM_JOB_ID; exec " + " ".join(COLLBENCH)
+             + f" once --config {cluster.config} --np 2 --ops allreduce --sizes 1KB --iterations 10"
+             + f" --results {inside}")
+    res = run(["salloc", "-N", "2", "-n", "2", "sh", "-c", probe], env=cluster.env, timeout=240)
+    assert res.returncode == 0, res.stdout + res.stderr
+    job = re.search(r"JOB=(\d+)", res.stdout).group(1)
+    (rec,) = read_records(inside)
+    assert (rec["launcher"], rec["slurm_job_id"]) == ("srun", job), rec
+    assert f"launched by srun (Slurm job {job})" in res.stdout
+
+
 def test_once_inside_sbatch(cluster, tmp_path):
     results = tmp_path / "r.jsonl"
     script = tmp_path / "job.sh"

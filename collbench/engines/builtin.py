@@ -19,9 +19,13 @@ from collbench.engines.base import (Engine, LoopRecord, Measured, failure_messag
                                     step_label, step_timeout_error)
 from collbench.engines.build import ensure_engine
 from collbench.engines.mpi_job import JobTimeout, describe_exit, stderr_reason
+from collbench.errors import UserError
 from collbench.ops import get_op
 
 RECORD_PREFIX = "CBREC "
+# collbench_engine.c's MAX_PLAN_BYTES: it refuses a larger plan file, so a larger plan would fail
+# in every job it is relaunched for; preflight refuses it before anything runs
+MAX_PLAN_BYTES = 1 << 20
 # key -> accepted types of a CBREC payload; anything else is not a record
 RECORD_FIELDS = {
     "op": str, "size_bytes": int, "datatype": str, "iterations": int, "warmup": int,
@@ -51,18 +55,33 @@ def plan_options(step):
     return "".join(" " + o for o in opts)
 
 
-def write_plan(steps, path):
-    """Write steps as an engine plan file (atomically: temp file, then rename)."""
+def plan_text(steps):
+    """The engine plan file's text for steps."""
     lines = ["# collbench-engine plan: op size_bytes iterations warmup datatype"]
     for s in steps:
         op = get_op(s.op)
         lines.append(f"{op.name} {s.size_bytes if op.has_size else 0} {s.iterations} {s.warmup} {s.datatype}"
                      + plan_options(s))
+    return "\n".join(lines) + "\n"
+
+
+def check_plan_size(steps):
+    """UserError (exit 2) when the steps' plan file is larger than the engine reads."""
+    size = len(plan_text(steps).encode("utf-8"))
+    if size > MAX_PLAN_BYTES:
+        raise UserError(f"the plan of {len(steps)} steps is {size} bytes as an engine plan file, above "
+                        f"collbench-engine's limit of {MAX_PLAN_BYTES} bytes: fewer sizes or ops per run "
+                        "(or a larger --factor)")
+
+
+def write_plan(steps, path):
+    """Write steps as an engine plan file (atomically: temp file, then rename)."""
+    text = plan_text(steps)
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".plan-", dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write("\n".join(lines) + "\n")
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -111,8 +130,9 @@ def parse_line(line):
     return rec
 
 
-def parse_hosts_line(line):
-    """The per-rank host list of a CBHOSTS line (rank i ran on hosts[i]), or None."""
+def parse_hosts_payload(line):
+    """The payload of a CBHOSTS line as a dict ({"hosts": [...], "slurm_job_id": "123" when the
+    ranks ran in a Slurm job}), or None for any other line (or a damaged one)."""
     line = line.strip()
     if not line.startswith(HOSTS_PREFIX):
         return None
@@ -123,7 +143,17 @@ def parse_hosts_line(line):
     hosts = payload.get("hosts") if isinstance(payload, dict) else None
     if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
         return None
-    return hosts
+    job = payload.get("slurm_job_id")
+    out = {"hosts": hosts}
+    if isinstance(job, str) and job.isascii() and job.isdigit() and len(job) <= 20:
+        out["slurm_job_id"] = job
+    return out
+
+
+def parse_hosts_line(line):
+    """The per-rank host list of a CBHOSTS line (rank i ran on hosts[i]), or None."""
+    payload = parse_hosts_payload(line)
+    return None if payload is None else payload["hosts"]
 
 
 def to_result(ctx, rec, step=None):
@@ -168,8 +198,11 @@ def _job(cfg, steps, ctx, runner, plan_path, loop=False, max_loops=None):
         for line in job.lines(idle):
             rec = parse_line(line)
             if rec is None:
-                if line.startswith(HOSTS_PREFIX):   # srun: where Slurm put the ranks
-                    ctx.observe_hosts(parse_hosts_line(line) or [])
+                if line.startswith(HOSTS_PREFIX):   # srun: where Slurm put the ranks, in which job
+                    payload = parse_hosts_payload(line) or {}
+                    ctx.observe_hosts(payload.get("hosts") or [])
+                    if payload.get("slurm_job_id"):
+                        ctx.observe_slurm_job(payload["slurm_job_id"])
                 continue
             yield rec
         try:
@@ -215,6 +248,7 @@ class BuiltinEngine(Engine):
     def preflight(self, cfg, steps):
         """The engine binary (built now if need be), every step's algorithm, a launcher command."""
         algorithms.check_steps(cfg, steps)
+        check_plan_size(steps)
         launcher.build_command(cfg, [ensure_engine(cfg), "--plan", os.devnull])
 
     def measure(self, cfg, steps, ctx, runner, on_progress=None, plan_path=None, iteration=None):

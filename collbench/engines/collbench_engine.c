@@ -40,7 +40,8 @@
  *
  * Exit codes: 0 success (also after a SIGTERM/SIGINT honoured at a step boundary),
  * 1 a validation failure with --validate, 2 bad arguments or a bad plan,
- * 3 the plan's buffers cannot be allocated. MPI faults abort through MPI itself.
+ * 3 the plan's buffers cannot be allocated, 4 an MPI call failed (the engine's error handler on
+ * MPI_COMM_WORLD prints MPI's own error text, then exits: see on_mpi_error).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -59,6 +60,7 @@
 #define EXIT_VALIDATION 1
 #define EXIT_BAD_INPUT 2
 #define EXIT_NO_MEMORY 3
+#define EXIT_MPI_ERROR 4
 #define MAX_PLAN_BYTES (1 << 20)
 #define MAX_TOKEN 64
 #define MAX_ITERATIONS 1000000000000LL /* warm-up + iterations never overflow */
@@ -921,7 +923,7 @@ static void json_string(char *out, size_t outlen, const char *s)
 }
 
 /* Rank 0 prints CBHOSTS {"hosts":[host of rank 0, host of rank 1, ...]}: where MPI (or the
- * scheduler) really placed each rank. */
+ * scheduler) really placed each rank; and "slurm_job_id" when the ranks run in a Slurm job. */
 static void print_hosts(int rank, int nranks)
 {
     char name[MPI_MAX_PROCESSOR_NAME + 1];
@@ -942,7 +944,15 @@ static void print_hosts(int rank, int nranks)
             json_string(quoted, sizeof(quoted), h);
             n += (size_t)snprintf(line + n, cap - n, "%s%s", i ? "," : "", quoted);
         }
-        n += (size_t)snprintf(line + n, cap - n, "]}\n");
+        /* the Slurm job the ranks run in (srun outside an allocation makes one): digits only */
+        const char *job = getenv("SLURM_JOB_ID");
+        int digits = job && *job && strlen(job) <= 20;
+        for (const char *c = job; digits && *c; c++)
+            digits = *c >= '0' && *c <= '9';
+        if (digits)
+            n += (size_t)snprintf(line + n, cap - n, "],\"slurm_job_id\":\"%s\"}\n", job);
+        else
+            n += (size_t)snprintf(line + n, cap - n, "]}\n");
         fwrite(line, 1, n, stdout);
         fflush(stdout);
         free(line);
@@ -1069,6 +1079,28 @@ static int probe_char_sum(void)
     return all_ok;
 }
 
+/* An MPI call failed (a forced algorithm refused, a peer gone). MPI's default handler prints the
+ * error and then aborts through the process manager, and MPICH's Hydra may kill this rank's proxy
+ * on that abort before the proxy has forwarded what the rank wrote to stderr: the job's stderr
+ * then arrives empty (seen under load). Printed here and followed by a plain exit, the text goes
+ * first: the proxy forwards a process's output before its exit status, on one connection. The
+ * launcher then stops the other ranks (a rank ended without MPI_Finalize). */
+static void on_mpi_error(MPI_Comm *comm, int *code, ...)
+{
+    char text[MPI_MAX_ERROR_STRING + 1];
+    int len = 0, rank = -1;
+    (void)comm;
+    if (MPI_Error_string(*code, text, &len) != MPI_SUCCESS)
+        len = 0;
+    text[len] = '\0';
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    fprintf(stderr, "collbench-engine: rank %d: Fatal error in an MPI call: %s\n", rank,
+            len ? text : "(MPI gave no error text)");
+    fflush(stderr);
+    fflush(stdout);
+    _exit(EXIT_MPI_ERROR);
+}
+
 static int finish(int code)
 {
     MPI_Finalize();
@@ -1087,6 +1119,13 @@ int main(int argc, char **argv)
         corrupt_rank = atoi(corrupt);
     install_signal_handlers();
     MPI_Init(&argc, &argv);
+    {
+        /* before any communicator is duplicated from world: the copies inherit it */
+        MPI_Errhandler handler;
+        MPI_Comm_create_errhandler(on_mpi_error, &handler);
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, handler);
+        MPI_Errhandler_free(&handler);
+    }
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
     char_sum_ok = probe_char_sum();

@@ -96,7 +96,8 @@ def run(args):
 def print_report(cfg, ctx, steps, records):
     print(f"collbench once: run {ctx.run_id}, {cfg.ranks} ranks on {ctx.nodes} "
           f"node{'s' if ctx.nodes != 1 else ''} ({', '.join(ctx.hosts)}), engine {cfg.engine}, "
-          f"transport {cfg.transport}, {ctx.mpi}")
+          f"transport {cfg.transport}, {ctx.mpi}, launched by {ctx.launcher}"
+          + (f" (Slurm job {ctx.slurm_job_id})" if ctx.slurm_job_id else ""))
     print()
     print(render_tables(records, steps, ranks=cfg.ranks, nodes=ctx.nodes))
     other = render_other_failures(records)

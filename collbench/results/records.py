@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime, timezone
 
 from collbench.ops import get_op
-from collbench.slurm import planned_hosts
+from collbench.slurm import in_allocation, planned_hosts
 from collbench.sizes import format_size
 
 SCHEMA_VERSION = 1
@@ -35,6 +35,9 @@ class RunContext:
         self.mpi = mpi_version
         self.transport = cfg.transport
         self.thresholds = cfg.thresholds
+        self.launcher = cfg.launcher     # what started the ranks: mpirun, srun or none
+        # the Slurm job the ranks run in: the allocation we are in, else what the ranks report
+        self.slurm_job_id = in_allocation() if cfg.launcher == "srun" else None
 
     def observe_hosts(self, rank_hosts):
         """The host of every rank, as the ranks reported it (the engine's CBHOSTS line)."""
@@ -43,10 +46,17 @@ class RunContext:
             self.hosts = hosts
             self.nodes = len(hosts)
 
+    def observe_slurm_job(self, job_id):
+        """The Slurm job the ranks reported running in (srun outside an allocation makes one)."""
+        self.slurm_job_id = job_id
+
     def common(self):
-        return {"run_id": self.run_id, "hosts": list(self.hosts), "nodes": self.nodes,
-                "ranks": self.ranks, "engine": self.engine, "mpi": self.mpi,
-                "transport": self.transport}
+        out = {"run_id": self.run_id, "hosts": list(self.hosts), "nodes": self.nodes,
+               "ranks": self.ranks, "engine": self.engine, "mpi": self.mpi,
+               "transport": self.transport, "launcher": self.launcher}
+        if self.slurm_job_id:
+            out["slurm_job_id"] = self.slurm_job_id
+        return out
 
 
 # Optional result fields: set only when a run used them, so records of plain runs keep their shape.
