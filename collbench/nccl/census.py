@@ -25,7 +25,7 @@ from collbench.nccl import desync
 from collbench.nccl.formats import DATATYPE_SIZES, OPS
 from collbench.nccl.log_input import BLOCK, LogInputError, SourceStats, expand_paths, joined_blocks, read_blocks
 from collbench.nccl.log_parser import COLL_MARK, CollLine, parse_line
-from collbench.nccl.scanner import OVERFLOW_WHAT, Scanner, scan
+from collbench.nccl.scanner import Scanner, overflow_text, scan
 
 SCHEMA = 1
 ROOTS_MAX = 16              # distinct roots listed per configuration
@@ -281,7 +281,7 @@ def _build(scanner, sources, stats, findings, warnings):
         warnings.append(f"{scanner.malformed} malformed COLL lines: a garbled line loses a call, which can "
                         f"itself show up as a desync")
     for what, n in scanner.overflow.items():
-        warnings.append(f"{n} {OVERFLOW_WHAT[what]}: the log has more than the census keeps in memory")
+        warnings.append(f"{n} {overflow_text(what)}: the log has more than the census keeps in memory")
     if scanner.conflict_count:
         warnings.append(f"{scanner.conflict_count} inconsistencies between lines of one communicator "
                         f"(listed under Inconsistencies)")

@@ -49,8 +49,7 @@ class Source:
             if self.spool is not None:
                 return open(self.spool, "rb")
             if self.path is None:
-                if sys.stdin is None:       # the shell closed it (<&-) and nothing stands in for it
-                    raise OSError(errno.EBADF, "standard input is closed")
+                _check_stdin()
                 raw = sys.stdin.buffer
             else:
                 raw = open_stream(self.path, self.name)
@@ -134,6 +133,17 @@ class Gunzip:
         self.raw.close()
 
 
+def _check_stdin():
+    """OSError naming a standard input the shell closed (`<&-`), before a spool is made for it."""
+    if sys.stdin is None:
+        raise OSError(errno.EBADF, "standard input is closed")
+    try:
+        os.fstat(sys.stdin.fileno())
+    except OSError as e:
+        if e.errno == errno.EBADF:
+            raise OSError(errno.EBADF, "standard input is closed") from None
+
+
 def open_stream(path, name=None):
     """A binary reader of a FIFO or character device, opened without blocking: a FIFO that no
     process opens for writing within FIFO_WAIT_S is a LogInputError (a hang otherwise)."""
@@ -184,6 +194,11 @@ class _Prefixed:
         self.raw.close()
 
 
+def spool_dir():
+    """$TMPDIR as the user set it: tempfile would silently fall back to /tmp when it is full."""
+    return os.environ.get("TMPDIR") or tempfile.gettempdir()
+
+
 class SpoolError(LogInputError):
     """The temporary copy of stdin or a pipe cannot be written (a full or missing $TMPDIR)."""
 
@@ -202,10 +217,11 @@ class _Spool:
             source.compressed = True
             stream = Gunzip(stream)
         self.stream = stream
+        where = spool_dir()
         try:
-            fd, path = tempfile.mkstemp(prefix="collbench-nccl-stdin.", suffix=".log")
+            fd, path = tempfile.mkstemp(prefix="collbench-nccl-stdin.", suffix=".log", dir=where)
         except OSError as e:
-            self._fail(e, tempfile.gettempdir())
+            self._fail(e, where)
         self.fd = fd
         source.spool = path
 
@@ -347,9 +363,10 @@ def read_blocks(source, stats, warnings, block=BLOCK, max_line=MAX_LINE):
                 data = f.read(block)
             except (OSError, EOFError, zlib.error) as e:
                 why = "corrupt or truncated gzip data" if source.compressed else "read error"
-                msg = f"{source.name}: {why} after {stats.bytes} bytes ({e}); using the lines before it"
+                detail = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
+                msg = f"{source.name}: {why} after {stats.bytes} bytes ({detail}); using the lines before it"
                 if first:
-                    _refuse(source, stats, warnings, f"{why}: {e}")
+                    _refuse(source, stats, warnings, f"{why}: {detail}")
                     return
                 stats.error = msg
                 warnings.append(msg)

@@ -598,11 +598,11 @@ class SpooledInputs:
             raise
 
     def _spool(self, p):
-        from collbench.nccl.log_input import open_stream
+        from collbench.nccl.log_input import open_stream, spool_dir
         try:
-            fd, tmp = tempfile.mkstemp(prefix="collbench-replay-", suffix=".log")
+            fd, tmp = tempfile.mkstemp(prefix="collbench-replay-", suffix=".log", dir=spool_dir())
         except OSError as e:
-            raise UserError(f"{p}: cannot copy the input to a temporary file in {tempfile.gettempdir()} "
+            raise UserError(f"{p}: cannot copy the input to a temporary file in {spool_dir()} "
                             f"(the log is read twice): {e.strerror}; set TMPDIR to a directory with room") from None
         self.tmp.append(tmp)
         with os.fdopen(fd, "wb") as out:

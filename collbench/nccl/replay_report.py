@@ -9,6 +9,7 @@ import io
 import json
 
 from collbench.nccl.replay import csv_text
+from collbench.tables import Column, format_gb_per_s, format_us, table_lines
 
 TABLE_ROWS = 40
 GROUPED_CSV_FIELDS = (
@@ -22,25 +23,16 @@ MARKS = (("*", "datatype timed as a stand-in of its width (MPI has no such type)
 
 
 def fmt_us(us):
-    if us is None:
-        return "-"
-    if us < 1000:
-        return f"{us:.2f} us"
-    if us < 1e6:
-        return f"{us / 1e3:.3f} ms"
-    return f"{us / 1e6:.3f} s"
+    return format_us(us, scaled_digits=3)        # 12.34 us / 5.870 ms / 1.200 s
 
 
 def fmt_gbps(bps):
-    return "-" if bps is None else f"{bps / 1e9:.4g}"
+    return format_gb_per_s(bps, significant=4)
 
 
 def _table(headers, rows, left):
-    widths = [len(h) for h in headers]
-    for r in rows:
-        widths = [max(w, len(c)) for w, c in zip(widths, r)]
-    return ["  ".join(c.ljust(w) if h in left else c.rjust(w) for c, w, h in zip(r, widths, headers)).rstrip()
-            for r in [headers] + rows]
+    columns = [Column(i, h, align="left" if h in left else "right") for i, h in enumerate(headers)]
+    return table_lines(columns, [dict(enumerate(r)) for r in rows], rule=False)
 
 
 def _cut(rows, verbose, what):

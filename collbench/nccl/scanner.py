@@ -48,19 +48,25 @@ CACHE_MAX = 50_000          # normalized lines cached; cleared when full (timest
 CACHE_BYTES = 16 << 20      # ... or when their bytes reach this
 RECENT_MAX = 1024           # per-rank opCount -> call map for kernel-trace attribution
 SAMPLES_MAX = 50            # malformed lines kept for -v / JSON
+WRAPS_MAX = 2               # continuation lines of one wrapped COLL line (after `comm` and after `stream`)
 FLUSH_BYTES = 4 << 20       # input bytes between folds of the per-rank lists (bounds their length)
 KIND_CODE = {COLL: 0, SEND: 1, RECV: 2}     # anything else (RMA) is 3: counted, not checked
 
 OVERFLOW_WHAT = {
-    "rank_handles": f"COLL lines of rank handles beyond the first {MEMBERS_MAX} (counted in the "
-                    f"configurations' rank lines, not per communicator, not checked for desync)",
-    "configurations": f"COLL lines of configurations beyond the first {RECS_MAX} (not counted in any group)",
-    "counters": f"COLL lines beyond {COUNTERS_MAX} (handle, configuration) counters (counted in the "
-                f"configurations' rank lines, not in their calls per rank)",
-    "init_lines": f"INIT lines dropped beyond {INIT_PENDING_MAX} pending ones (those handles lose their rank)",
-    "tuning_keys": f"TUNING lines beyond {TUNING_KEYS_MAX} distinct (host, pid, op, size) keys (not used)",
-    "p2p_pairs": f"Send/Recv lines beyond {PAIRS_MAX} rank pairs (counted, not checked for desync)",
+    "rank_handles": "COLL lines of rank handles beyond the first {MEMBERS_MAX} (counted in the "
+                    "configurations' rank lines, not per communicator, not checked for desync)",
+    "configurations": "COLL lines of configurations beyond the first {RECS_MAX} (not counted in any group)",
+    "counters": "COLL lines beyond {COUNTERS_MAX} (handle, configuration) counters (counted in the "
+                "configurations' rank lines, not in their calls per rank)",
+    "init_lines": "INIT lines dropped beyond {INIT_PENDING_MAX} pending ones (those handles lose their rank)",
+    "tuning_keys": "TUNING lines beyond {TUNING_KEYS_MAX} distinct (host, pid, op, size) keys (not used)",
+    "p2p_pairs": "Send/Recv lines beyond {PAIRS_MAX} rank pairs (counted, not checked for desync)",
 }
+
+
+def overflow_text(what):
+    """What an overflow counter counts, in words, with the limit in force."""
+    return OVERFLOW_WHAT[what].format(**{k: v for k, v in globals().items() if k.endswith("_MAX")})
 
 
 class Rec(NamedTuple):
@@ -218,7 +224,7 @@ class Scanner:
         """One block of complete lines from source_name, whose first line is number first_line."""
         self._source, self._lineno, self._search, self._raw = source_name, first_line, 0, chunk
         if self._pending_wrap is not None:
-            self._finish_wrap(chunk[:chunk.find(b"\n")])
+            self._finish_wrap(chunk)
         if self.detailed or KERNEL_MARK in chunk:
             # kernel-trace input: a COLL line's opCount ties it to its kernel's line, so the
             # normalization hands the opCounts over, consumed one per COLL line in order
@@ -385,34 +391,39 @@ class Scanner:
 
     def _wrapped(self, line, opcount, diff):
         """Whether a malformed COLL line was wrapped after `comm`/`stream` and is (or may be, at the
-        end of a block) completed by the next line; the joined line is then counted, once."""
+        end of a block) completed by the next line or two; the joined line is then counted, once."""
         if not line.rstrip(b" \t\r").endswith(WRAP_WORDS) or self._lines is None:
             return False
         try:
             idx = self._lines.index(line, self._search)
         except ValueError:
             return False
-        if idx + 1 == len(self._lines):     # the continuation is in the next block
-            self._pending_wrap = (line, opcount, diff)
+        return self._complete(line, self._lines[idx + 1:idx + 1 + WRAPS_MAX], opcount, diff, True)
+
+    def _complete(self, cur, following, opcount, diff, may_wait):
+        """Join cur with the continuation lines in `following` until it parses (at most WRAPS_MAX);
+        with may_wait, a record still open at the end of `following` waits for the next block."""
+        for n, nxt in enumerate(following, 1):
+            if not cur.rstrip(b" \t\r").endswith(WRAP_WORDS) or not CONTINUATION.match(nxt):
+                return False
+            cur = cur.rstrip(b" \t\r") + b" " + nxt.strip()
+            if type(parse_coll(cur)) is not Malformed:
+                self.joined += 1
+                self._coll(cur, False, opcount, diff)
+                return True
+            if n == WRAPS_MAX:
+                return False
+        if may_wait and cur.rstrip(b" \t\r").endswith(WRAP_WORDS):
+            self._pending_wrap = (cur, opcount, diff)
             return True
-        return self._join(line, self._lines[idx + 1], opcount, diff)
+        return False
 
-    def _join(self, line, nxt, opcount, diff):
-        if not CONTINUATION.match(nxt):
-            return False
-        joined = line.rstrip(b" \t\r") + b" " + nxt.strip()
-        if type(parse_coll(joined)) is Malformed:
-            return False
-        self.joined += 1
-        self._coll(joined, False, opcount, diff)
-        return True
-
-    def _finish_wrap(self, nxt):
-        """The next block's first line (b"" at the end of a source) for a wrapped line kept back."""
+    def _finish_wrap(self, chunk):
+        """The start of the next block (b"" at the end of a source) for a wrapped line kept back."""
         line, opcount, diff = self._pending_wrap
         self._pending_wrap = None
         lines, self._lines = self._lines, None      # not sampled: its block is gone
-        if not self._join(line, nxt, opcount, diff):
+        if not self._complete(line, chunk.split(b"\n", WRAPS_MAX)[:WRAPS_MAX], opcount, diff, False):
             rec = parse_coll(line.rstrip(b"\r"))
             self._bad(line, rec.reason if type(rec) is Malformed else "wrapped COLL line")
         self._lines = lines
