@@ -154,16 +154,26 @@ def render(columns, rows, fmt="table", out=None, *, indent="", rule=True, title=
 
 # ------------------------------------------------------------------ value formatters
 
-def format_us(us, digits=2, scaled_digits=None, missing="-"):
+def format_us(us, digits=2, scaled_digits=None, missing="-", significant=None, micro="us"):
     """A latency given in microseconds with its unit chosen per value: 12.34 us / 5.87 ms / 1.20 s.
 
     digits: decimals shown; scaled_digits: decimals for ms and s (default: digits).
+    significant=N: N significant digits instead, and ns below 1 us (chart ticks: 250 µs, 1.5 ms);
+    micro: the microsecond unit's name ("us" in text tables, "µs" in figures).
     """
     if us is None:
         return missing
+    if significant is not None:
+        if us >= 1e6:
+            return f"{us / 1e6:.{significant}g} s"
+        if us >= 1e3:
+            return f"{us / 1e3:.{significant}g} ms"
+        if us >= 1:
+            return f"{us:.{significant}g} {micro}"
+        return f"{us * 1e3:.{significant}g} ns"
     big = digits if scaled_digits is None else scaled_digits
     if us < 1000:
-        return f"{us:.{digits}f} us"
+        return f"{us:.{digits}f} {micro}"
     if us < 1e6:
         return f"{us / 1e3:.{big}f} ms"
     return f"{us / 1e6:.{big}f} s"

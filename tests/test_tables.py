@@ -47,3 +47,10 @@ def test_formatters():
     assert format_gb_per_s(12.345e9, significant=4) == "12.35"
     assert [format_size(n) for n in (4 << 20, 1000, 1536)] == ["4MB", "1000B", "1536B"]
     assert [format_bytes(n) for n in (512 << 20, int(28.2 * (1 << 20)), 10)] == ["512MB", "28.2MB", "10B"]
+
+
+def test_chart_ticks_use_the_same_formatters():
+    from collbench.report.chart import format_gbps, format_us as tick_us
+    assert [tick_us(v) for v in (0.5, 1, 250, 1500, 2e6)] == ["500 ns", "1 µs", "250 µs", "1.5 ms", "2 s"]
+    assert tick_us(250) == format_us(250, significant=3, micro="µs")
+    assert [format_gbps(v) for v in (0.123456, 12.5)] == ["0.123", "12.5"]
