@@ -25,7 +25,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from collbench.config import SEED_PLAN, Step, default_plan, load_config  # noqa: E402
+from collbench.config import PROTOTYPE_PLAN, Step, default_plan, load_config  # noqa: E402
 from collbench.engines.build import ensure_engine  # noqa: E402
 from collbench.stress.daemon import Daemon  # noqa: E402
 from collbench.results.results_log import read_records  # noqa: E402
@@ -33,7 +33,7 @@ from collbench.results.state_dir import StatePaths  # noqa: E402
 
 
 def bench_plan(kind, scale):
-    plan = default_plan(SEED_PLAN)
+    plan = default_plan(PROTOTYPE_PLAN)
     if kind == "seed":
         return plan
     return [Step(s.op, s.size_bytes, max(1, s.iterations // scale), max(1, s.warmup // scale), s.datatype)

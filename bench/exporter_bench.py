@@ -57,12 +57,12 @@ from types import SimpleNamespace
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from collbench.config import SEED_PLAN, default_plan  # noqa: E402
+from collbench.config import PROTOTYPE_PLAN, default_plan  # noqa: E402
 from collbench.exporter.app import Exporter  # noqa: E402
 from collbench.ops import get_op  # noqa: E402
 from collbench.sizes import format_size  # noqa: E402
 
-PLAN = [(s.op, s.size_bytes) for s in default_plan(SEED_PLAN)]
+PLAN = [(s.op, s.size_bytes) for s in default_plan(PROTOTYPE_PLAN)]
 RECORD = ('{"schema":1,"type":"result","time":"%s","ts":%.3f,"run_id":"20261122T000000-bench000",'
           '"hosts":["gpu01","gpu02","gpu03","gpu04","gpu05","gpu06","gpu07","gpu08"],"nodes":8,"ranks":64,'
           '"engine":"builtin","mpi":"Open MPI 4.1.4","transport":"ucx","op":"%s","datatype":"float",'

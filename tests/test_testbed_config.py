@@ -10,7 +10,7 @@ import sys
 from conftest import REPO
 
 from lab import testbed
-from collbench.config import SEED_PLAN, default_plan, load_config
+from collbench.config import PROTOTYPE_PLAN, default_plan, load_config
 
 
 def _generate(tmp_path, full_plan):
@@ -37,7 +37,7 @@ def test_generated_config_has_a_short_plan(tmp_path):
 def test_full_plan_flag_leaves_the_seed_plan(tmp_path):
     desc, cfg = _generate(tmp_path, full_plan=True)
     assert desc["plan"] == "seed 001 (full)"
-    assert cfg.stress_plan() == default_plan(SEED_PLAN, cfg.datatype)
+    assert cfg.stress_plan() == default_plan(PROTOTYPE_PLAN, cfg.datatype)
     assert max(s.size_bytes for s in cfg.stress_plan()) == 4 << 20
     assert "plan:" not in open(desc["config"]).read()
 
