@@ -8,7 +8,7 @@ PAT.machinefile, PAT.slurm_hostfile), from `topo map` run now on a matrix (one o
 pattern), or from the config's `hosts_order`. Each order is applied with the launcher's
 `hosts_order` (a rankfile, machinefile or SLURM_HOSTFILE: engines/rank_order.py).
 
-Jobs. An algorithm is forced per MPI job (engines/algorithms.py), so each (pattern, order)
+Jobs. An algorithm is forced per MPI job (engines/algorithms/), so each (pattern, order)
 runs in its own job(s), every op and size of the comparison in it. With `rounds` > 1 the jobs
 alternate between the two orders (A B A B ...), so slow drift of the machine weighs on both.
 
@@ -247,16 +247,19 @@ def availability(cfg, op, pattern, nranks, count):
     return True, algs.known_constraint(cat.flavour, op, name, nranks, count)
 
 
-def run(cfg, orders, s, ctx, on_progress=None, runner=None):
+def run(cfg, orders, s, ctx, on_progress=None, runner=None, on_plan=None, on_record=None, points=None, recs=None):
     """Measure every (pattern, op, size) in both orders of each pattern.
 
     orders: {pattern: (original order, new order, new order's label)}. Yields nothing; returns
     (points, records): one Point per (pattern, op, size) in the table's order, and every result
-    and failure record (each with `algorithm`, `order` and `pattern`).
+    and failure record (each with `algorithm`, `order` and `pattern`). points/recs: lists to fill
+    instead, so a caller stopped half-way keeps what finished. on_plan(pattern, ops): the ops a
+    pattern runs (the others are not available); on_record(pattern, which, rec): after each record.
     """
     engine = get_engine("builtin")
     runner = runner or JobRunner()
-    points, recs = [], []
+    points = [] if points is None else points
+    recs = [] if recs is None else recs
     for pattern in s.patterns:
         original, new, new_label = orders[pattern]
         algorithm = PATTERN_ALGORITHM[pattern]
@@ -269,6 +272,8 @@ def run(cfg, orders, s, ctx, on_progress=None, runner=None):
                 points.append(Point(pattern, op, size, algorithm, note=note if runs else f"not run: {note}"))
             if runs:
                 ops.append(op)
+        if on_plan:
+            on_plan(pattern, list(ops))
         if not ops:
             continue
         by_key = {(p.op, p.size_bytes): p for p in points if p.pattern == pattern}
@@ -290,13 +295,14 @@ def run(cfg, orders, s, ctx, on_progress=None, runner=None):
                     rec.setdefault("algorithm", algorithm)
                     recs.append(rec)
                     step = part[item.index] if 0 <= item.index < len(part) else None
-                    if step is None:
-                        continue
-                    point = by_key[(step.op, step.size_bytes)]
-                    if rec["type"] == "result":
-                        (point.original if which == "original" else point.new).append(rec["latency_avg_us"])
-                    else:
-                        point.errors.append(f"{which} order: {rec.get('error', '')}")
+                    if step is not None:
+                        point = by_key[(step.op, step.size_bytes)]
+                        if rec["type"] == "result":
+                            (point.original if which == "original" else point.new).append(rec["latency_avg_us"])
+                        else:
+                            point.errors.append(f"{which} order: {rec.get('error', '')}")
+                    if on_record:       # after the point holds it: a stop from here on keeps it
+                        on_record(pattern, which, rec)
     return points, recs
 
 
