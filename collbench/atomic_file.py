@@ -400,6 +400,14 @@ class Outputs:
     def commit(self, fileset):
         return self._try(fileset.commit)
 
+    def run(self, fn, *args, **kwargs):
+        """fn(*args, **kwargs), an output step of the verb's own; a UserError it raises is recorded."""
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:
+            self.failed.append(e)
+            return None
+
     def raise_if_failed(self):
         if not self.failed:
             return

@@ -8,6 +8,7 @@ import os
 import sys
 
 from collbench import __version__
+from collbench.bounded_repr import terminal_safe
 from collbench.errors import UserError
 
 # subcommand -> the module whose register(subparsers) adds it (with set_defaults(func=...))
@@ -45,6 +46,23 @@ def build_parser(argv=None):
     return parser
 
 
+class IntermixedArgumentParser(argparse.ArgumentParser):
+    """A verb's parser that takes options between positionals (`baseline compare NAME --state-dir D
+    results.jsonl`): plain argparse stops filling `RESULTS...` at the first option and calls what
+    follows "unrecognized". For verbs without sub-verbs (add_subparsers(parser_class=...))."""
+
+    _intermixing = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._intermixing:  # parse_known_intermixed_args calls back in here
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+
 def main(argv=None):
     saved = sys.stdout, sys.stdin
     out = sys.stdout = _WatchedStdout(sys.stdout if sys.stdout is not None else _ClosedStream("output"))
@@ -62,8 +80,8 @@ def _run(argv, out):
             parser = build_parser(argv)
             args = parser.parse_args(argv)
             code = args.func(args) or 0
-        except UserError as e:
-            print(f"collbench: error: {e}", file=sys.stderr)
+        except UserError as e:  # its text may quote a file's bytes: shown, never obeyed by the terminal
+            print(f"collbench: error: {terminal_safe(str(e), one_line=False)}", file=sys.stderr)
             code = e.exit_code
         except KeyboardInterrupt:
             print("collbench: interrupted", file=sys.stderr)

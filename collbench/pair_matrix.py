@@ -26,6 +26,7 @@ import os
 import re
 
 from collbench.atomic_file import write_atomic
+from collbench.bounded_repr import bounded_repr
 from collbench.errors import UserError
 
 FORMAT_NAME = "collbench-topo-matrix"
@@ -213,14 +214,17 @@ def _check_labels(source, labels, where):
 
 
 def _show(v):
-    text = repr(v)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return bounded_repr(v, 40)
 
 
-def _number(source, where, raw, diagonal):
-    """A cell's value: float, or None on the diagonal. raw: str (CSV) or a JSON value."""
+def _number(source, where, raw, diagonal, text_cells=True):
+    """A cell's value: float, or None on the diagonal. raw: str (CSV) or a JSON value.
+    text_cells False (JSON, Python data): a cell must be a number, not a string holding one."""
     if isinstance(raw, _Unparsed):
         raise MatrixError(source, where, f"got {raw}, expected a positive number")
+    if isinstance(raw, str) and not text_cells:
+        raise MatrixError(source, where, f"got {_show(raw)}, a string: expected a number (JSON cells are "
+                                         f"numbers, not quoted; null on the diagonal)")
     if raw is None or (isinstance(raw, str) and raw.strip() in ("", "-")):
         if diagonal:
             return None
@@ -250,7 +254,7 @@ def _number(source, where, raw, diagonal):
     return value
 
 
-def _check_rows(source, key, rows, labels, where_of):
+def _check_rows(source, key, rows, labels, where_of, text_cells=False):
     n = len(labels)
     if not isinstance(rows, (list, tuple)):
         raise MatrixError(source, key, f"got {_show(rows)}, expected a list of {n} rows "
@@ -265,22 +269,23 @@ def _check_rows(source, key, rows, labels, where_of):
         if len(row) != n:
             raise MatrixError(source, f"{key}[{i}] (host {labels[i]})",
                               f"{len(row)} values for {n} hosts (the matrix must be square)")
-        fast = _fast_row(row, i)
+        fast = _fast_row(row, i, text_cells)
         if fast is not None:
-            _number(source, f"{where_of(i, i)} ({labels[i]} -> {labels[i]})", row[i], True)
+            _number(source, f"{where_of(i, i)} ({labels[i]} -> {labels[i]})", row[i], True, text_cells)
             out.append(fast)
             continue
-        out.append(tuple(_number(source, f"{where_of(i, j)} ({labels[i]} -> {labels[j]})", v, i == j)
+        out.append(tuple(_number(source, f"{where_of(i, j)} ({labels[i]} -> {labels[j]})", v, i == j,
+                                 text_cells)
                          for j, v in enumerate(row)))
     return tuple(out)
 
 
-def _fast_row(row, diag):
+def _fast_row(row, diag, text_cells=True):
     """The row's values when every off-diagonal cell is plainly valid (checked in bulk, in C), else
     None: the cell-by-cell path then finds and names the bad cell. Big matrices load in seconds."""
     cells = list(row)
     cells[diag] = 1.0
-    if isinstance(cells[0], str):
+    if isinstance(cells[0], str) and text_cells:
         cells[diag] = "1"
         joined = ",".join(cells)
         # float() also takes '1_000', non-ASCII digits and 'nan'/'inf': leave those to the slow path
@@ -302,16 +307,36 @@ class _Unparsed:
     """A JSON literal Python would turn into NaN/inf or an over-long integer: reported, not used."""
 
     def __init__(self, text):
-        self.text = text if len(text) <= 20 else text[:17] + "..."
+        digits = len(text.lstrip("-"))
+        self.text = text if len(text) <= 20 else f"{text[:17]}... ({digits} digits)"
 
     def __str__(self):
         return self.text
 
+    __repr__ = __str__
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicate_keys(pairs):
+    """A JSON object with each key once: `{"hosts": [...], "hosts": [...]}` is refused, not read as
+    its last value (which a reader and a writer could take differently)."""
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
 
 def _parse_json(path, text):
     try:
-        doc = json.loads(text, parse_constant=_Unparsed,
+        doc = json.loads(text, parse_constant=_Unparsed, object_pairs_hook=_no_duplicate_keys,
                          parse_int=lambda s: int(s) if len(s) <= 300 else _Unparsed(s))
+    except _DuplicateKey as e:
+        raise MatrixError(path, bounded_repr(e.args[0]), "key given twice (each key once)") from None
     except RecursionError:
         raise MatrixError(path, None, "JSON nested too deeply (expected an object of matrices)") from None
     except ValueError as e:
@@ -339,7 +364,8 @@ def _parse_json(path, text):
     found = {}
     for key, metric in METRIC_BY_KEY.items():
         if key in doc:
-            values = _check_rows(path, key, doc[key], labels, lambda i, j, k=key: f"{k}[{i}][{j}]")
+            values = _check_rows(path, key, doc[key], labels, lambda i, j, k=key: f"{k}[{i}][{j}]",
+                                 text_cells=False)
             found[metric.name] = TopoMatrix(labels, metric.name, values, path, meta)
     if not found:
         raise MatrixError(path, None, "no matrix: expected 'latency_us' and/or 'bandwidth_GBps'")
@@ -373,7 +399,7 @@ def _parse_csv(path, text):
         if row[0].strip() != labels[i]:
             raise MatrixError(path, f"line {line} column 1", f"got {_show(row[0].strip())}, expected "
                                                              f"{labels[i]!r} (rows in header order)")
-        fast = _fast_row(row[1:], i)
+        fast = _fast_row(row[1:], i, True)
         if fast is not None:
             _number(path, f"line {line} column {i + 2} ({labels[i]} -> {labels[i]})", row[i + 1], True)
             values.append(fast)
@@ -413,10 +439,11 @@ def json_text(matrices, meta=None):
 
 
 def save_csv(path, matrix):
-    """Write one matrix as CSV, atomically. Returns the absolute path."""
+    """Write one matrix as CSV (atomic_file's writer). Returns the path written; OSError when it
+    cannot be. A set of files goes through atomic_file.FileSet with csv_text/json_text instead."""
     return write_atomic(path, [csv_text(matrix)])
 
 
 def save_json(path, matrices, meta=None):
-    """Write one or more matrices as JSON, atomically. Returns the absolute path."""
+    """Write one or more matrices as JSON (atomic_file's writer). Returns the path written."""
     return write_atomic(path, [json_text(matrices, meta)])

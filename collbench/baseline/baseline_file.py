@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from collbench import __version__
-from collbench.atomic_file import write_atomic
+from collbench.atomic_file import write_output
+from collbench.bounded_repr import bounded_repr
 from collbench.errors import UserError
 from collbench.ops import OPS, get_op
 from collbench.stats import summarize
@@ -40,6 +41,7 @@ FORMAT = "collbench-baseline"
 VERSION = 1
 METRIC = "latency_avg_us"
 MAX_FILE_BYTES = 64 << 20
+MAX_TS = 253402300799.0   # 9999-12-31T23:59:59Z: a created_ts/first_ts/last_ts beyond it is no date
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
@@ -140,9 +142,13 @@ class Baseline:
 
 
 def _iso(ts):
+    """The UTC ISO time of a Unix timestamp; None when there is none or it is not a date."""
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    try:
+        return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    except (OverflowError, ValueError, OSError):
+        return None
 
 
 class Collector:
@@ -226,11 +232,15 @@ def save(baseline, path, force=False):
         raise UserError(f"baseline {path} exists: use --force to replace it (or another name)")
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        write_atomic(path, [json.dumps(baseline.as_dict(), indent=1, allow_nan=False) + "\n"])
     except OSError as e:
         raise UserError(f"baseline {path}: cannot write: {e.strerror or e}") from None
+    write_output(path, json.dumps(baseline.as_dict(), indent=1, allow_nan=False) + "\n", flag="baseline")
     baseline.path = path
     return path
+
+
+def _at(where, key):
+    return f"{where}.{key}" if where else key
 
 
 class _Checker:
@@ -240,22 +250,32 @@ class _Checker:
     def fail(self, where, message):
         raise UserError(f"baseline {self.path}: {where}: {message}")
 
-    def num(self, d, key, where, minimum=0.0, strict=False, required=True):
+    def num(self, d, key, where, minimum=0.0, strict=False, required=True, maximum=None, what=None):
         v = d.get(key)
         if v is None and not required:
             return None
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (
-            v > minimum if strict else v >= minimum)
+        try:
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (
+                v > minimum if strict else v >= minimum) and (maximum is None or v <= maximum)
+        except OverflowError:  # an int too large for a float
+            ok = False
         if not ok:
-            self.fail(f"{where}.{key}", f"expected a number {'>' if strict else '>='} {minimum:g}, got {str(v)[:40]!r}")
+            expected = what or f"a number {'>' if strict else '>='} {minimum:g}"
+            self.fail(_at(where, key), f"expected {expected}, got {bounded_repr(v, 40)}")
         return float(v)
+
+    def timestamp(self, d, key, where):
+        """A Unix time (seconds since 1970, UTC) or absent; a string ("yesterday"), a bool or a
+        number no date has (1e20, -1e300) is an error."""
+        return self.num(d, key, where, minimum=0.0, required=False, maximum=MAX_TS,
+                        what="a Unix time in seconds (a number, 1970 to 9999)")
 
     def count(self, d, key, where, minimum=0, required=True):
         v = d.get(key)
         if v is None and not required:
             return None
         if isinstance(v, bool) or not isinstance(v, int) or v < minimum or v > 1 << 62:
-            self.fail(f"{where}.{key}", f"expected a whole number >= {minimum}, got {str(v)[:40]!r}")
+            self.fail(_at(where, key), f"expected a whole number >= {minimum}, got {bounded_repr(v, 40)}")
         return v
 
     def text(self, d, key, where, required=False):
@@ -263,7 +283,7 @@ class _Checker:
         if v is None and not required:
             return None
         if not isinstance(v, str) or len(v) > 200:
-            self.fail(f"{where}.{key}", f"expected a string (up to 200 characters), got {str(v)[:40]!r}")
+            self.fail(_at(where, key), f"expected a string (up to 200 characters), got {bounded_repr(v, 40)}")
         return v
 
 
@@ -304,10 +324,10 @@ def from_dict(data, path="<baseline>"):
     if not isinstance(data, dict):
         c.fail("top level", "expected a JSON object")
     if data.get("format") != FORMAT:
-        c.fail("format", f"expected {FORMAT!r}, got {str(data.get('format'))[:40]!r} (not a collbench baseline)")
-    if data.get("version") != VERSION:
-        c.fail("version", f"expected {VERSION}, got {str(data.get('version'))[:20]!r} (made by another collbench "
-                          "version: save the baseline again)")
+        c.fail("format", f"expected {FORMAT!r}, got {bounded_repr(data.get('format'), 40)} (not a collbench baseline)")
+    if data.get("version") != VERSION or isinstance(data.get("version"), bool):
+        c.fail("version", f"expected {VERSION}, got {bounded_repr(data.get('version'), 40)} (made by another "
+                          "collbench version: save the baseline again)")
     if data.get("metric", METRIC) != METRIC:
         c.fail("metric", f"expected {METRIC!r}")
     entries_raw = data.get("entries")
@@ -324,11 +344,14 @@ def from_dict(data, path="<baseline>"):
         except KeyError:
             op = None
         if op is None:
-            c.fail(f"{where}.op", f"expected one of {', '.join(OPS)}, got {str(e.get('op'))[:40]!r}")
+            c.fail(f"{where}.op", f"expected one of {', '.join(OPS)}, got {bounded_repr(e.get('op'), 40)}")
         key = BaselineKey(op=op, size_bytes=c.count(e, "size_bytes", where), ranks=c.count(e, "ranks", where, 1),
                           nodes=c.count(e, "nodes", where, 1, required=False),
                           transport=c.text(e, "transport", where), engine=c.text(e, "engine", where),
                           algorithm=c.text(e, "algorithm", where), variant=c.text(e, "variant", where) or "")
+        if "size" in e and e["size"] != key.size:
+            c.fail(f"{where}.size", f"{bounded_repr(e['size'], 40)} does not match size_bytes {key.size_bytes} "
+                                    f"({key.size!r}): the file was edited inconsistently")
         if key in entries:
             c.fail(where, f"a second entry for {key.op} {key.size} ranks {key.ranks} (each key once)")
         lat = e.get("latency_avg_us")
@@ -350,12 +373,13 @@ def from_dict(data, path="<baseline>"):
                 c.fail(f"{where}.busbw_bytes_per_s", "expected an object with median, or null")
             busbw = {"median": c.num(busbw, "median", f"{where}.busbw_bytes_per_s")}
         entries[key] = Entry(key=key, n=n, latency=latency, busbw=busbw, datatype=c.text(e, "datatype", where),
-                             first_ts=c.num(e, "first_ts", where, required=False),
-                             last_ts=c.num(e, "last_ts", where, required=False))
+                             first_ts=c.timestamp(e, "first_ts", where),
+                             last_ts=c.timestamp(e, "last_ts", where))
     source = data.get("source") if isinstance(data.get("source"), dict) else {}
     name = data.get("name") if isinstance(data.get("name"), str) else os.path.basename(path)
-    created = data.get("created_ts")
-    created = created if isinstance(created, (int, float)) and not isinstance(created, bool) else None
+    created = c.timestamp(data, "created_ts", "")
+    if data.get("created") is not None and not isinstance(data.get("created"), str):
+        c.fail("created", f"expected an ISO time string, got {bounded_repr(data['created'], 40)}")
     return Baseline(name=name[:100], entries=entries, created_ts=created, source=source, path=path,
                     collbench=data.get("collbench") if isinstance(data.get("collbench"), str) else None)
 

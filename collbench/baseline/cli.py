@@ -23,10 +23,11 @@ import sys
 import time
 
 from collbench.baseline import baseline_file as bf
+from collbench.bounded_repr import terminal_safe
 from collbench.baseline.comparison import DEFAULT_K, DEFAULT_THRESHOLD, MISSING, NEW, REGRESSION, compare, counts
-from collbench.cli import add_config_arg
+from collbench.cli import IntermixedArgumentParser, add_config_arg
 from collbench.errors import UserError
-from collbench.report.chart import format_us
+from collbench.tables import Column, format_us, table_lines
 from collbench.results.file_reader import ResultsInput, parse_since
 
 DEFAULT_SAVE_RUNS = 5
@@ -39,7 +40,8 @@ def register(subparsers):
         description="Baselines: the median and spread of a cluster's own latency per (op, size, ranks, nodes, "
                     "transport, engine, algorithm), and a comparison that flags regressions beyond the "
                     "baseline's noise. For CI and after maintenance: compare exits 1 on a regression.")
-    verbs = p.add_subparsers(dest="verb", metavar="VERB")
+    # intermixed: `compare NAME --state-dir D results.jsonl` (options between positionals) parses
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", parser_class=IntermixedArgumentParser)
     verbs.required = True
 
     def verb(name, func, help_, description=None):
@@ -146,12 +148,8 @@ def _fmt_us(v):
 
 
 def _render_table(headers, rows, right):
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-
-    def fmt(cells):
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-
-    return "\n".join([fmt(headers), "  ".join("-" * w for w in widths)] + [fmt(r) for r in rows])
+    columns = [Column(i, h, align="right" if i in right else "left") for i, h in enumerate(headers)]
+    return "\n".join(table_lines(columns, [dict(enumerate(r)) for r in rows]))
 
 
 def _csv(headers, rows):
@@ -163,15 +161,40 @@ def _csv(headers, rows):
 
 
 def _key_cells(k, with_alg):
-    """with_alg: the algorithm and variant columns are shown (some key has one)."""
-    return [k.op, k.size, str(k.ranks), "-" if k.nodes is None else str(k.nodes), k.transport or "-",
-            k.engine or "-"] + ([k.algorithm or "-", k.variant or "-"] if with_alg else [])
+    """with_alg: the algorithm and variant columns are shown (some key has one). Text read from a
+    file (transport, engine, ...) is terminal-safe: an escape sequence in it is shown, not obeyed."""
+    cells = [k.op, k.size, str(k.ranks), "-" if k.nodes is None else str(k.nodes), k.transport or "-",
+             k.engine or "-"] + ([k.algorithm or "-", k.variant or "-"] if with_alg else [])
+    return [terminal_safe(c) for c in cells]
+
+
+def _json_safe(value):
+    """value with every non-finite number (a ratio or bound that overflowed) as null, and beside it
+    `non_finite: {key: "Infinity"}` saying why: `json.dumps` would write Infinity, which is not JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        out, why = {}, {}
+        for k, v in value.items():
+            if isinstance(v, float) and not math.isfinite(v):
+                why[k] = "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+            out[k] = _json_safe(v)
+        if why:
+            out["non_finite"] = why
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _json(value):
+    return json.dumps(_json_safe(value), indent=1, allow_nan=False) + "\n"
 
 
 def render_entries(baseline, fmt):
     entries = baseline.sorted_entries()
     if fmt == "json":
-        return json.dumps(baseline.as_dict(), indent=1) + "\n"
+        return _json(baseline.as_dict())
     with_alg = any(e.key.algorithm or e.key.variant for e in entries)
     headers = ["op", "size", "ranks", "nodes", "transport", "engine"] + (["algorithm", "variant"] if with_alg else []) + \
               ["median", "sigma", "q1", "q3", "n", "busbw GB/s"]
@@ -199,7 +222,7 @@ def render_comparison(baseline, comparisons, fmt, threshold, k, extra=None):
                "rule": "regression: current > max(threshold * median, median + k * sigma)",
                "rows": [c.as_dict() for c in comparisons], "summary": tally}
         out.update(extra or {})
-        return json.dumps(out, indent=1) + "\n"
+        return _json(out)
     with_alg = any(c.key.algorithm or c.key.variant for c in comparisons)
     headers = ["op", "size", "ranks", "nodes", "transport", "engine"] + (["algorithm", "variant"] if with_alg else []) + \
               ["baseline", "sigma", "n", "current", "n", "ratio", "bound", "verdict"]
@@ -224,7 +247,7 @@ def render_comparison(baseline, comparisons, fmt, threshold, k, extra=None):
         return _csv(headers, rows)
     right = {2, 3} | set(range(len(headers) - 8, len(headers) - 1))
     summary = ", ".join(f"{n} {v}" for v, n in tally.items() if n)
-    head = (f"baseline {baseline.name} ({baseline.path}), {len(baseline.entries)} entries, saved "
+    head = (f"baseline {terminal_safe(baseline.name)} ({terminal_safe(baseline.path)}), {len(baseline.entries)} entries, saved "
             f"{bf._iso(baseline.created_ts) or '?'}; threshold {threshold:g}x, k {k:g}")
     return f"{head}\n\n{_render_table(headers, rows, right)}\n\n{summary}\n"
 
@@ -347,20 +370,25 @@ def cmd_show(args):
 def cmd_list(args):
     d = state_dir(args)
     items = bf.list_baselines(d)
-    rows = []
+    rows, bad = [], []
     for name, path in items:
-        try:
+        try:  # one bad file is named; the others are still listed
             b = bf.load(path, d)
-            rows.append([name, bf._iso(b.created_ts) or "?", str(len(b.entries)), b.source.get("kind", "?"), path])
+            kind = b.source.get("kind", "?")
+            rows.append([name, bf._iso(b.created_ts) or "?", str(len(b.entries)),
+                         kind if isinstance(kind, str) else "?", path])
         except UserError as e:
-            rows.append([name, "-", "-", "unreadable", str(e)])
+            rows.append([name, "-", "-", "unreadable", path])
+            bad.append(str(e))
     headers = ["name", "created", "entries", "from", "path"]
     if args.format == "json":
         sys.stdout.write(json.dumps([dict(zip(headers, r)) for r in rows], indent=1) + "\n")
     elif args.format == "csv":
-        sys.stdout.write(_csv(headers, rows))
+        sys.stdout.write(_csv(headers, [[terminal_safe(c) for c in r] for r in rows]))
     elif rows:
-        sys.stdout.write(_render_table(headers, rows, {2}) + "\n")
+        sys.stdout.write(_render_table(headers, [[terminal_safe(c) for c in r] for r in rows], {2}) + "\n")
     else:
         print(f"no baselines in {d}/baselines", file=sys.stderr)
+    for message in bad:
+        print(f"collbench: unreadable: {terminal_safe(message)}", file=sys.stderr)
     return 0

@@ -1,15 +1,15 @@
 """`report --png DIR`: the report's figures drawn by matplotlib (Agg), one PNG per op, with the
 same data, ticks, colours and legend as the page's SVG (chart.py)."""
 
-import os
-
 from collbench.report.chart import panel_ranges, size_ticks, y_ticks, _log_range
 
 _MARKERS = {"circle": "o", "square": "s", "triangle": "^", "diamond": "D"}
 
 
-def figure_png(fig, path, dpi=110):
-    """Write one chart.Figure as a PNG file at path."""
+def figure_png(fig, dpi=110):
+    """One chart.Figure drawn as a PNG: its bytes (the caller writes them, with the report's other
+    files, as one set: atomic_file.FileSet)."""
+    import io
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import FixedLocator, FixedFormatter, NullLocator
@@ -71,10 +71,9 @@ def figure_png(fig, path, dpi=110):
     mfig.suptitle(fig.title, fontsize=12, fontweight="bold")
     legend_h = (0.25 * rows + 0.1) / (3.9 + 0.25 * rows) if handles else 0
     mfig.tight_layout(rect=(0, legend_h, 1, 0.97))
-    tmp = path + ".tmp"
-    mfig.savefig(tmp, format="png")
-    os.replace(tmp, path)
-    return path
+    buf = io.BytesIO()
+    mfig.savefig(buf, format="png")
+    return buf.getvalue()
 
 
 def _bars(ax, panel, FixedLocator, FixedFormatter, NullLocator):

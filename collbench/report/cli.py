@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from collbench.atomic_file import check_writable, write_atomic
+from collbench.atomic_file import FileSet, check_writable
 from collbench.cli import add_config_arg
 from collbench.errors import UserError
 from collbench.report.aggregate import Aggregate
@@ -107,24 +107,37 @@ def run(args):
 
     text, data, figures, peak, source = build(args.results, peak_fn, title=args.title, since=since,
                                               group_by=args.group_by)
-    try:
-        write_atomic(out, [text])
-        if md:
-            from collbench.report.markdown_table import render_markdown
-            write_atomic(md, [render_markdown(data, peak, title=args.title)])
-        png_paths = []
-        if args.png:
-            from collbench.report.chart_png import figure_png
+    # the HTML, the markdown table and the PNGs are one set: all written or none (a full disk
+    # leaves the previous report whole, never a new page beside old plots)
+    files = FileSet("-o")
+    files.add(out, text)
+    if md:
+        from collbench.report.markdown_table import render_markdown
+        files.add(md, render_markdown(data, peak, title=args.title), "--markdown")
+    png_paths = []
+    created = args.png and not os.path.isdir(args.png)
+    if args.png:
+        from collbench.report.chart_png import figure_png
+        try:
             os.makedirs(args.png, exist_ok=True)
-            for op, fig in figures:
-                png_paths.append(figure_png(fig, os.path.join(args.png, f"{op}.png")))
-    except OSError as e:
-        raise UserError(f"cannot write {e.filename or 'an output file'}: {e.strerror or e}") from None
+        except OSError as e:
+            raise UserError(f"--png {args.png}: cannot create: {e.strerror or e}") from None
+        for op, fig in figures:
+            png_paths.append(files.add(os.path.join(args.png, f"{op}.png"), figure_png(fig), "--png"))
+    try:
+        files.commit()
+    except UserError:
+        if created:
+            try:
+                os.rmdir(args.png)
+            except OSError:
+                pass
+        raise
     if not args.quiet:
         print(f"collbench: {source.summary_line()}", file=sys.stderr)
         if peak.source == "failed":
             print(f"collbench: warning: {peak.text}; the report has no percentages", file=sys.stderr)
-        print(f"collbench: report written to {out} ({os.path.getsize(out) / 1024:.0f} KB, "
+        print(f"collbench: report written to {out} ({len(text.encode()) / 1024:.0f} KB, "
               f"{len(data.series)} series, {len(figures)} plots)", file=sys.stderr)
         if md:
             print(f"collbench: markdown table written to {md}", file=sys.stderr)

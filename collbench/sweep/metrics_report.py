@@ -149,6 +149,8 @@ def output_files(out_dir, run_id, records, op_names):
 
     def write_report():
         os.makedirs(out_dir, exist_ok=True)
+        # appended in place (atomic_file): a 1 GB report is never read or rewritten; a failed
+        # append is cut back to the old size
         write_atomic(report, (dumps_line(line) + "\n" for line in report_lines(records)), keep_existing=True)
     files = [("metrics report", report, write_report)]
     for op_name, recs in records_by_op(records, op_names).items():

@@ -1,9 +1,10 @@
 """Topology-aware rank order: pairwise matrices, outliers, rank mapping, launch files (`collbench topo`).
 
-Modules: `matrix` (the matrix file format and its validation), `patterns` (the communication
+Modules: `patterns` (the communication
 patterns and the cost model an order is judged by), `seed_heuristics` (seed 003's two greedy
 heuristics), `exact` (optimal orders for small P), `local_search` (the scalable heuristic),
 `mapping` (the methods table and `map_order`), `outliers` (slow hosts and links in a measured
 matrix), `heatmap` (PNG/SVG pictures), `order_files` (rankfile, hostfile, machinefile, Slurm
-hostfile, config snippet), `cli` (the verb). Docs: docs/TOPO.md.
+hostfile, config snippet), `cli` (the verb). The matrix file format and its validation is the
+shared module collbench.pair_matrix (report --peak-from reads it too). Docs: docs/TOPO.md.
 """

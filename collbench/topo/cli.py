@@ -3,7 +3,8 @@
 Prints every method's predicted cost against the identity order (the matrix's own order) and
 writes the chosen order as an Open MPI rankfile, a hostfile for the sequential mapper, an MPICH
 machinefile, a Slurm hostfile, a `hosts_order:` config snippet and the whole result as JSON
-(topo/order_files.py). Exit 0, or 2 on a bad matrix or flag (nothing is written then).
+(topo/order_files.py), all six or none. Exit 0, or 2 on a bad matrix or flag (nothing is written
+then) or when the files cannot be written (the result is still printed; the old set stays whole).
 """
 
 import csv
@@ -12,6 +13,8 @@ import json
 import os
 import sys
 
+from collbench.atomic_file import Outputs
+from collbench.tables import Column, table_lines
 from collbench.topo.mapping import EXACT_MAX, METHODS, map_order
 from collbench.pair_matrix import METRICS, load_matrix
 from collbench.topo.order_files import write_order_files
@@ -67,8 +70,8 @@ def _seconds(text):
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"got {text!r}, expected seconds (a number)") from None
-    if not (0 < v <= 3600):
-        raise argparse.ArgumentTypeError(f"got {text!r}, expected seconds from 0 to 3600")
+    if not (0 < v <= 3600):  # 0 would leave the local search no time at all
+        raise argparse.ArgumentTypeError(f"got {text!r}, expected seconds above 0, up to 3600")
     return v
 
 
@@ -79,7 +82,8 @@ def cmd_map(args):
     comment = (f"collbench topo map: {result.pattern} ({result.algorithm}), {matrix.size} ranks, "
                f"metric {matrix.metric.name}, method {result.chosen}, matrix "
                f"{os.path.basename(matrix.source)}")
-    files = write_order_files(args.out_dir, result.pattern, result.labels, data, comment)
+    outputs = Outputs()  # a failed write still prints the result, then exits 2 naming the file
+    files = outputs.run(write_order_files, args.out_dir, result.pattern, result.labels, data, comment) or {}
     data["files"] = files
     if args.format == "json":
         sys.stdout.write(json.dumps(data, indent=1) + "\n")
@@ -90,6 +94,7 @@ def cmd_map(args):
     if args.format == "table":
         for suffix, path in files.items():
             print(f"collbench: wrote {path}", file=sys.stderr)
+    outputs.raise_if_failed()
     return 0
 
 
@@ -120,27 +125,21 @@ def table_text(result):
              f"predicted cost: {'time per MB of per-rank block' if m.metric.higher_is_better else 'time'} "
              f"in the lockstep model (docs/TOPO.md); speed-up = identity cost / cost"]
     shared = result.groups is not None
-    header = ("", "method", "cost", "vs identity", "speed-up", "slowest pair", "optimal", "time") + (
-        ("shared uplinks",) if shared else ())
+    columns = [Column("chosen", "", align="left"), Column("method", align="left"), Column("cost"),
+               Column("vs identity"), Column("speed-up"), Column("slowest pair", align="left"),
+               Column("optimal", align="left"), Column("time")] + ([Column("shared uplinks")] if shared else [])
     rows = []
     for r in result.rows():
         worst = "-"
         if r["worst_pair"]:
             worst = f"{r['worst_pair'][0]}-{r['worst_pair'][1]} {_num(r['worst_value'])} {r['worst_unit']}"
         opt = "-" if r["optimal"] is None else ("yes" if r["optimal"] else "not proven")
-        rows.append(("*" if r["chosen"] else "", r["method"], f"{_num(r['cost'])} {r['cost_unit']}",
-                     f"{r['vs_identity']:.3f}", f"{r['speedup']:.2f}x", worst, opt, f"{r['seconds']:.2f} s")
-                    + ((f"{r['shared_speedup']:.2f}x",) if shared else ()))
-    widths = [max(len(str(x[i])) for x in [header] + rows) for i in range(len(header))]
-    right = {2, 3, 4, 7, 8}
-
-    def fmt(cells):
-        return "  " + "  ".join(str(c).rjust(w) if i in right else str(c).ljust(w)
-                                for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-
-    lines.append(fmt(header))
-    lines.append("  " + "  ".join("-" * w for w in widths))
-    lines += [fmt(r) for r in rows]
+        rows.append({"chosen": "*" if r["chosen"] else "", "method": r["method"],
+                     "cost": f"{_num(r['cost'])} {r['cost_unit']}", "vs identity": f"{r['vs_identity']:.3f}",
+                     "speed-up": f"{r['speedup']:.2f}x", "slowest pair": worst, "optimal": opt,
+                     "time": f"{r['seconds']:.2f} s",
+                     "shared uplinks": f"{r['shared_speedup']:.2f}x" if shared else None})
+    lines += table_lines(columns, rows, indent="  ")
     notes = [f"  {r['method']}: {r['note']}" for r in result.rows() if r["note"]]
     if notes:
         lines.append("notes:")
