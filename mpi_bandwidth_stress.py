@@ -18,5 +18,5 @@ if __name__ == "__main__":
     sys.path.insert(0, HERE)
     from collbench.entry import reexec_in_venv  # stdlib only: safe before the venv is in use
     reexec_in_venv(__file__)
-    from collbench.ctl.seed_scripts import run
+    from collbench.ctl.prototype_scripts import run
     sys.exit(run(sys.argv, VERBS, HERE))

@@ -1,4 +1,4 @@
-"""The start of the repo's top-level scripts (mpi_test_controller.py and the other seed names).
+"""The start of the repo's top-level scripts (mpi_test_controller.py and the prototype's other script names).
 
 Standard library only, and nothing of collbench's is imported before reexec_in_venv() ran: a
 script started by the system python3 gets here before the venv that holds paramiko, PyYAML

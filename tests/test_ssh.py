@@ -488,7 +488,7 @@ def test_deploy_installs_then_is_up_to_date(sshd, tmp_path):
 # ------------------------------------------------------------------ the seed's scripts
 
 def test_seed_scripts_pass_options_on_and_keep_exit_codes(sshd, tmp_path):
-    from collbench.ctl.seed_scripts import split_args
+    from collbench.ctl.prototype_scripts import split_args
     assert split_args(["--config", "c.yaml", "--ops", "allreduce", "--accept-new-host-key", "-n", "5"], "once") == \
         (["--config", "c.yaml", "--accept-new-host-key"], ["--ops", "allreduce", "-n", "5"])
     assert split_args(["--json", "--timeout", "3"], "servers") == (["--json", "--timeout", "3"], [])

@@ -1,8 +1,9 @@
-"""The seed's two driver scripts (mpi_test_controller.py, mpi_bandwidth_stress.py) on `collbench ctl`.
+"""The two driver scripts of the prototype this project replaces (mpi_test_controller.py,
+mpi_bandwidth_stress.py), kept at the top of the repository and run through `collbench ctl`.
 
 They take the controller's own options anywhere on the line and pass every other argument on to
-the command the verb runs, so `./mpi_test_controller.py once --ops allreduce` works as the seed's
-operators expect without the `--` that `collbench ctl` asks for.
+the command the verb runs, so `./mpi_test_controller.py once --ops allreduce` works as the
+prototype's operators expect without the `--` that `collbench ctl` asks for.
 """
 
 import os
