@@ -1,4 +1,4 @@
-"""A rank order in the forms users launch with (topo.md §3), each written atomically.
+"""A rank order in the forms users launch with (topo.md §3), written as one set: all or none.
 
 `labels` is the list of matrix labels in new rank order: rank r runs on labels[r] (`host`, or
 `host:N` for the N-th rank on a host; pair_matrix.py). Files, for pattern PAT in the output
@@ -21,7 +21,7 @@ import os
 
 import yaml
 
-from collbench.atomic_file import write_atomic
+from collbench.atomic_file import FileSet
 from collbench.errors import UserError
 from collbench.pair_matrix import split_label
 
@@ -78,7 +78,8 @@ def file_paths(out_dir, pattern):
 def write_order_files(out_dir, pattern, labels, result_dict, comment=None):
     """Write every form into out_dir (created if missing); {suffix: absolute path}.
 
-    UserError (exit 2) naming the directory when it cannot be created or written."""
+    All or nothing (atomic_file.FileSet). UserError (exit 2) naming the directory or the file when
+    it cannot be created or written."""
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
@@ -95,11 +96,11 @@ def write_order_files(out_dir, pattern, labels, result_dict, comment=None):
         "hosts_order.yaml": hosts_order_text(labels, comment),
         "mapping.json": json.dumps(result_dict, indent=1) + "\n",
     }
-    written = {}
-    for suffix, path in file_paths(out_dir, pattern).items():
-        try:
-            written[suffix] = write_atomic(path, [texts[suffix]])
-        except OSError as e:
-            raise UserError(f"--out-dir {out_dir}: cannot write {os.path.basename(path)}: "
-                            f"{e.strerror}") from None
-    return written
+    # one set: all six are written or none is (a full disk keeps the old set whole, never a mix
+    # of the new order's rankfile with the old order's mapping.json)
+    files = FileSet("--out-dir")
+    paths = file_paths(out_dir, pattern)
+    for suffix, path in paths.items():
+        files.add(path, texts[suffix])
+    written = files.commit()
+    return {suffix: os.path.abspath(written[path]) for suffix, path in paths.items()}
