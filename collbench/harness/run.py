@@ -19,6 +19,15 @@ def run_context(cfg, engine):
     return RunContext(cfg, engine, launcher.mpi_version(cfg))
 
 
+def prepare(cfg, steps):
+    """(engine, run context) for a plan: the config's engine, its preflight (engine built, every
+    step checked: exit 2 before anything runs), and the run context."""
+    from collbench import engines
+    engine = engines.get_engine(cfg.engine)
+    engine.preflight(cfg, steps)
+    return engine, run_context(cfg, cfg.engine)
+
+
 class Terminated(Exception):
     """SIGTERM arrived: unwind like Ctrl-C so the running MPI job is stopped, not orphaned."""
 

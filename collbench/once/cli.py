@@ -62,9 +62,7 @@ def run(args):
         raise UserError("the plan has no steps")
     results_path = check_writable(args.results, "--results", append=True) if args.results else None
     tsv_path = check_writable(args.tsv, "--tsv") if args.tsv else None
-    engine = engines.get_engine(cfg.engine)
-    engine.preflight(cfg, steps)
-    ctx = harness.run_context(cfg, cfg.engine)
+    engine, ctx = harness.prepare(cfg, steps)
 
     records, job = harness.run_plan("once", engine, cfg, steps, ctx, quiet=args.quiet, on_stop="no result file written")
     if job.stopped:

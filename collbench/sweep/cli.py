@@ -103,9 +103,7 @@ def run(args):
                              iterations=args.iterations, warmup=args.warmup)
     out_dir = check_out_dir(args.out_dir)
     results_path = check_writable(args.results, "--results", append=True) if args.results else None
-    engine = engines.get_engine(cfg.engine)
-    engine.preflight(cfg, steps)
-    ctx = harness.run_context(cfg, cfg.engine)
+    engine, ctx = harness.prepare(cfg, steps)
 
     records, job = harness.run_plan("sweep", engine, cfg, steps, ctx, quiet=args.quiet, on_stop="no file written")
     if job.stopped:
