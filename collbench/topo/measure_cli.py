@@ -17,13 +17,13 @@ import sys
 from collbench import cli_values, harness
 from collbench.config import load_config
 from collbench.errors import UserError
-from collbench.atomic_file import check_writable
+from collbench.atomic_file import FileSet, Outputs, check_writable
 from collbench.results.output_files import write_jsonl
 from collbench.sizes import format_size
 from collbench.tables import Column, table_lines
 from collbench.topo import measure
-from collbench.topo.heatmap import write_heatmap
-from collbench.pair_matrix import save_csv, save_json
+from collbench.pair_matrix import csv_text as csv_matrix, json_text as json_matrices
+from collbench.results.records import dumps
 from collbench.topo.outliers import DEFAULT_RATIO, find_outliers
 
 FORMATS = ("table", "csv", "json")
@@ -136,10 +136,13 @@ def cmd_measure(args):
     lat, bw = result.matrices(measure.meta(result, ctx, cfg))
     reports = {"latency": find_outliers(lat, ratio=args.outlier_ratio),
                "bandwidth": find_outliers(bw, ratio=args.outlier_ratio)}
-    files = write_files(out_dir, lat, bw, reports, args.picture)
-    if results_path:
-        write_jsonl(results_path, measure.pair_events(result, ctx)
-                    + [measure.summary_event(result, ctx, reports, files)])
+    # a measurement is never thrown away because one output failed: write what can be, print
+    # the table, then exit 2 naming what could not be written
+    outputs = Outputs()
+    files = outputs.run(write_files, out_dir, lat, bw, reports, args.picture) or {}
+    if results_path and outputs.append(results_path, [json_line(r) for r in measure.pair_events(result, ctx)
+                                                      + [measure.summary_event(result, ctx, reports, files)]],
+                                       "--results") is not None:
         files["results"] = os.path.abspath(results_path)
     if args.format == "json":
         doc = json_doc(result, lat, bw, reports, files)
@@ -152,6 +155,7 @@ def cmd_measure(args):
         sys.stdout.write(table_text(result, lat, bw, reports, ctx, counted(args.outlier_metric)))
         for path in files.values():
             print(f"collbench: wrote {path}", file=sys.stderr)
+    outputs.raise_if_failed()
     if args.fail_on_outlier and any(r.any for k, r in reports.items() if k in counted(args.outlier_metric)):
         return 1
     return 0
@@ -163,24 +167,26 @@ def counted(outlier_metric):
 
 
 def write_files(out_dir, lat, bw, reports, picture):
-    """Every output file, atomically; {name: absolute path}."""
-    files = {}
-    try:
-        files["latency_csv"] = save_csv(os.path.join(out_dir, "latency.csv"), lat)
-        files["bandwidth_csv"] = save_csv(os.path.join(out_dir, "bandwidth.csv"), bw)
-        files["matrix_json"] = save_json(os.path.join(out_dir, "matrix.json"), [lat, bw])
-        from collbench.atomic_file import write_atomic
-        files["outliers_json"] = write_atomic(
-            os.path.join(out_dir, "outliers.json"),
-            [json.dumps({k: r.to_dict() for k, r in reports.items()}, indent=1) + "\n"])
-    except OSError as e:
-        raise UserError(f"--out-dir {out_dir}: cannot write {os.path.basename(e.filename or '')}: "
-                        f"{e.strerror}") from None
+    """Every output file, as one set (all or none: atomic_file.FileSet); {name: absolute path}.
+    OutputError (exit 2) naming the file that could not be written."""
+    from collbench.topo.heatmap import picture_format, render
+    files = FileSet("--out-dir")
+    names = {"latency_csv": files.add(os.path.join(out_dir, "latency.csv"), csv_matrix(lat)),
+             "bandwidth_csv": files.add(os.path.join(out_dir, "bandwidth.csv"), csv_matrix(bw)),
+             "matrix_json": files.add(os.path.join(out_dir, "matrix.json"), json_matrices([lat, bw])),
+             "outliers_json": files.add(os.path.join(out_dir, "outliers.json"),
+                                        json.dumps({k: r.to_dict() for k, r in reports.items()}, indent=1) + "\n")}
     for name, m in (("latency", lat), ("bandwidth", bw)):
-        files[f"{name}_heatmap"] = write_heatmap(
-            m, os.path.join(out_dir, f"{name}.{picture}"), outliers=reports[name],
-            title=f"{name} ({m.metric.unit}) between {m.size} ranks, collbench topo measure")
-    return files
+        path = os.path.join(out_dir, f"{name}.{picture}")
+        names[f"{name}_heatmap"] = files.add(path, render(
+            m, picture_format(path), f"{name} ({m.metric.unit}) between {m.size} ranks, collbench topo measure",
+            reports[name]))
+    written = files.commit()
+    return {name: os.path.abspath(written[path]) for name, path in names.items()}
+
+
+def json_line(rec):
+    return dumps(rec) + "\n"
 
 
 def _outlier_sets(report):
