@@ -391,6 +391,26 @@ def _left_report_nothing(ctx, proc):
     assert listing(ctx["fs"]) == ["filler"], listing(ctx["fs"])
 
 
+def _setup_measure_full(ctx):
+    d = ctx["tmpfs"].mount(os.path.join(ctx["tmp"], "fs"), "512k")
+    ctx["fs"] = d
+    ctx["out"] = os.path.join(d, "out")
+    os.mkdir(ctx["out"])
+    ctx["config"] = os.path.join(ctx["tmp"], "c.yaml")
+    with open(ctx["config"], "w") as f:
+        f.write("ranks: 3\ntransport: shm\nstep_timeout: 120\n")
+    ctx["results"] = os.path.join(ctx["tmp"], "r.jsonl")
+    Tmpfs.fill(d, PAGE)  # room for the first small file only
+
+
+def _left_measurement_kept(ctx, proc):
+    doc = json.loads(proc.stdout)  # the result is printed
+    assert len(doc["hosts"]) == 3 and doc["latency_us"][0][1] > 0
+    events = [json.loads(x)["event"] for x in open(ctx["results"])]  # and --results appended
+    assert events.count("topo_pair") == 3 and events[-1] == "topo_measure", events
+    assert listing(ctx["out"]) == [], listing(ctx["out"])  # the set: none of it, no temporary file
+
+
 # --- stdout that cannot be written
 
 def _setup_baselines(ctx):
@@ -516,6 +536,10 @@ CASES = [
     Case("report_png_full_disk", _setup_report_full,
          lambda c: _report_args(c, os.path.join(c["fs"], "r.html"), "--png", c["fs"]), 2,
          "No space left on device", _left_report_nothing),
+    Case("topo_measure_out_dir_full_keeps_measurement", _setup_measure_full,
+         lambda c: ["topo", "measure", "--config", c["config"], "--iterations", "20", "--bw-size", "64KB",
+                    "--out-dir", c["out"], "--picture", "svg", "--format", "json", "--results", c["results"]],
+         2, "No space left on device", _left_measurement_kept),
     # stdout that cannot be written: one clear line, exit 1, no traceback
     Case("stdout_dev_full_baseline_list", _setup_baselines, lambda c: ["baseline", "list", "--state-dir", c["state"]],
          1, "cannot write to standard output: No space left on device", _nothing, stdout="/dev/full"),
