@@ -146,8 +146,10 @@ class Loader:
         bad = [k for k in v if k not in ("latency", "ecn_rate", "seed_defaults")]
         if bad:
             self.fail(f"thresholds.{bad[0]}", "unknown key (allowed: latency, ecn_rate, seed_defaults)")
-        use_seed = self.value("thresholds.seed_defaults", BOOL, v.get("seed_defaults", True))
-        latency = dict(DEFAULT_LATENCY_US) if use_seed else {}
+        # seed_defaults: keep the prototype's table (DEFAULT_LATENCY_US) under the pairs set here;
+        # the key keeps the name existing configs use
+        keep_prototype = self.value("thresholds.seed_defaults", BOOL, v.get("seed_defaults", True))
+        latency = dict(DEFAULT_LATENCY_US) if keep_prototype else {}
         lat = v.get("latency") or {}
         if not isinstance(lat, dict):
             self.fail("thresholds.latency", "expected {op: {size: {warning: 10ms, critical: 20ms}}}")

@@ -38,7 +38,7 @@ def register(subparsers):
     p.add_argument("--max-series", metavar="N", type=int,
                    help="result series kept per metric family; results of more are dropped and counted (default 10000)")
     p.add_argument("--legacy-metrics", action="store_const", const=True, default=None,
-                   help="also serve the seed prototype's mpi_* metric names")
+                   help="also serve the prototype's mpi_* metric names")
     p.add_argument("--collectors", metavar="LIST",
                    help=f"comma list of collectors (default all: {', '.join(EXPORTER_SCHEMA['collectors'][1])})")
     p.add_argument("--tls-cert", "--web.tls-cert", dest="tls_cert", metavar="PEM", help="serve HTTPS with this certificate")

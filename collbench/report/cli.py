@@ -1,6 +1,6 @@
 """`collbench report RESULTS... -o report.html`: one self-contained HTML page (plots inline as
 SVG, nothing fetched at view time) from any results files; `--png DIR` the same plots as PNG,
-`--markdown FILE` seed 000's "Expected Results" table.
+`--markdown FILE` the all-gather microbenchmark guide's "Expected Results" table.
 
 Exit codes: 0 written; 2 bad input (a file that does not exist, nothing usable in any file, a
 bad flag) with nothing written.
@@ -34,7 +34,7 @@ def register(subparsers):
     p.add_argument("results", nargs="+", metavar="RESULTS", help="results JSONL files or state directories")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the HTML file to write")
     p.add_argument("--png", metavar="DIR", help="also write each op's plots as DIR/<op>.png")
-    p.add_argument("--markdown", metavar="FILE", help="also write the seed 000 style results table (markdown)")
+    p.add_argument("--markdown", metavar="FILE", help="also write the results as the all-gather microbenchmark guide's table (markdown)")
     p.add_argument("--title", metavar="T", default="collbench report", help="page title")
     p.add_argument("--since", metavar="WHEN", help="only records from then on: a duration back from now "
                                                     "(30m, 2h, 7d) or a time (2026-11-22T15:00:00Z)")

@@ -3,7 +3,7 @@
 * JSONL (`--results`) is a history: this run's records are appended in place after what is there
   (each record carries its run_id); the old content is never read or rewritten, a torn last line
   is ended first, and a failed append (a full disk) is cut back to the old size.
-* TSV (`--tsv`) is this run's table (like seed 000's `t_<op>_<id>.tsv`): replaced atomically each
+* TSV (`--tsv`) is this run's table (like the all-gather microbenchmark guide's `t_<op>_<id>.tsv`): replaced atomically each
   run (a temporary file in the target's directory, fsync'd, renamed over it).
 
 A character device or FIFO is written through, a symlink's target is written (atomic_file).

@@ -1,5 +1,5 @@
 """`collbench sweep`: ops over a range of message sizes, with per-iteration percentiles, written as
-seed 000's pair of files (a JSONL metrics report and a `t_<op>_<RUNID>.tsv` per op).
+the all-gather microbenchmark guide's pair of files (a JSONL metrics report and a `t_<op>_<RUNID>.tsv` per op).
 
 plan            the size list (--min-bytes/--max-bytes/--factor or --sizes) and the steps (OSU's
                 iteration rule where no count is given)

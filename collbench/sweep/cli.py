@@ -20,11 +20,11 @@ from collbench.sweep import metrics_report, plan, table
 
 def register(subparsers):
     p = subparsers.add_parser(
-        "sweep", help="ops over a range of message sizes: percentiles per size, seed 000's JSONL report and TSV",
+        "sweep", help="ops over a range of message sizes: percentiles per size, a JSONL report and TSV",
         description="Run one or more ops over a range of message sizes (bytes per rank), as nccl-tests' "
                     "-b/-e/-f or OSU's size loop, and report per size OSU's average, min and max over the "
                     "ranks with the median, p90, p99 and max (pmax) of the per-iteration time of the slowest "
-                    "rank, algbw and busbw. Writes seed 000's pair of files into --out-dir: "
+                    "rank, algbw and busbw. Writes the pair of files of the all-gather microbenchmark guide into --out-dir: "
                     f"{metrics_report.REPORT_NAME} (appended: one JSON line per size, "
                     "{\"metadata\": ..., \"metrics\": ...}) and t_<op>_<RUNID>.tsv per op.",
         epilog="Iterations: every size gets OSU's count, 1000 timed + 100 warm-up up to 8KB and 100 + 10 "

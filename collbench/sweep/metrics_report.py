@@ -1,7 +1,7 @@
-"""Seed 000's pair of files from a sweep's records (docs/REPORTS.md, "Sweeps").
+"""The all-gather microbenchmark guide's pair of files from a sweep's records (docs/REPORTS.md, "Sweeps").
 
 * `metrics_report.jsonl`: one line per measured (op, size), `{"metadata": {...}, "metrics": {...}}`.
-  Metric keys are named as seed 000's (`achieved_bw (GB/s)_max`): `<quantity> (<unit>)_<stat>`.
+  Metric keys are named as that guide's (`achieved_bw (GB/s)_max`): `<quantity> (<unit>)_<stat>`.
   The file is appended to (each line carries its run_id), atomically.
 * `t_<op>_<RUNID>.tsv`: this run's rows for one op, the same fields as columns (metadata first,
   then the metrics, then status and error; failed sizes are rows with status `failed`).

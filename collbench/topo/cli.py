@@ -44,7 +44,7 @@ def add_map(verbs):
                     "measured latency or bandwidth matrix, compare every method's predicted cost "
                     "with the matrix's own order, and write the order for mpirun, mpiexec, srun "
                     "and collbench.",
-        epilog=f"Methods: seed = seed 003's greedy heuristic; exact = the optimum (P <= {EXACT_MAX}); "
+        epilog=f"Methods: seed = the greedy heuristic of the topology-aware collectives report; exact = the optimum (P <= {EXACT_MAX}); "
                f"heuristic = greedy + local search (any P); auto = exact when P <= {EXACT_MAX}, else "
                f"heuristic (default). Files written to --out-dir: PATTERN.rankfile, PATTERN.hostfile, "
                f"PATTERN.machinefile, PATTERN.slurm_hostfile, PATTERN.hosts_order.yaml, "

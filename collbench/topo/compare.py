@@ -12,8 +12,8 @@ Jobs. An algorithm is forced per MPI job (engines/algorithms/), so each (pattern
 runs in its own job(s), every op and size of the comparison in it. With `rounds` > 1 the jobs
 alternate between the two orders (A B A B ...), so slow drift of the machine weighs on both.
 
-Statistics. A point (pattern, op, size) gets `iterations` timed calls per order (the seed's
-rule: at least 100), run as `blocks` plan steps of iterations/blocks calls each; each step's
+Statistics. A point (pattern, op, size) gets `iterations` timed calls per order (the
+topology-aware collectives report's rule: at least 100), run as `blocks` plan steps of iterations/blocks calls each; each step's
 average latency is one sample. Per order the point's time is the median of its block samples;
 the speed-up is median(original) / median(new). Its confidence interval is a percentile
 bootstrap: both orders' blocks are resampled with replacement (independently, 2000 times,

@@ -42,7 +42,7 @@ def add_compare(verbs):
                     "print the speed-up with a confidence interval beside what `topo map` predicted.",
         epilog="The new order: --order FILE (any file `topo map` writes), or `topo map` run now on "
                "--matrix (one order per pattern), or the config's hosts_order. Each point gets "
-               "--iterations timed calls per order (at least 100 by the seed's rule) in --blocks plan "
+               "--iterations timed calls per order (at least 100, the topology-aware collectives report's rule) in --blocks plan "
                f"steps; the interval is a {CI_METHOD}. Exit code 1 when a job failed, 2 on bad input.")
     add_config_arg(c)
     c.add_argument("--order", metavar="FILE",
@@ -58,7 +58,7 @@ def add_compare(verbs):
     c.add_argument("--ops", default="allgather", metavar="LIST", help="allgather and/or allreduce (default allgather)")
     c.add_argument("--sizes", default="1MB", metavar="LIST", help="bytes per rank, e.g. 64KB,1MB (default 1MB)")
     c.add_argument("--iterations", type=cli_values.count_type(), default=compare.SEED_MIN_ITERATIONS, metavar="N",
-                   help=f"timed calls per point and order (default {compare.SEED_MIN_ITERATIONS}, the seed's minimum)")
+                   help=f"timed calls per point and order (default {compare.SEED_MIN_ITERATIONS}, the topology-aware collectives report's minimum)")
     c.add_argument("--blocks", type=_count, default=10, metavar="N",
                    help="plan steps the calls are split into: the samples of the interval (default 10)")
     c.add_argument("--warmup", type=cli_values.count_type(0), default=None, metavar="N",
@@ -312,7 +312,7 @@ def table_text(doc, rows, s, mapped):
     lines = [f"topo compare: run {doc['run_id']}, {doc['mpi']}, transport {doc['transport']}, "
              f"{s.iterations} calls per point and order in {s.blocks} blocks, {doc['seconds']:.0f} s"]
     if s.iterations < compare.SEED_MIN_ITERATIONS:
-        lines.append(f"note: {s.iterations} calls per point, fewer than the seed's {compare.SEED_MIN_ITERATIONS}")
+        lines.append(f"note: {s.iterations} calls per point, fewer than the {compare.SEED_MIN_ITERATIONS} the topology-aware collectives report asks for")
     if doc.get("stopped"):
         lines.append(f"stopped {doc['stopped']}: the points below hold what finished")
     for pattern, o in doc["orders"].items():

@@ -7,7 +7,7 @@ their predicted costs compare directly:
 | method    | what                                                                          |
 |-----------|-------------------------------------------------------------------------------|
 | identity  | the matrix's own order (the scheduler's), the baseline of every ratio         |
-| seed      | seed 003's greedy heuristic for the pattern, exactly as written               |
+| seed      | the topology-aware collectives report's greedy heuristic, as written there    |
 | heuristic | greedy starts + local search on the cost model (any P; P = 1024 in seconds)    |
 | exact     | the optimum, P <= 16 (ring: Held–Karp; recursive doubling: branch and bound)   |
 | auto      | exact when P <= 16, else heuristic; the best order computed in any case       |
@@ -25,7 +25,7 @@ from collbench.topo.seed_heuristics import seed_recursive_doubling, seed_ring
 
 METHODS = ("seed", "exact", "heuristic", "auto")
 EXACT_MAX = exact_mod.EXACT_RING_MAX
-# preference on equal cost: a proven optimum, then the search, then the seed, then no change
+# preference on equal cost: a proven optimum, then the search, then the report's greedy order, then no change
 _PREFERENCE = ("exact", "heuristic", "seed", "identity")
 
 

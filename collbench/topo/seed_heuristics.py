@@ -1,4 +1,4 @@
-"""Seed 003's two greedy heuristics, as written there (the Mirsadeghi & Afsahi heuristics in Kitor's
+"""The two greedy heuristics of the topology-aware collectives report, as written there (the Mirsadeghi & Afsahi heuristics in Kitor's
 Open MPI form, topo.md §1.1). They are the baseline the other methods are measured against.
 
 "Closest" means the lowest cost (latency, or 1/bandwidth); ties go to the lowest matrix rank, as
@@ -38,7 +38,7 @@ def seed_recursive_doubling(cost):
     processes are mapped from one reference, the last one mapped becomes the reference and the
     search restarts from the last stage.
 
-    Two cases the seed leaves open, handled as documented in docs/TOPO.md: when P is not a power of
+    Two cases the report leaves open, handled as documented in docs/TOPO.md: when P is not a power of
     two, d starts at the largest power of two below P and partners >= P count as unavailable; when
     every partner of the reference is already mapped (d reaches 0; Kitor's code would loop forever)
     the lowest unmapped rank is taken.

@@ -1,4 +1,4 @@
-"""The seed prototype's metric names (`exporter.legacy_metrics: true`), so dashboards built on
+"""The prototype's metric names (`exporter.legacy_metrics: true`), so dashboards built on
 the prototype keep working: mpi_<op>_latency_us{size, nodes}, mpi_stress_test_running,
 mpi_stress_test_iteration, mpi_benchmark_last_update_timestamp.
 
