@@ -9,6 +9,7 @@ What a path names decides how it is written:
   replaced (as root, `-o /dev/null` must leave /dev/null a device). A FIFO without a reader is
   waited for a bounded time (FIFO_WAIT_S), then refused with a clear error;
 - a symlink: its target is written (as a shell's `>` does); the link itself stays;
+- an open descriptor named as a path (/dev/stdout, /dev/fd/N): written through, appending;
 - anything else (a directory, a socket, a block device): refused, exit 2, naming the path.
 
 A set of files (`FileSet`: topo map --out-dir, report --png) is all or nothing: every member is
@@ -21,6 +22,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import signal
 import stat
 import sys
@@ -52,21 +54,28 @@ class NotWritableTarget(OSError):
 # what a path names
 
 
+# an already open descriptor named as a path (`-o /dev/stdout`, `/dev/fd/3`): written through
+# with O_APPEND, so a shell's `>>` file is appended to and a `>` file is not replaced behind it
+_FD_PATH = re.compile(r"^/(dev/(stdout|stderr|fd/[0-9]+)|proc/(self|thread-self|[0-9]+)/fd/[0-9]+)$")
+
+
 def _kind(path):
-    """('new'|'regular'|'chardev'|'fifo', resolved path); NotWritableTarget for anything else.
-    A symlink is followed (its target is what gets written)."""
-    real = os.path.realpath(path)
+    """('new'|'regular'|'chardev'|'fifo'|'descriptor', the path to write); NotWritableTarget for
+    anything else. A symlink is followed: its target is what gets written."""
     try:
-        st = os.stat(real)
+        st = os.stat(path)  # follows symlinks (and /proc's descriptor links)
     except FileNotFoundError:
-        return "new", real
+        return "new", os.path.realpath(path)  # a new name, or a symlink to one
     mode = st.st_mode
+    if _FD_PATH.match(path) and (stat.S_ISREG(mode) or stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+                                 or stat.S_ISSOCK(mode)):
+        return "descriptor", path
     if stat.S_ISREG(mode):
-        return "regular", real
+        return "regular", os.path.realpath(path)
     if stat.S_ISCHR(mode):
-        return "chardev", real
+        return "chardev", path
     if stat.S_ISFIFO(mode):
-        return "fifo", real
+        return "fifo", path
     what = ("is a directory" if stat.S_ISDIR(mode) else "is a block device" if stat.S_ISBLK(mode)
             else "is a socket" if stat.S_ISSOCK(mode) else "is not a regular file")
     raise NotWritableTarget(errno.EINVAL, f"{what} (expected a regular file, a character device or a FIFO)", path)
@@ -84,7 +93,7 @@ def check_writable(path, flag, append=False):
         raise UserError(f"{flag} {path}: {e.strerror}") from None
     except OSError as e:
         raise UserError(f"{flag} {path}: cannot write: {e.strerror}") from None
-    if kind in ("chardev", "fifo"):
+    if kind in ("chardev", "fifo", "descriptor"):
         if not os.access(real, os.W_OK):
             raise UserError(f"{flag} {path}: is not writable")
         return path
@@ -154,9 +163,10 @@ def _open_through(real, kind, fifo_wait_s=None):
     without a reader is waited for at most fifo_wait_s (ENXIO until one opens it)."""
     wait = FIFO_WAIT_S if fifo_wait_s is None else fifo_wait_s
     deadline = time.monotonic() + wait
+    append = os.O_APPEND if kind == "descriptor" else 0
     while True:
         try:
-            fd = os.open(real, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+            fd = os.open(real, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | append)
             break
         except OSError as e:
             if kind != "fifo" or e.errno != errno.ENXIO:
@@ -253,7 +263,7 @@ def _write_file(path, data, append=False, fifo_wait_s=None):
     """Write (or append) data to path by what it names (see the module docstring); the path
     written (a symlink's target). OSError when it cannot be."""
     kind, real = _kind(os.path.abspath(path))
-    if kind in ("chardev", "fifo"):
+    if kind in ("chardev", "fifo", "descriptor"):
         _write_fd(_open_through(real, kind, fifo_wait_s), data)
         return real
     with _sigterm_cleans_up():
@@ -345,7 +355,7 @@ class FileSet:
                 for path, data, flag in self.members:
                     try:
                         kind, real = _kind(os.path.abspath(path))
-                        if kind in ("chardev", "fifo"):
+                        if kind in ("chardev", "fifo", "descriptor"):
                             through.append((path, data, flag))
                             continue
                         staged.append((path, real, _write_temp(real, data), flag))

@@ -219,6 +219,19 @@ def _left_symlink(ctx, proc):
     assert listing(os.path.join(ctx["tmp"], "real")) == ["page.html"]
 
 
+def _setup_appended_stdout(ctx):
+    _setup_results(ctx)
+    ctx["log"] = os.path.join(ctx["tmp"], "log.txt")
+    with open(ctx["log"], "w") as f:
+        f.write("earlier output\n")
+
+
+def _left_appended_stdout(ctx, proc):
+    text = open(ctx["log"]).read()
+    assert text.startswith("earlier output\n<!doctype html>"), text[:200]
+    assert listing(ctx["tmp"]) == ["log.txt", "results.jsonl"], listing(ctx["tmp"])
+
+
 def _setup_socket(ctx):
     import socket
     _setup_results(ctx)
@@ -515,6 +528,8 @@ CASES = [
          "FIFO has no reader", _left_fifo_only),
     Case("report_o_symlink_writes_target", _setup_symlink, lambda c: _report_args(c, c["link"]), 0,
          "report written", _left_symlink),
+    Case("report_o_descriptor_appends", _setup_appended_stdout, lambda c: _report_args(c, "/proc/self/fd/1", "-q"),
+         0, "", _left_appended_stdout, stdout="log>>"),
     Case("report_o_socket_refused", _setup_socket, lambda c: _report_args(c, c["sock"]), 2, "is a socket",
          _left_socket),
     # a writer killed by SIGTERM leaves no temporary file (and a FIFO stays a FIFO)
@@ -607,6 +622,8 @@ def test_adversarial_output(case, tmp_path):
         elif case.stdout == "/dev/full":
             with open("/dev/full", "w") as full:
                 proc = run(argv, stdout=full)
+        elif case.stdout == "log>>":  # stdout appended to ctx["log"] (a shell's >>)
+            proc = run(argv, stdout=None, shell_redirect=f'>> "{ctx["log"]}"')
         elif case.stdout:
             proc = run(argv, stdout=None, shell_redirect=case.stdout)
         else:
