@@ -14,7 +14,7 @@ import pytest
 from conftest import wait_for
 
 from collbench.proctree import cmdline, pid_alive
-from collbench.stress.daemon import RawOutputLog
+from collbench.stress.mpi_output import RawOutputLog
 from collbench.results.results_log import ResultsLog
 from stress_helpers import Stress, job_processes, wait_gone, write_config
 

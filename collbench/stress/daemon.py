@@ -12,7 +12,8 @@ Three ways to run the plan, one per situation:
   this project replaces did in its bash loop.
 
 The daemon runs jobs only through the engine interface (collbench.engines.base: run_loop);
-how the jobs are started and stopped is its own (_DaemonJobs: its token, mpi-output.log, stop).
+how the jobs are started and stopped is its own (daemon_jobs.DaemonJobs: its token,
+mpi-output.log (mpi_output.py), stop).
 
 A job that fails (a rank killed, a host lost, a timeout, a validation error) becomes a failure
 record with MPI's stderr tail; the daemon then waits a capped exponential back-off and
@@ -24,9 +25,9 @@ the daemon is a child subreaper, so on stop it can find and kill by pid every pr
 started, even those whose parent died first (never by name). Ranks orphaned by a dying mpirun
 are reaped as soon as their job is stopped (and by the guard, within a second, if later).
 
-A guard thread checks once a second what an operator may do under the running daemon: the
-results log or mpi-output.log renamed or deleted (reopened, `log_reopened` event) and the
-state directory deleted (recreated, lock re-taken, pid and state files rewritten,
+A guard thread (guard.py) checks once a second what an operator may do under the running
+daemon: the results log or mpi-output.log renamed or deleted (reopened, `log_reopened` event)
+and the state directory deleted (recreated, lock re-taken, pid and state files rewritten,
 `state_dir_recreated` event).
 """
 
@@ -41,16 +42,16 @@ import time
 import uuid
 
 from collbench import proctree
-from collbench.results import records
 from collbench.engines import get_engine, launcher
 from collbench.engines.base import failure_message, run_per_step
-from collbench.engines.mpi_job import JobRunner, MpiJob
-from collbench.stress import processes
-from collbench.results.appender import RotatingAppender
+from collbench.results import records
 from collbench.results.results_log import ResultsLog
-from collbench.errors import UserError
-from collbench.results.state_dir import (STOPPED, AlreadyRunning, DaemonLock, read_pid_file, read_state,
-                                    remove_pid_file, write_json_atomic, write_pid_file)
+from collbench.results.state_dir import (STOPPED, DaemonLock, read_pid_file, read_state, remove_pid_file,
+                                         write_json_atomic, write_pid_file)
+from collbench.stress import processes
+from collbench.stress.daemon_jobs import DaemonJobs
+from collbench.stress.guard import Guard, same_file
+from collbench.stress.mpi_output import RawOutputLog
 
 log = logging.getLogger("collbench.stress")
 
@@ -58,12 +59,6 @@ MODES = ("loop", "pass", "step")
 _PR_SET_CHILD_SUBREAPER = 36
 # How often the state file is rewritten while records stream (status reads it).
 _STATE_INTERVAL = 1.0
-# A job's first record may wait for the launch (ssh, orted, MPI_Init) on top of one step.
-_LAUNCH_SLACK = 60.0
-# Lines of MPI's stderr kept in a failure record (OpenMPI's help blocks run to ~25 lines).
-_TAIL_LINES = 40
-# How often the guard checks the state directory, the logs and orphaned children.
-_GUARD_INTERVAL = 1.0
 # Sessions of recent jobs whose orphaned processes the guard may reap.
 _SESSIONS_KEPT = 16
 
@@ -112,18 +107,16 @@ class Daemon:
         self._lock = DaemonLock(paths)
         self.results = None
         self.mpi_log = None
-        self.jobs = _DaemonJobs(self)
+        self.jobs = DaemonJobs(self)
         self.ctx = None
         # One lock for everything two threads write (results log, state file, pid and lock files):
         # the guard thread repairs them while the main thread runs jobs.
         self._io_lock = threading.RLock()
-        self._guard = None
-        self._guard_stop = threading.Event()
+        self.guard = Guard(self)
         self._pending_events = collections.deque()   # from mpi-output.log's writers (reader threads)
         self._live_launchers = set()                  # Popen pids: subprocess waits for those
         self._job_sessions = collections.deque(maxlen=_SESSIONS_KEPT)
         self._stdio_is_daemon_log = False
-        self._state_dir_error = None
 
     # ------------------------------------------------------------------ life
 
@@ -140,7 +133,7 @@ class Daemon:
             self._take_over_stale()
             write_pid_file(self.paths, self.pid)
             _become_subreaper()
-            self._stdio_is_daemon_log = _same_file(2, self.paths.daemon_log)
+            self._stdio_is_daemon_log = same_file(2, self.paths.daemon_log)
             self.results = ResultsLog(self.paths.results_log, self.cfg.stress.rotate_bytes,
                                       self.cfg.stress.rotate_keep)
             self.mpi_log = RawOutputLog(self.paths.mpi_output, self.cfg.stress.rotate_bytes,
@@ -154,8 +147,7 @@ class Daemon:
                                  f"{','.join(self.ctx.hosts) or 'the nodes Slurm picks'}, engine {self.engine.name}",
                         mode=self.mode, steps=len(self.plan), config=self.cfg.source)
             log.info("started pid %d, mode %s, results %s", self.pid, self.mode, self.paths.results_log)
-            self._guard = threading.Thread(target=self._guard_loop, name="stress-guard", daemon=True)
-            self._guard.start()
+            self.guard.start()
             if on_ready:
                 on_ready(self.pid)
             self._loop()
@@ -207,9 +199,7 @@ class Daemon:
 
     def _shutdown(self):
         try:
-            self._guard_stop.set()
-            if self._guard is not None:
-                self._guard.join(timeout=10)
+            self.guard.stop()
             if self.job is not None:
                 self._stop_job()
             killed = self._kill_leftovers()
@@ -293,7 +283,7 @@ class Daemon:
     def _run_job(self):
         """Run one job (the whole daemon life in loop mode). True if it ended healthy."""
         with self._io_lock:
-            self._check_state_dir()   # the job's plan file goes there: repair it before launching
+            self.guard.check_state_dir()   # the job's plan file goes there: repair it before launching
         t0 = time.monotonic()
         try:
             return self._run_records(self._engine_records())
@@ -448,75 +438,6 @@ class Daemon:
         except OSError as e:
             log.error("cannot write %s: %s", self.paths.state, e)
 
-    # ------------------------------------------------------------------ guard
-
-    def _guard_loop(self):
-        while not self._guard_stop.wait(_GUARD_INTERVAL):
-            try:
-                self._guard_tick()
-            except Exception:   # the guard must outlive anything it trips over
-                log.exception("guard check")
-
-    def _guard_tick(self):
-        self.mpi_log.check()   # outside the io lock: it only queues its events
-        with self._io_lock:
-            if self.stopping:
-                return
-            self._check_state_dir()
-            self.results.check()
-            self._append_pending()
-            self._reap_orphans()
-
-    def _check_state_dir(self):
-        """The lock file at its path is not ours any more: the state directory was deleted (or
-        the lock file). Recreate it, take the new lock, rewrite pid and state files, say so."""
-        if self._lock.holds_path():
-            self._state_dir_error = None
-            return
-        d = self.paths.state_dir
-        reason = "directory deleted" if not os.path.isdir(d) else "lock file deleted or replaced"
-        try:
-            self.paths.ensure()
-            self._lock.relock()
-        except AlreadyRunning as e:   # another daemon got in first: one of us must go, and it has the dir
-            log.error("state directory %s: %s; stopping", d, e)
-            self._event("lock_lost", f"state directory {d} ({reason}) is now locked by another daemon; "
-                                     "stopping this one", state_dir=d, reason=reason)
-            self.request_stop("another daemon holds the recreated state directory")
-            return
-        except (UserError, OSError) as e:
-            if str(e) != self._state_dir_error:
-                log.error("state directory %s (%s) cannot be recreated: %s", d, reason, e)
-                self._state_dir_error = str(e)
-            return
-        self._state_dir_error = None
-        try:
-            write_pid_file(self.paths, self.pid)
-        except OSError as e:
-            log.error("cannot write %s: %s", self.paths.pid, e)
-        if self._stdio_is_daemon_log:
-            _reopen_stdio(self.paths.daemon_log)
-        self._write_state_locked(self.status, force=True)
-        log.warning("state directory %s: %s under the running daemon; recreated it and re-took its lock",
-                    d, reason)
-        self._event("state_dir_recreated", f"state directory {d}: {reason} while the daemon ran; "
-                                           "recreated it, re-took its lock, rewrote the pid and state files",
-                    state_dir=d, reason=reason)
-
-    def _reap_orphans(self):
-        """Reap zombie children from our jobs' sessions (ranks orphaned by a dead mpirun), never a
-        launcher subprocess still waits for, nor a child of anything else (compiler runs)."""
-        sessions = set(self._job_sessions)
-        for pid in proctree.child_pids(self.pid):
-            if pid in self._live_launchers:
-                continue
-            st = proctree.read_stat(pid)
-            if st is not None and st.state == "Z" and st.sid in sessions:
-                try:
-                    os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    pass
-
     # ------------------------------------------------------------------ cleanup
 
     def _token_pids(self):
@@ -536,57 +457,6 @@ class Daemon:
         return sorted(set(killed))
 
 
-class _DaemonJobs(JobRunner):
-    """How the daemon's jobs are started and stopped: its token in their environment, their
-    output to mpi-output.log, the running job known to the signal handlers and the guard."""
-
-    stderr_tail_lines = _TAIL_LINES
-    launch_slack = _LAUNCH_SLACK
-
-    def __init__(self, daemon):
-        super().__init__(stop_grace=daemon.cfg.stress.stop_grace)
-        self.daemon = daemon
-
-    def start(self, argv, env):
-        job = MpiJob(argv, self.daemon._job_env(env), output_log=self.daemon.mpi_log)
-        self.daemon._start_job(job)
-        return job
-
-    def stop(self, job):
-        return self.daemon._stop_job() if job is self.daemon.job else job.stop(self.stop_grace)
-
-    def finish(self, job):
-        # always stopped: after a clean exit too, what is left of its session goes, zombies are reaped
-        if job is self.daemon.job:
-            self.daemon._stop_job()
-        else:
-            super().finish(job)
-
-
-class RawOutputLog:
-    """The raw MPI output (mpi-output.log) as the file object MpiJob writes to: the results
-    log's own writer (collbench.results.appender), one old file kept past max_bytes (it is for
-    debugging). Reopening and failed rotations are reported through on_event(event, detail,
-    **fields), called from the job's reader threads (the daemon queues them for the results log).
-    """
-
-    def __init__(self, path, max_bytes, on_event=None):
-        self.path = path
-        self._file = RotatingAppender(path, max_bytes, 1, on_event=on_event, what="MPI output log")
-
-    def write(self, text):
-        self._file.write(text.encode("utf-8", "replace"))
-
-    def check(self):
-        self._file.check()
-
-    def flush(self):
-        pass        # every write is a write(2) already
-
-    def close(self):
-        self._file.close()
-
-
 def _become_subreaper():
     """Orphaned descendants (ranks whose mpirun died) re-parent to us, not to init."""
     try:
@@ -594,23 +464,3 @@ def _become_subreaper():
         libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):
         pass
-
-
-def _same_file(fd, path):
-    try:
-        a, b = os.fstat(fd), os.stat(path)
-    except OSError:
-        return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-
-
-def _reopen_stdio(path):
-    """Point stdout and stderr (the daemon's log under `stress start`) at a new `path`."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError as e:
-        log.error("cannot reopen %s: %s", path, e)
-        return
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)

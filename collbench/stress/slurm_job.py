@@ -30,7 +30,13 @@ import time
 from collbench import slurm
 from collbench.results import records
 from collbench.errors import UserError
-from collbench.results.state_dir import STATUS_EXIT, DaemonStatus, read_state, write_json_atomic
+from collbench.results.results_log import ResultsLog
+from collbench.results.state_dir import (RUNNING, STATUS_EXIT, DaemonStatus, daemon_status, read_state,
+                                         write_json_atomic)
+from collbench.stress.backend import Backend
+from collbench.stress.processes import format_duration
+from collbench.stress.resolve import resolve
+from collbench.stress.status import last_results, render_status
 
 JOB_FILE = "slurm-job.json"       # the submitted job: id, submitted, argv; `ended` once it ended
 STOP_FILE = "slurm-stop.json"     # written by `stop` before it signals: job-end says "stopped"
@@ -73,31 +79,49 @@ def register(verbs, verb):
     v.add_argument("--signal", default=None, help="the signal the job script received (TERM, USR1, ...)")
 
 
-def dispatch(verb, args):
-    """The exit code when `verb` is the Slurm job's business, else None (the local daemon's)."""
-    from collbench.stress.cli import resolve
-    cfg, paths = resolve(args)
-    choice = getattr(args, "scheduler", None)
-    job = read_job(paths.state_dir)
-    if verb == "start":
-        if choice == "slurm" or (choice is None and slurm.settings(cfg).stress_job):
-            return start(args, cfg, paths)
-        if job:   # a local daemon from now on: stop and status must not follow the old job
-            info = _query(job, cfg)
-            if not job.get("ended") and _active(info):
-                raise UserError(f"Slurm job {job['job_id']} runs the stress loop of {paths.state_dir}: "
-                                "stop it first (collbench stress stop), or choose another --state-dir")
-            if not job.get("ended"):
-                _record_end(cfg, paths, job, info, by="collbench stress start")
-            os.replace(os.path.join(paths.state_dir, JOB_FILE), os.path.join(paths.state_dir, JOB_FILE + ".old"))
-        return None
-    if choice == "none" or (choice is None and not job):
-        return None
-    if not job:
+class SlurmJob(Backend):
+    """The stress loop as a Slurm job (one per state directory, recorded in slurm-job.json)."""
+
+    name = "slurm"
+
+    def __init__(self, job=None):
+        self.job = job
+
+    @classmethod
+    def select(cls, verb, args, cfg, paths):
+        """This backend when `verb` is the Slurm job's business, else None (the local daemon's)."""
+        choice = getattr(args, "scheduler", None)
+        job = read_job(paths.state_dir)
+        if verb == "start":
+            if choice == "slurm" or (choice is None and slurm.settings(cfg).stress_job):
+                return cls(job)
+            if job:   # a local daemon from now on: stop and status must not follow the old job
+                info = _query(job, cfg)
+                if not job.get("ended") and _active(info):
+                    raise UserError(f"Slurm job {job['job_id']} runs the stress loop of {paths.state_dir}: "
+                                    "stop it first (collbench stress stop), or choose another --state-dir")
+                if not job.get("ended"):
+                    _record_end(cfg, paths, job, info, by="collbench stress start")
+                os.replace(os.path.join(paths.state_dir, JOB_FILE), os.path.join(paths.state_dir, JOB_FILE + ".old"))
+            return None
+        if choice == "none" or (choice is None and not job):
+            return None
+        return cls(job)
+
+    def start(self, args, cfg, paths):
+        return start(args, cfg, paths)
+
+    def stop(self, args, cfg, paths):
+        return stop(args, cfg, paths, self.job) if self.job else self._no_job(paths)
+
+    def status(self, args, cfg, paths):
+        return status(args, cfg, paths, self.job) if self.job else self._no_job(paths)
+
+    @staticmethod
+    def _no_job(paths):
         print(f"collbench stress: no Slurm job was started from {paths.state_dir} ({JOB_FILE} missing)",
               file=sys.stderr)
         return STATUS_EXIT["stopped"]
-    return stop(args, cfg, paths, job) if verb == "stop" else status(args, cfg, paths, job)
 
 
 # ---------------------------------------------------------------- files
@@ -178,7 +202,6 @@ def sbatch_command(cfg, paths, script=JOB_SCRIPT):
 
 
 def start(args, cfg, paths):
-    from collbench.results.state_dir import RUNNING, daemon_status
     paths.ensure()
     job = read_job(paths.state_dir)
     if job and not job.get("ended"):
@@ -311,8 +334,6 @@ def _wait_inactive(job, cfg, timeout):
 # ---------------------------------------------------------------- status
 
 def status(args, cfg, paths, job):
-    from collbench.stress.cli import last_results, render_status
-    from collbench.stress.processes import format_duration
     try:
         info = _query(job, cfg)
     except UserError as e:   # slurmctld down or unreachable: say so, record nothing
@@ -364,7 +385,6 @@ def status(args, cfg, paths, job):
 # ---------------------------------------------------------------- job end
 
 def cmd_job_end(args):
-    from collbench.stress.cli import resolve
     cfg, paths = resolve(args)
     job_id = slurm.in_allocation()
     if not job_id:
@@ -462,7 +482,6 @@ def _record_end(cfg, paths, job, info, by, signal=None, exit_code=None, reason=N
 
 
 def _append(cfg, paths, path, rec):
-    from collbench.results.results_log import ResultsLog
     try:
         log = ResultsLog(path, cfg.stress.rotate_bytes, cfg.stress.rotate_keep, event_fields={"pid": os.getpid()})
         try:
