@@ -172,3 +172,12 @@ def test_a_line_cut_for_good_is_not_joined(tmp_path):
     c = run_census([write(tmp_path, [cut, good, cut])])
     assert c.totals["collective_lines"] == 1 and c.totals["malformed_lines"] == 2
     assert c.totals["wrapped_lines_joined"] == 0
+
+
+def test_a_comm_pointer_reinitialised_inside_a_block_starts_a_new_handle(tmp_path):
+    lines = [init(1, "0x5", 0, 1, "0xa")] + [coll(1, "AllReduce", 8, "0x5", 1, 0x10, 0x10, opcount=k)
+                                             for k in range(3)]
+    lines += [init(1, "0x5", 0, 1, "0xb")] + [coll(1, "AllReduce", 8, "0x5", 1, 0x10, 0x10, opcount=k)
+                                              for k in range(4)]
+    c = run_census([write(tmp_path, lines)])      # one block: the cached lines must not reach the old handle
+    assert [(m["comm_id"], m["collectives"]) for m in c.communicators] == [("0xa", 3), ("0xb", 4)]

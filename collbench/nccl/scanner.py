@@ -21,10 +21,10 @@ launch, and so an algorithm and protocol, to its call): there the normalization 
 opCounts over, in line order.
 """
 
-from collections import Counter
+from collections import Counter, deque
 from functools import partial
 from itertools import repeat
-from operator import itemgetter, sub
+from operator import call, itemgetter, sub
 from typing import NamedTuple, Optional
 
 from collbench.nccl import desync
@@ -185,6 +185,7 @@ class Scanner:
         self.dcache = {}                # the same for kernel-trace input: (list, record id, opCount map)
         self.tail_cache = {}            # the same keyed by the line from its host on (wrapper cut off)
         self.cache_bytes = 0
+        self.cache_generation = 0       # bumped whenever the caches are cleared
         self.diffs = None               # sendbuff - recvbuff of this block's `opCount ^` lines, in order
         self._opcounts = None
         self.kernel_algos = {}          # record id -> Counter((algo, proto))
@@ -261,14 +262,28 @@ class Scanner:
             lines.pop()
             self._lines = lines
             self.diffs = iter(pointer_diffs(pairs)) if pairs else None
+            # one C-level lookup pass; runs of hits are called by deque(map(call, ...)) without a
+            # Python loop; a miss takes the slow path (which may fill the cache for later lines)
             get = self.cache.get
-            slow = self._slow
-            for line in lines:
-                f = get(line)
-                if f is None:
-                    slow(line, True)
-                else:
-                    f()
+            entries = list(map(get, lines))
+            n, start = len(entries), 0
+            while start < n:
+                try:
+                    i = entries.index(None, start)
+                except ValueError:
+                    i = n
+                if i > start:
+                    deque(map(call, entries[start:i]), 0)
+                if i < n:
+                    f = get(lines[i])
+                    if f is None:
+                        generation = self.cache_generation
+                        self._slow(lines[i], True)
+                        if self.cache_generation != generation:     # cleared (a re-initialised comm)
+                            entries[i + 1:] = map(get, lines[i + 1:])
+                    else:
+                        f()
+                start = i + 1
             self.diffs = None
         self._lines = self._raw = None
         self._unflushed += len(chunk)
@@ -320,12 +335,16 @@ class Scanner:
 
     def _cache(self, table, key, value):
         if len(table) >= CACHE_MAX or self.cache_bytes >= CACHE_BYTES:
-            self.cache.clear()
-            self.dcache.clear()
-            self.tail_cache.clear()
-            self.cache_bytes = 0
+            self.clear_caches()
         table[key] = value
         self.cache_bytes += len(key)
+
+    def clear_caches(self):
+        self.cache.clear()
+        self.dcache.clear()
+        self.tail_cache.clear()
+        self.cache_bytes = 0
+        self.cache_generation += 1
 
     def conflict(self, kind, cset, message):
         self.conflict_count += 1
@@ -551,10 +570,7 @@ class Scanner:
         old = self.by_ptr.get(key)
         if old is not None:
             old.closed = True   # the pointer was re-initialised: its next COLL line starts a new handle
-            self.cache.clear()
-            self.dcache.clear()
-            self.tail_cache.clear()
-            self.cache_bytes = 0
+            self.clear_caches()
 
     def _kernel(self, line):
         if b" KL " not in line:         # kernel end, element and data records: counted, not parsed
