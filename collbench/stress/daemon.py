@@ -140,7 +140,7 @@ class Daemon:
                                         on_event=self._queue_event)
             self.engine.preflight(self.cfg, self.plan)
             self.ctx = records.RunContext(self.cfg, self.engine.name,
-                                          launcher.mpi_version(launcher.resolve_launcher(self.cfg)))
+                                          launcher.mpi_version(self.cfg))
             self.results.event_fields = {"pid": self.pid, "run_id": self.ctx.run_id}
             self._write_state("running", force=True)
             self._event("start", f"mode {self.mode}, {len(self.plan)} steps, {self.cfg.ranks} ranks on "

@@ -17,7 +17,7 @@ EXIT_START_FAILED = 1
 def _preflight(cfg, daemon):
     """Fail in the terminal, not in daemon.log: launcher, engine (binary, plan)."""
     from collbench.engines import launcher
-    launcher.resolve_launcher(cfg)
+    launcher.mpi_version(cfg)   # the launcher exists (UserError naming it otherwise)
     daemon.engine.preflight(cfg, daemon.plan)
 
 
