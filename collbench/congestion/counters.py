@@ -1,0 +1,159 @@
+"""The one definition of "the congestion counters": every counter collbench reads around a step
+and the exporter's collectors describe, with what it counts, on which side of a flow, in which
+unit. docs/CONGESTION.md is this table in prose.
+
+Sources:
+  rdma_hw    <sysfs>/class/infiniband/<dev>/ports/<port>/hw_counters/<name>  (driver counters)
+  rdma_port  <sysfs>/class/infiniband/<dev>/ports/<port>/counters/<name>     (IB PMA counters)
+  ethtool    `ethtool -S <netdev>` statistics (SIOCETHTOOL), mlx5 names
+  netstat    /proc/net/netstat (per network namespace), section IpExt or TcpExt
+
+Sides (the diagnosis names the congested *path*, not only the host whose counter moved):
+  np     notification point: the receiver of a congested flow (it saw the ECN marks, sent CNPs)
+  rp     reaction point: the sender of a congested flow (it got CNPs / ECE and slowed down)
+  link   the local port / link itself (pauses, waits, discards, errors): this host's own link
+"""
+
+from typing import NamedTuple
+
+NP, RP, LINK = "np", "rp", "link"
+SIDES = {NP: "notification point (receiver of the congested flow)",
+         RP: "reaction point (sender of the congested flow)",
+         LINK: "this host's own port or link"}
+SOURCES = ("rdma_hw", "rdma_port", "ethtool", "netstat")
+PRIORITIES = range(8)
+
+
+class Counter(NamedTuple):
+    name: str        # the counter's own name, as the source spells it
+    source: str      # one of SOURCES
+    side: str        # NP, RP or LINK
+    unit: str        # packets, frames, events, microseconds, ticks, words, ...
+    meaning: str
+    section: str = ""   # netstat only: IpExt or TcpExt
+
+
+def _rows():
+    rows = [
+        # RDMA hw_counters (mlx5 RoCE congestion control, DCQCN)
+        Counter("np_ecn_marked_roce_packets", "rdma_hw", NP, "packets",
+                "RoCE packets received with ECN CE set: a switch on the path into this host marked them"),
+        Counter("np_cnp_sent", "rdma_hw", NP, "packets",
+                "CNPs this host sent back to senders after receiving CE-marked packets"),
+        Counter("rp_cnp_handled", "rdma_hw", RP, "packets",
+                "CNPs this host received and acted on: it slowed its sending (a path out of it is congested)"),
+        Counter("rp_cnp_ignored", "rdma_hw", RP, "packets",
+                "CNPs this host received and ignored (congestion control off for the priority)"),
+        Counter("out_of_sequence", "rdma_hw", NP, "packets",
+                "packets received out of sequence: drops or reordering on the path into this host"),
+        Counter("packet_seq_err", "rdma_hw", RP, "events",
+                "NAK sequence errors received: the peer missed packets this host sent"),
+        Counter("implied_nak_seq_err", "rdma_hw", RP, "events",
+                "implied NAK sequence errors: responses showed packets this host sent were lost"),
+        Counter("duplicate_request", "rdma_hw", NP, "packets",
+                "duplicate requests received: the sender retransmitted (lost ACKs or packets)"),
+        Counter("local_ack_timeout_err", "rdma_hw", RP, "events",
+                "ACK timeouts on this host's QPs: packets or ACKs lost, each one a retransmission"),
+        Counter("rnr_nak_retry_err", "rdma_hw", RP, "events",
+                "receiver-not-ready NAKs received (the peer had no receive posted)"),
+        Counter("out_of_buffer", "rdma_hw", NP, "packets",
+                "packets dropped for lack of a receive WQE (the receiving application fell behind)"),
+        Counter("roce_adp_retrans", "rdma_hw", RP, "events",
+                "adaptive retransmissions (packet loss on the path out of this host)"),
+        Counter("roce_adp_retrans_to", "rdma_hw", RP, "events",
+                "adaptive retransmission timeouts"),
+        Counter("roce_slow_restart", "rdma_hw", RP, "events",
+                "slow restarts after loss (the QP's rate dropped to its minimum)"),
+        Counter("roce_slow_restart_cnps", "rdma_hw", RP, "packets",
+                "CNPs generated while in slow restart"),
+        Counter("roce_slow_restart_trans", "rdma_hw", RP, "events",
+                "transitions into slow restart"),
+        Counter("rx_icrc_encapsulated", "rdma_hw", NP, "packets",
+                "RoCE packets received with an ICRC error (corruption on the path in)"),
+        # RDMA port counters (IB PMA)
+        Counter("port_xmit_wait", "rdma_port", LINK, "ticks",
+                "ticks the port had data to send but could not (no credits / paused): blocked link time"),
+        Counter("port_xmit_discards", "rdma_port", LINK, "packets",
+                "outbound packets discarded (port down or congested for too long)"),
+        Counter("port_rcv_errors", "rdma_port", LINK, "packets", "received packets with errors"),
+        Counter("port_rcv_remote_physical_errors", "rdma_port", LINK, "packets",
+                "received packets marked bad by a remote physical error"),
+        Counter("port_rcv_switch_relay_errors", "rdma_port", LINK, "packets",
+                "received packets discarded because they could not be forwarded"),
+        Counter("symbol_error", "rdma_port", LINK, "events", "minor link errors (symbol errors)"),
+        Counter("link_downed", "rdma_port", LINK, "events", "times the link went down"),
+        Counter("link_error_recovery", "rdma_port", LINK, "events", "link error recoveries (retraining)"),
+        Counter("local_link_integrity_errors", "rdma_port", LINK, "events", "local link integrity errors"),
+        Counter("excess_buffer_overrun_errors", "rdma_port", LINK, "events", "buffer overruns"),
+        Counter("VL15_dropped", "rdma_port", LINK, "packets", "VL15 (management) packets dropped"),
+        # ethtool (mlx5): link-level and physical-port statistics
+        Counter("rx_pause_ctrl_phy", "ethtool", LINK, "frames",
+                "link-level (global) pause frames received: the peer asked this port to stop sending"),
+        Counter("tx_pause_ctrl_phy", "ethtool", LINK, "frames",
+                "link-level (global) pause frames sent: this port asked the peer to stop sending"),
+        Counter("rx_discards_phy", "ethtool", LINK, "packets",
+                "packets the NIC dropped for lack of receive buffer (congestion at this host's port)"),
+        Counter("rx_out_of_buffer", "ethtool", LINK, "packets",
+                "packets dropped for lack of a receive descriptor (the host fell behind)"),
+        Counter("tx_pause_storm_warning_events", "ethtool", LINK, "events",
+                "pause storm warnings: the port kept sending pause frames"),
+        Counter("tx_pause_storm_error_events", "ethtool", LINK, "events",
+                "pause storm errors: the device stopped sending pause frames"),
+        # netstat: kernel stack (TCP transports), per network namespace
+        Counter("InCEPkts", "netstat", NP, "packets",
+                "IP packets received with ECN CE: a hop on the path into this host marked them", "IpExt"),
+        Counter("InECT0Pkts", "netstat", NP, "packets", "IP packets received ECN-capable, ECT(0)", "IpExt"),
+        Counter("InECT1Pkts", "netstat", NP, "packets", "IP packets received ECN-capable, ECT(1)", "IpExt"),
+        Counter("InNoECTPkts", "netstat", NP, "packets", "IP packets received not ECN-capable", "IpExt"),
+        Counter("TCPDeliveredCE", "netstat", RP, "packets",
+                "packets this host sent that the receiver saw CE-marked (echoed back): the path out of it "
+                "is congested", "TcpExt"),
+        Counter("TCPDelivered", "netstat", RP, "packets", "packets delivered (acknowledged) to peers", "TcpExt"),
+        Counter("TCPECNRehash", "netstat", RP, "events", "rehashes after ECN-signalled congestion", "TcpExt"),
+        Counter("TCPLostRetransmit", "netstat", RP, "packets", "retransmissions that were lost again", "TcpExt"),
+        Counter("TCPFastRetrans", "netstat", RP, "packets", "fast retransmissions (loss on the path out)",
+                "TcpExt"),
+        Counter("TCPSlowStartRetrans", "netstat", RP, "packets", "retransmissions in slow start", "TcpExt"),
+        Counter("TCPTimeouts", "netstat", RP, "events", "retransmission timeouts", "TcpExt"),
+        Counter("TCPSpuriousRTOs", "netstat", RP, "events", "retransmission timeouts found spurious",
+                "TcpExt"),
+        Counter("TCPRetransFail", "netstat", RP, "packets", "retransmissions that failed to be sent", "TcpExt"),
+        Counter("TCPSynRetrans", "netstat", RP, "packets", "SYN retransmissions", "TcpExt"),
+        Counter("TCPOFOQueue", "netstat", NP, "packets",
+                "packets received out of order and queued (loss or reordering on the path in)", "TcpExt"),
+        Counter("TCPRcvQDrop", "netstat", NP, "packets", "packets dropped: receive queue full", "TcpExt"),
+    ]
+    # ethtool per-priority PFC statistics (mlx5): rx = pause frames this port received (its peer
+    # is congested and paused it), tx = pause frames it sent (this host's receive side is congested)
+    for p in PRIORITIES:
+        for d, who in (("rx", "received: the peer paused this port's sending"),
+                       ("tx", "sent: this port paused its peer (its receive buffer filled)")):
+            rows.append(Counter(f"{d}_prio{p}_pause", "ethtool", LINK, "frames",
+                                f"PFC pause frames on priority {p} {who}"))
+            rows.append(Counter(f"{d}_prio{p}_pause_duration", "ethtool", LINK, "microseconds",
+                                f"time paused on priority {p} ({d}); mlx5 counts microseconds"))
+            rows.append(Counter(f"{d}_prio{p}_pause_transition", "ethtool", LINK, "events",
+                                f"pause state transitions on priority {p} ({d})"))
+    return tuple(rows)
+
+
+COUNTERS = _rows()
+BY_KEY = {(c.source, c.name): c for c in COUNTERS}
+
+
+def names(source, section=None):
+    """The counter names of one source (and netstat section), in table order."""
+    return [c.name for c in COUNTERS if c.source == source and (section is None or c.section == section)]
+
+
+def lookup(source, name):
+    """The Counter row of a source's counter, or None (a counter this table does not know)."""
+    return BY_KEY.get((source, name))
+
+
+def describe(source, name):
+    """One line for a counter: its meaning and side, for help texts and docs."""
+    c = lookup(source, name)
+    if c is None:
+        return ""
+    return f"{c.meaning} [{c.side}: {SIDES[c.side]}; {c.unit}]"

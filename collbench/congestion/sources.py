@@ -1,0 +1,111 @@
+"""Where one host's congestion counters are read, and the source spec the built-in engine reads
+them by (so the counter table in counters.py stays the one definition: the engine gets the names
+from here, never its own list).
+
+Per host (config `congestion`, docs/CONGESTION.md):
+  sysfs_root    RDMA counters under <sysfs_root>/class/infiniband (default /sys)
+  netstat       the netstat file (default /proc/net/netstat: the reader's network namespace)
+  ethtool_root  unset: ethtool statistics by the SIOCETHTOOL ioctl; set: a directory holding one
+                file per netdev with `ethtool -S` output (a fixture tree, or a capture)
+  netdevs       the netdevs whose ethtool statistics are read (default: the files in ethtool_root,
+                else the RDMA devices' netdevs, <sysfs_root>/class/infiniband/*/device/net/*)
+`congestion.hosts: {hostname: {sysfs_root, netstat, ethtool_root, netdevs}}` overrides them per host.
+"""
+
+import os
+from typing import NamedTuple, Optional, Tuple
+
+from collbench.congestion import counters
+
+SPEC_VERSION = 1
+DEFAULT_SYSFS_ROOT = "/sys"
+DEFAULT_NETSTAT = "/proc/net/netstat"
+# what the engine accepts in a spec token (collbench_engine.c's CONG_MAX_PATH / CONG_MAX_NAME)
+MAX_PATH = 1024
+MAX_NAME = 64
+MAX_NETDEVS = 16
+MAX_HOSTS = 65536
+
+
+class HostSources(NamedTuple):
+    sysfs_root: str = DEFAULT_SYSFS_ROOT
+    netstat: str = DEFAULT_NETSTAT
+    ethtool_root: Optional[str] = None
+    netdevs: Optional[Tuple[str, ...]] = None
+
+
+def _section(cfg):
+    return getattr(cfg, "congestion", None)
+
+
+def enabled(cfg):
+    sec = _section(cfg)
+    return bool(sec is not None and getattr(sec, "enabled", False))
+
+
+def host_sources(cfg, host=None):
+    """The HostSources of host (None: the defaults) from the config's `congestion` section."""
+    sec = _section(cfg)
+    if sec is None:
+        return HostSources()
+    base = HostSources(getattr(sec, "sysfs_root", None) or DEFAULT_SYSFS_ROOT,
+                       getattr(sec, "netstat", None) or DEFAULT_NETSTAT,
+                       getattr(sec, "ethtool_root", None) or None,
+                       tuple(sec.netdevs) if getattr(sec, "netdevs", None) else None)
+    over = (getattr(sec, "hosts", None) or {}).get(host) if host is not None else None
+    if not over:
+        return base
+    return base._replace(**{k: (tuple(v) if k == "netdevs" else v) for k, v in over.items()
+                            if k in HostSources._fields and v is not None})
+
+
+def xmit_wait_tick_ns(cfg):
+    sec = _section(cfg)
+    return float(getattr(sec, "xmit_wait_tick_ns", 8.0) or 8.0) if sec is not None else 8.0
+
+
+def _token(kind, value):
+    if not value or any(ch.isspace() for ch in value) or len(value.encode("utf-8")) >= MAX_PATH:
+        raise ValueError(f"congestion {kind} {value!r}: expected a non-empty path without spaces, "
+                         f"below {MAX_PATH} bytes")
+    return value
+
+
+def _host_line(prefix, s):
+    parts = [prefix, "sysfs_root", _token("sysfs_root", s.sysfs_root), "netstat", _token("netstat", s.netstat)]
+    if s.ethtool_root:
+        parts += ["ethtool_root", _token("ethtool_root", s.ethtool_root)]
+    if s.netdevs:
+        for n in s.netdevs[:MAX_NETDEVS]:
+            parts += ["netdev", _token("netdev", n)]
+    return " ".join(parts)
+
+
+def spec_text(cfg):
+    """The engine's source spec (collbench-engine --congestion FILE): which counters, and where
+    each host reads them. Line format (space separated, '#' comments):
+        defaults sysfs_root PATH netstat PATH [ethtool_root PATH] [netdev NAME]...
+        host NAME sysfs_root PATH netstat PATH [ethtool_root PATH] [netdev NAME]...
+        rdma_hw NAME...  |  rdma_port NAME...  |  ethtool NAME...  |  netstat SECTION NAME...
+    """
+    lines = [f"# collbench congestion sources v{SPEC_VERSION} (collbench/congestion/sources.py)",
+             _host_line("defaults", host_sources(cfg))]
+    sec = _section(cfg)
+    for host in sorted((getattr(sec, "hosts", None) or {}) if sec is not None else {}):
+        _token("host", host)
+        lines.append(_host_line(f"host {host}", host_sources(cfg, host)))
+    for source in ("rdma_hw", "rdma_port", "ethtool"):
+        lines.append(" ".join([source] + counters.names(source)))
+    for section in ("IpExt", "TcpExt"):
+        lines.append(" ".join(["netstat", section] + counters.names("netstat", section)))
+    return "\n".join(lines) + "\n"
+
+
+def write_spec(cfg, path):
+    """Write the spec to path (atomically) and return path."""
+    text = spec_text(cfg)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return path
