@@ -354,6 +354,17 @@ SHAPES = {
 }
 
 
+def _congestion(key, v):
+    """The step's congestion counters: the field's one validator (collbench/congestion)."""
+    from collbench.congestion.record_field import validate
+    try:
+        validate(v, key)
+    except ValueError as e:
+        raise _Reject(str(e)) from None
+
+
+# results and failures may carry the congestion counters of their step (docs/LOG_FORMAT.md)
+SHAPES["result"][1]["congestion"] = SHAPES["failure"][1]["congestion"] = _congestion
 def _validate(rec):
     t = rec.get("type")
     if not isinstance(t, str) or t not in SHAPES:
