@@ -169,6 +169,41 @@ PORT = _ranged(int, "a port number from 1 to 65535", 1, 65535)
 ROTATE_KEEP = _ranged(int, f"a whole number from 0 to {MAX_ROTATE_KEEP}", 0, MAX_ROTATE_KEEP)
 STR_LIST = _str_list()
 STR_MAP = _str_map()
+
+
+def _host_sources():
+    """congestion.hosts: {hostname: {sysfs_root, netstat, ethtool_root: absolute paths; netdevs: [names]}}."""
+    expected = ("a mapping of hostname: {sysfs_root, netstat, ethtool_root: absolute paths without "
+                "spaces; netdevs: a list of names}")
+    keys = ("sysfs_root", "netstat", "ethtool_root", "netdevs")
+
+    def check(v):
+        if not isinstance(v, dict) or len(v) > 65536:
+            raise ValueError(expected)
+        out = {}
+        for host, over in v.items():
+            if (not isinstance(host, str) or not host or len(host) > 255 or any(c.isspace() or c == "|" for c in host)
+                    or not isinstance(over, dict) or any(k not in keys for k in over)):
+                raise ValueError(expected)
+            entry = {}
+            for k, x in over.items():
+                if k == "netdevs":
+                    if (not isinstance(x, list) or len(x) > 16
+                            or not all(isinstance(n, str) and 0 < len(n) < 16 and n.isprintable() and " " not in n
+                                       and "/" not in n for n in x)):
+                        raise ValueError(expected)
+                    entry[k] = list(x)
+                elif (not isinstance(x, str) or not x.startswith("/") or len(x) >= 1024
+                      or any(c.isspace() for c in x) or "\0" in x):
+                    raise ValueError(expected)
+                else:
+                    entry[k] = x
+            out[host] = entry
+        return out
+    return Kind(check, expected)
+
+
+HOST_SOURCES = _host_sources()
 SIZE = _size_kind(parse_size, "a size such as 1024, 64KB, 4MB")
 # one rank's message in a plan or --sizes: the engine's 2 GB limit (2147483647 B)
 MESSAGE_SIZE = _size_kind(parse_message_size, "a size such as 1024, 64KB, 4MB (below 2GB)")

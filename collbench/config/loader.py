@@ -387,6 +387,7 @@ def build_config(data, source, base_dir):
         exporter=section("exporter"),
         master=section("master"),
         alerts=section("alerts"),
+        congestion=section("congestion"),
         implicit_hosts=local,
         slurm=section("slurm"),
         hosts_order=hosts_order,

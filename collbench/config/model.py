@@ -83,6 +83,7 @@ class Config:
     hosts_order: list = None         # host of each rank (rank r on hosts_order[r]); None: the launcher's fill
     mpicc: str = None                # the MPI's C compiler wrapper for the engine (default: beside launcher_path, or mpicc)
     nccl_tests_dir: str = None       # engine nccl-tests: where <op>_perf are (None: $PATH)
+    congestion: SimpleNamespace = None   # CONGESTION_SCHEMA's keys
     base_dir: str = None             # what relative paths in the config are relative to (its directory)
 
     @property

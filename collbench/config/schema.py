@@ -1,7 +1,7 @@
 """The config's schema: every top-level key and section, declared once (SCHEMA). A plain key maps
 to (kind, default; None: not set), a section to its own schema; the loader walks this table."""
 
-from collbench.config.kinds import (BOOL, FRACTION, Kind, NONNEG_FLOAT, NONNEG_SECONDS, PATH, PORT, POS_FLOAT,
+from collbench.config.kinds import (BOOL, FRACTION, HOST_SOURCES, Kind, NONNEG_FLOAT, NONNEG_SECONDS, PATH, PORT, POS_FLOAT,
                                     POS_INT, POS_SECONDS, RANKS, ROTATE_KEEP, SECONDS, SIZE, STR, STR_LIST,
                                     STR_MAP, choice)
 from collbench.engines import NAMES as ENGINE_NAMES
@@ -41,6 +41,16 @@ EXPORTER_SCHEMA = {
     "collectors": (STR_LIST, ["results", "rdma_sysfs", "ethtool", "netstat"]),
     "max_series": (POS_INT, 10000),          # result series kept per metric family; more are dropped and counted
     "baseline": (STR, None),                 # baseline NAME (in state_dir) or PATH.json: collbench_baseline_* series
+}
+# the congestion counters read around every step (collbench/congestion, docs/CONGESTION.md)
+CONGESTION_SCHEMA = {
+    "enabled": (BOOL, False),                # the built-in engine reads them around each step
+    "sysfs_root": (PATH, "/sys"),            # RDMA counters under <sysfs_root>/class/infiniband
+    "netstat": (PATH, "/proc/net/netstat"),  # IpExt/TcpExt ECN and retransmit counters
+    "ethtool_root": (PATH, None),            # a directory of `ethtool -S` outputs, one file per netdev; unset: the ioctl
+    "netdevs": (STR_LIST, None),             # default: the files in ethtool_root, else the RDMA devices' netdevs
+    "xmit_wait_tick_ns": (POS_FLOAT, 8.0),   # port_xmit_wait's tick (NIC generation dependent: docs/METRICS.md)
+    "hosts": (HOST_SOURCES, {}),             # per-host sysfs_root / netstat / ethtool_root / netdevs
 }
 MASTER_SCHEMA = {
     "host": (STR, None),                     # address or ~/.ssh/config alias; unset = act locally
@@ -118,5 +128,6 @@ SCHEMA = {
     "slurm": SLURM_SCHEMA,
     "hosts_order": (HOSTS_ORDER, None),      # one config host per rank
     "mpicc": (STR, None),                    # the MPI C compiler wrapper for the built-in engine
+    "congestion": CONGESTION_SCHEMA,
 }
 TOP_KEYS = tuple(SCHEMA)
