@@ -45,28 +45,28 @@ BAD_SEQ = 10 ** 12         # the seq hostile lines carry: a reader that took one
 # --------------------------------------------------------------------------- the spec
 
 # JSON types each field accepts, per docs/LOG_FORMAT.md ("number" takes ints too).
-# (accepted types, required)
-COMMON = {"schema": ({"int"}, True), "type": ({"string"}, True), "time": ({"string"}, True),
+# (accepted types, required): required is only what readers need ("Shapes readers accept").
+COMMON = {"schema": ({"int"}, True), "type": ({"string"}, True), "time": ({"string"}, False),
           "ts": ({"number"}, True), "seq": ({"int"}, False)}
-RUN = {"run_id": ({"string"}, True), "hosts": ({"list"}, True), "nodes": ({"int"}, True),
-       "ranks": ({"int"}, True), "engine": ({"string"}, True), "mpi": ({"string"}, True),
-       "transport": ({"string"}, True)}
+RUN = {"run_id": ({"string"}, False), "hosts": ({"list"}, False), "nodes": ({"int"}, False),
+       "ranks": ({"int"}, False), "engine": ({"string"}, False), "mpi": ({"string"}, False),
+       "transport": ({"string"}, False)}
 ACCEPTS = {
-    "result": {**COMMON, **RUN,
-               "op": ({"string"}, True), "datatype": ({"string"}, True), "size": ({"string"}, True),
+    "result": {**COMMON, **RUN, "nodes": ({"int"}, True), "ranks": ({"int"}, True),
+               "op": ({"string"}, True), "datatype": ({"string"}, False), "size": ({"string"}, False),
                "size_bytes": ({"int"}, True), "latency_avg_us": ({"number"}, True),
-               "latency_min_us": ({"number", "null"}, True), "latency_max_us": ({"number", "null"}, True),
-               "iterations": ({"int"}, True), "warmup": ({"int"}, True),
-               "algbw_bytes_per_s": ({"number", "null"}, True), "busbw_bytes_per_s": ({"number", "null"}, True),
-               "validation": ({"string"}, True), "straggler_rank": ({"int", "null"}, True),
-               "verdict": ({"string", "null"}, True), "status": ({"string"}, True),
+               "latency_min_us": ({"number", "null"}, False), "latency_max_us": ({"number", "null"}, False),
+               "iterations": ({"int"}, False), "warmup": ({"int"}, False),
+               "algbw_bytes_per_s": ({"number", "null"}, False), "busbw_bytes_per_s": ({"number", "null"}, False),
+               "validation": ({"string"}, False), "straggler_rank": ({"int", "null"}, False),
+               "verdict": ({"string", "null"}, False), "status": ({"string"}, False),
                "iteration": ({"int"}, False), "t_start": ({"number"}, False), "t_end": ({"number"}, False)},
     "failure": {**COMMON, **RUN,
-                "status": ({"string"}, True), "error": ({"string"}, True), "stderr_tail": ({"string"}, True),
-                "op": ({"string", "null"}, True), "size_bytes": ({"int", "null"}, True),
-                "exit_code": ({"int", "null"}, True), "iteration": ({"int"}, False)},
-    "event": {**COMMON, "event": ({"string"}, True), "pid": ({"int", "null"}, True),
-              "detail": ({"string", "null"}, True), "run_id": ({"string", "null"}, False),
+                "status": ({"string"}, False), "error": ({"string"}, False), "stderr_tail": ({"string"}, False),
+                "op": ({"string", "null"}, False), "size_bytes": ({"int", "null"}, False),
+                "exit_code": ({"int", "null"}, False), "iteration": ({"int"}, False)},
+    "event": {**COMMON, "event": ({"string"}, True), "pid": ({"int", "null"}, False),
+              "detail": ({"string", "null"}, False), "run_id": ({"string", "null"}, False),
               "delay_s": ({"number"}, False), "failures": ({"int"}, False)},
 }
 SAMPLES = {"null": None, "true": True, "false": False, "int": 7, "float": 2.5, "string": "x",

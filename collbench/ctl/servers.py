@@ -143,7 +143,7 @@ def last_results(results_log, hosts):
         rec = parse_record(line)      # the log is untrusted: only valid records count
         if not is_record(rec) or rec["type"] != "result":
             continue
-        for h in rec["hosts"]:
+        for h in rec.get("hosts") or ():
             if h in hosts and h not in out:
                 out[h] = {k: rec.get(k) for k in ("ts", "op", "size", "latency_avg_us", "verdict")}
         if len(out) == len(hosts):

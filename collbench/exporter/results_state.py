@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 
 from collbench.ops import OPS
+from collbench.sizes import format_size
 from collbench.results.record_parser import RECORD_TYPES, ParseError, parse_record
 
 log = logging.getLogger("collbench.exporter")
@@ -57,13 +58,16 @@ class Series:
 
 
 def series_from_record(rec):
-    """A Series from a result record validated by collbench.results.record_parser (every field is of
-    its documented type: nothing to check here)."""
+    """A Series from a result record validated by collbench.results.record_parser (every field
+    present is of its documented type; the optional ones may be absent: older logs, other writers)."""
     avg = float(rec["latency_avg_us"])
-    low, high = rec["latency_min_us"], rec["latency_max_us"]
-    algbw, busbw = rec["algbw_bytes_per_s"], rec["busbw_bytes_per_s"]
+    low, high = rec.get("latency_min_us"), rec.get("latency_max_us")
+    algbw, busbw = rec.get("algbw_bytes_per_s"), rec.get("busbw_bytes_per_s")
+    size = rec.get("size")
+    if size is None:
+        size = format_size(rec["size_bytes"]) if OPS[rec["op"]].has_size else "-"
     return Series(
-        op=rec["op"], size=rec["size"], size_bytes=rec["size_bytes"], nodes=rec["nodes"], ranks=rec["ranks"],
+        op=rec["op"], size=size, size_bytes=rec["size_bytes"], nodes=rec["nodes"], ranks=rec["ranks"],
         avg_s=avg / 1e6,
         min_s=(avg if low is None else float(low)) / 1e6,     # OSU without -f has no min/max
         max_s=(avg if high is None else float(high)) / 1e6,
@@ -127,7 +131,7 @@ class ResultsState:
         with self._lock:
             self.records[rec["type"]] += 1
             if rec["type"] == "failure":
-                op = rec["op"] or NO_OP
+                op = rec.get("op") or NO_OP
                 self.failures[op] += 1
             self._apply(rec, ser, newest_first=False)
 

@@ -92,8 +92,9 @@ def slim_record(rec):
         raise BadRecord("latency_avg_us: 0 (no time measured)")
     problems = []
     if t != "event":
-        h = tuple(rec["hosts"])
-        rec["hosts"] = _HOSTS_CACHE.setdefault(h, h) if len(_HOSTS_CACHE) < 10_000 else h
+        if "hosts" in rec:      # absent in a log from a writer that leaves it out
+            h = tuple(rec["hosts"])
+            rec["hosts"] = _HOSTS_CACHE.setdefault(h, h) if len(_HOSTS_CACHE) < 10_000 else h
         for key, check in EXTRA_FIELDS:
             v = rec.get(key)
             if v is not None:

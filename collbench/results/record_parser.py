@@ -4,8 +4,10 @@ turns a raw line into a record here and nowhere else.
 
 A line is untrusted input: whoever can write the log (or a disk fault, or a torn write) can put
 anything in it. `parse_record(line)` returns the record (a dict) when the line is exactly one of
-the documented shapes -- `result`, `failure` or `event`, every known field of its documented
-type and range -- and a `ParseError` with a short reason for anything else. It never raises
+the documented shapes -- `result`, `failure` or `event`, with the fields readers need (SHAPES:
+required) and every known field present of its documented type and range; a documented field
+that is absent (a log written before it existed, a writer that leaves it out) is simply absent
+-- and a `ParseError` with a short reason for anything else. It never raises
 (but TypeError for a non-bytes/str argument, a caller's bug); its cost is bounded by the line
 length:
 
@@ -314,24 +316,30 @@ _LATENCY = _number(0.0)
 _BANDWIDTH = _nullable(_number(0.0))
 _UNIX = _number(0.0, MAX_TS)
 
-COMMON = {"schema": _integer(SCHEMA_VERSION, SCHEMA_VERSION), "type": _choice(*RECORD_TYPES),
-          "time": _time, "ts": _UNIX}
+# What every reader needs of every record, and what it may use when present.
+COMMON = {"schema": _integer(SCHEMA_VERSION, SCHEMA_VERSION), "type": _choice(*RECORD_TYPES), "ts": _UNIX}
+COMMON_OPTIONAL = {"time": _time, "seq": _integer(1, MAX_SEQ)}
 RUN = {"run_id": _ID, "hosts": _hosts, "nodes": _integer(1), "ranks": _integer(1),
-       "engine": _string(64), "mpi": _string(1024), "transport": _string(64)}
+       "engine": _string(64), "mpi": _string(1024), "transport": _string(64),
+       "launcher": _string(64), "slurm_job_id": _string(32)}   # the last two: later, optional
 
-# type -> (required fields, optional fields): the documented shapes of docs/LOG_FORMAT.md
+# type -> (required fields, optional fields): docs/LOG_FORMAT.md. Required is only what the
+# readers need to use a record at all (a result: which op, size and setup, and its time; an
+# event: its name); every other documented field is checked when present and absent otherwise,
+# so a log from before a field existed, or from a writer that leaves one out, stays readable.
 SHAPES = {
-    "result": ({**COMMON, **RUN,
-                "op": _OP, "datatype": _choice(*DATATYPES), "size": _string(32), "size_bytes": _COUNT,
-                "latency_avg_us": _LATENCY,
+    "result": ({**COMMON, "op": _OP, "size_bytes": _COUNT, "latency_avg_us": _LATENCY,
+                "ranks": RUN["ranks"], "nodes": RUN["nodes"]},
+               {**COMMON_OPTIONAL, **{k: v for k, v in RUN.items() if k not in ("ranks", "nodes")},
+                "datatype": _choice(*DATATYPES), "size": _string(32),
                 "latency_min_us": _nullable(_LATENCY), "latency_max_us": _nullable(_LATENCY),   # OSU without -f: null
                 "iterations": _COUNT, "warmup": _COUNT,
                 "algbw_bytes_per_s": _BANDWIDTH, "busbw_bytes_per_s": _BANDWIDTH,
                 "validation": _choice("pass", "fail", "off"),
                 "straggler_rank": _nullable(_COUNT),
                 "verdict": _nullable(_choice("Good", "Warning", "Critical")),
-                "status": _choice("ok")},
-               {"seq": _integer(1, MAX_SEQ), "iteration": _integer(1), "t_start": _UNIX, "t_end": _UNIX,
+                "status": _choice("ok"),
+                "iteration": _integer(1), "t_start": _UNIX, "t_end": _UNIX,
                 # set only by runs that use them (records.OPTIONAL_RESULT_FIELDS)
                 "algorithm": _string(128), "inplace": _boolean, "root": _COUNT,
                 "timing": _choice("osu", "sustained"),
@@ -339,14 +347,15 @@ SHAPES = {
                 "latency_pmax_us": _LATENCY}),
     # topo compare's `order` and `pattern` are labels: readers that use them check them themselves
     # (collbench/report drops a bad one and counts it, keeping the measurement)
-    "failure": ({**COMMON, **RUN,
+    "failure": ({**COMMON},
+                {**COMMON_OPTIONAL, **RUN,
                  "status": _choice("failed"), "error": _string(65536, line=False),
                  "stderr_tail": _string(262144, line=False), "op": _nullable(_OP),
-                 "size_bytes": _nullable(_COUNT), "exit_code": _nullable(_integer(-(1 << 31), 1 << 31))},
-                {"seq": _integer(1, MAX_SEQ), "iteration": _integer(1)}),
-    "event": ({**COMMON, "event": _event_name, "pid": _nullable(_integer(1)),
-               "detail": _nullable(_string(65536, line=False))},
-              {"seq": _integer(1, MAX_SEQ), "run_id": _nullable(_ID),
+                 "size_bytes": _nullable(_COUNT), "exit_code": _nullable(_integer(-(1 << 31), 1 << 31)),
+                 "iteration": _integer(1)}),
+    "event": ({**COMMON, "event": _event_name},
+              {**COMMON_OPTIONAL, "pid": _nullable(_integer(1)), "detail": _nullable(_string(65536, line=False)),
+               "run_id": _nullable(_ID),
                # per-event fields (start, backoff, relaunch, stop); other events may add their own
                "mode": _string(64), "steps": _COUNT, "config": _string(4096),
                "delay_s": _number(0.0), "failures": _COUNT, "attempt": _COUNT,
@@ -385,5 +394,5 @@ def _validate(rec):
         want = format_size(rec["size_bytes"]) if op.has_size else "-"
         if not op.has_size and rec["size_bytes"] != 0:
             raise _Reject(f"size_bytes: expected 0 for {op.name}, got {rec['size_bytes']}")
-        if rec["size"] != want:
+        if "size" in rec and rec["size"] != want:
             raise _Reject(f"size: expected {want!r} for size_bytes {rec['size_bytes']}, got {_what(rec['size'])}")
