@@ -8,8 +8,9 @@
 #        scripts/gpu_check.sh --bin DIR            (use nccl-tests binaries already built in DIR)
 #
 # Finds, in this order:
-#   CUDA   nvcc on PATH, $CUDA_HOME/bin/nvcc, /usr/local/cuda/bin/nvcc, or the nvidia-cuda-nvcc-cu12 wheel;
-#          libcudart from $CUDA_HOME/lib64 or the nvidia-cuda-runtime-cu12 wheel
+#   CUDA   nvcc on PATH, $CUDA_HOME/bin/nvcc, /usr/local/cuda[-*]/bin/nvcc, or the CUDA 13 wheels
+#          (nvidia-cuda-nvcc, -crt, -runtime, -cccl, nvidia-nvvm in one site-packages: nvidia/cu13/);
+#          libcudart from the toolkit's lib64/lib or the nvidia-cuda-runtime(-cu12) wheel
 #   NCCL   $NCCL_HOME, else the nvidia-nccl-cu12 / -cu13 wheel in python3's site-packages
 #   MPI    mpicc + mpirun (Open MPI or MPICH): MPI=1, one rank per GPU through mpirun;
 #          none: MPI=0 and `launcher: none`, one process on one GPU
@@ -80,11 +81,11 @@ link_lib() {   # link_lib NAME SONAME_PATH -> prints the directory
 if [ -z "$BIN" ]; then
     say "CUDA"
     NVCC="$(command -v nvcc || true)"
-    for c in "${CUDA_HOME:-}/bin/nvcc" /usr/local/cuda/bin/nvcc; do
+    for c in "${CUDA_HOME:-}/bin/nvcc" /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc; do
         [ -z "$NVCC" ] && [ -x "$c" ] && NVCC="$c"
     done
     [ -z "$NVCC" ] && NVCC="$(wheel_file nvcc)"
-    [ -n "$NVCC" ] && [ -x "$NVCC" ] || die "no nvcc (install the CUDA toolkit or: pip install nvidia-cuda-nvcc-cu12)"
+    [ -n "$NVCC" ] && [ -x "$NVCC" ] || die "no nvcc (install the CUDA toolkit, or: pip install nvidia-cuda-nvcc nvidia-cuda-crt nvidia-cuda-runtime nvidia-cuda-cccl nvidia-nvvm)"
     CUDA_HOME="$(cd "$(dirname "$NVCC")/.." && pwd)"
     "$NVCC" --version | tail -2
     CUDA_LIB=""

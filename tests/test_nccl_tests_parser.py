@@ -173,6 +173,16 @@ def test_per_iteration_columns_and_wrong_in_e_notation():
     assert out.hosts == ["gpunode1", "gpunode2"]
 
 
+def test_real_2_19_binary_cuda_failure_before_the_devices():
+    out = one("real_2.19.6_cuda_failure_no_gpu.txt")
+    assert (out.version, out.nccl_version, out.test) == ("2.19.6", "2.32.3", "all_reduce_perf")
+    assert out.params["unalign"] == 0 and out.params["maxbytes"] == 67108864 and out.params["step"] == 8
+    assert out.devices == [] and out.rows == []
+    [f] = out.failures
+    assert (f.kind, f.where, f.host) == ("CUDA", "util.cu:674", "vm")
+    assert f.reason == "CUDA driver version is insufficient for CUDA runtime version"
+
+
 def test_reversed_variant_order_is_read_from_the_banner():
     text = ("#                in-place                       out-of-place\n"
             "#       size         count     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong\n"
