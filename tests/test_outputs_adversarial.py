@@ -304,11 +304,13 @@ def _setup_big_append(ctx):
     ctx["inode"] = os.stat(ctx["log"]).st_ino
 
 
+# the peak RSS of this process image (VmHWM; getrusage's maxrss would include the forking pytest's)
 APPEND = """
-import resource, sys
+import sys
 from collbench.atomic_file import write_atomic
 write_atomic(sys.argv[1], ['{"seq": 1}\\n'], keep_existing=True)
-print("maxrss_kb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+hwm = [ln.split()[1] for ln in open("/proc/self/status") if ln.startswith("VmHWM:")][0]
+print("maxrss_kb", hwm)
 """
 
 
