@@ -13,7 +13,7 @@ from conftest import wait_for
 from collbench.proctree import pid_alive
 from collbench.engines.mpi_job import stderr_reason as mpi_reason
 from collbench.stress.daemon import backoff_delay
-from collbench.stress.processes import TOKEN_ENV, environ_token
+from collbench.bench_processes import TOKEN_ENV, environ_token
 from stress_helpers import (TINY_STEPS, Stress, job_processes, wait_gone, write_config)
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]

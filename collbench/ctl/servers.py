@@ -20,7 +20,7 @@ from collbench.ctl import ssh
 from collbench.hosts import is_this_machine
 from collbench.results.lines import read_lines_backwards
 from collbench.results.record_parser import is_record, parse_record
-from collbench.stress import processes
+from collbench import bench_processes as processes
 from collbench.results.state_dir import StatePaths
 
 RESULTS_TAIL_BYTES = 1 << 20
@@ -83,7 +83,7 @@ def _probe_script():
     """A self-contained Python program printing probe_local()'s JSON (no collbench needed).
 
     It carries the source of the two stdlib-only modules the probe uses, proctree and
-    stress.processes, registered under their own names so that `from collbench import proctree`
+    bench_processes, registered under their own names so that `from collbench import proctree`
     inside processes resolves to the copy sent along, not to an installed collbench.
     """
     return "\n".join([
@@ -94,7 +94,7 @@ def _probe_script():
         "    return mod",
         "collbench = _module('collbench', '')",
         f"proctree = collbench.proctree = _module('collbench.proctree', {inspect.getsource(proctree)!r})",
-        f"processes = _module('collbench.stress.processes', {inspect.getsource(processes)!r})",
+        f"processes = _module('collbench.bench_processes', {inspect.getsource(processes)!r})",
         inspect.getsource(rdma_ports),
         inspect.getsource(probe_local),
         "json.dump(probe_local(), sys.stdout)",

@@ -48,7 +48,7 @@ from collbench.results import records
 from collbench.results.results_log import ResultsLog
 from collbench.results.state_dir import (STOPPED, DaemonLock, read_pid_file, read_state, remove_pid_file,
                                          write_json_atomic, write_pid_file)
-from collbench.stress import processes
+from collbench import bench_processes as processes
 from collbench.stress.daemon_jobs import DaemonJobs
 from collbench.stress.guard import Guard, same_file
 from collbench.stress.mpi_output import RawOutputLog

@@ -9,7 +9,7 @@ import time
 
 from collbench.errors import UserError
 from collbench.results.state_dir import CRASHED, RUNNING, AlreadyRunning, daemon_status
-from collbench.stress import processes
+from collbench import bench_processes as processes
 
 EXIT_START_FAILED = 1
 

@@ -5,7 +5,7 @@ import json
 
 from collbench.hosts import is_this_machine
 from collbench.results.state_dir import read_state
-from collbench.stress import processes
+from collbench import bench_processes as processes
 
 
 def show_servers(args, cfg, paths):

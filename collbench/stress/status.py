@@ -7,7 +7,7 @@ import time
 
 from collbench.results.results_log import tail_records
 from collbench.results.state_dir import CRASHED, RUNNING, daemon_status
-from collbench.stress import processes
+from collbench import bench_processes as processes
 from collbench.stress.log_view import BadLines, format_bandwidth, printable
 from collbench.stress.resolve import results_path
 from collbench.tables import format_us

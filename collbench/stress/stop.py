@@ -9,7 +9,7 @@ from collbench import proctree
 from collbench.errors import UserError
 from collbench.results.state_dir import (CRASHED, RUNNING, STOPPED, daemon_status, is_daemon, remove_pid_file,
                                          write_json_atomic)
-from collbench.stress import processes
+from collbench import bench_processes as processes
 
 
 def stop_daemon(args, cfg, paths):

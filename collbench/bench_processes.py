@@ -154,7 +154,7 @@ def format_duration(seconds):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python3 -m collbench.stress.processes",
+    p = argparse.ArgumentParser(prog="python3 -m collbench.bench_processes",
                                 description="Benchmark processes on this host and their CPU, from /proc.")
     p.add_argument("--json", action="store_true", help="print JSON (what the SSH controller reads)")
     p.add_argument("--interval", type=float, default=0.5, help="CPU sampling interval, seconds")
