@@ -14,6 +14,7 @@ import tempfile
 from typing import NamedTuple
 
 from collbench.results import records
+from collbench.congestion import engine_lines as congestion_lines, sources as congestion_sources
 from collbench.engines import algorithms, launcher
 from collbench.engines.base import (Engine, LoopRecord, Measured, failure_message, run_per_step,
                                     step_label, step_timeout_error)
@@ -102,6 +103,8 @@ def engine_command(cfg, steps, plan_path, loop=False, validate=None, max_loops=N
         program.append("--validate")
     if max_loops is not None:
         program += ["--max-loops", str(int(max_loops))]
+    if congestion_sources.enabled(cfg):   # each host's counters around each step (collbench/congestion)
+        program += ["--congestion", congestion_sources.write_spec(cfg, os.path.abspath(plan_path) + ".congestion")]
     # an algorithm is forced per job and op: the steps of one job never disagree (same_job_prefix)
     return launcher.build_command(cfg, program, algorithms=algorithms.job_algorithms(steps))
 
@@ -171,10 +174,14 @@ def to_result(ctx, rec, step=None):
             optional["latency_" + key] = rec[key]
     if step is not None and getattr(step, "algorithm", None):
         optional["algorithm"] = step.algorithm
-    return records.result_record(
+    record = records.result_record(
         ctx, rec["op"], rec["size_bytes"], rec["datatype"], rec["avg_us"], rec["min_us"],
         rec["max_us"], rec["iterations"], rec["warmup"], validation=rec["validation"],
         straggler_rank=rec["max_rank"], ranks=rec["ranks"], ts=rec["t_end"], **optional)
+    if "congestion" in rec:   # the step's CBCONG line (_job): the counters that moved, per host
+        payload, tick = rec["congestion"]
+        record["congestion"] = congestion_lines.record_congestion(payload, ctx.hosts, tick)
+    return record
 
 
 class _JobEnd(NamedTuple):
@@ -194,16 +201,23 @@ def _job(cfg, steps, ctx, runner, plan_path, loop=False, max_loops=None):
     idle = runner.idle_timeout(cfg)
     job = runner.start(argv, env)
     error, timed_out = None, False
+    congestion = None   # the CBCONG payload printed just before its step's CBREC line
     try:
         for line in job.lines(idle):
             rec = parse_line(line)
             if rec is None:
+                if line.startswith(congestion_lines.PREFIX):
+                    congestion = congestion_lines.parse_line(line)
+                    continue
                 if line.startswith(HOSTS_PREFIX):   # srun: where Slurm put the ranks, in which job
                     payload = parse_hosts_payload(line) or {}
                     ctx.observe_hosts(payload.get("hosts") or [])
                     if payload.get("slurm_job_id"):
                         ctx.observe_slurm_job(payload["slurm_job_id"])
                 continue
+            if congestion is not None and (congestion["loop"], congestion["step"]) == (rec["loop"], rec["step"]):
+                rec["congestion"] = (congestion, congestion_sources.xmit_wait_tick_ns(cfg))
+            congestion = None
             yield rec
         try:
             job.wait(timeout=idle)

@@ -1,7 +1,7 @@
 /*
  * collbench-engine: the built-in MPI collective benchmark (one C99 source).
  *
- *   collbench-engine --plan FILE [--loop] [--validate] [--max-loops N] [--report-hosts]
+ *   collbench-engine --plan FILE [--loop] [--validate] [--max-loops N] [--report-hosts] [--congestion SPEC]
  *   collbench-engine --pairs --lat-size B --bw-size B --iterations N [--warmup N] [--concurrent]
  *
  * Plan file: one step per line, "op size_bytes iterations warmup datatype [key=value ...]",
@@ -10,6 +10,8 @@
  * Rank 0 reads it and broadcasts it, so only the launching host needs the file.
  * Rank 0 prints one "CBREC {json}" line per finished step on stdout, each flushed as one
  * write; with --report-hosts first one "CBHOSTS {json}" line: the host of every rank.
+ * With --congestion SPEC, before each CBREC one "CBCONG {json}" line: the counters that moved on
+ * each host during the step (see "congestion counters" below).
  *
  * timing=sustained is the other convention (AllgatherP's): a barrier, then every iteration back
  * to back with no barrier between them, each rank's elapsed time / iterations, min / max / sum
@@ -888,11 +890,735 @@ static void print_record(const Step *s, const StepResult *r, int loop, int index
     fflush(stdout);
 }
 
+/* ------------------------------------------------------------------ congestion counters
+ *
+ * --congestion SPEC: the lowest rank of each host reads that host's congestion counters
+ * immediately before and after each step's timed loop (outside the timed region), and rank 0
+ * prints, before the step's CBREC line, one line
+ *   CBCONG {"loop":L,"step":S,"t0":wall,"t1":wall,"hosts":{"HOST":{"dt":s,"n":read,"src":sources,
+ *           "f":[vanished,unreadable,backwards,garbage],"drop":k,"d":{"counter@where":delta,...}},...}}
+ * with only the counters that moved (at most CONG_MAX_MOVED per host, the largest; the rest in
+ * "drop"). Which counters, and where each host reads them, is the SPEC file Python writes from
+ * its one table (collbench/congestion/sources.py spec_text): this code knows no counter names.
+ * Faults follow collbench/congestion/deltas.py: a counter that vanished, cannot be read, went
+ * backwards or holds garbage is skipped and counted, never a negative delta, never a failed step.
+ * Test hook: COLLBENCH_ENGINE_HOST_OF_RANK="hA,hA,hB,hB" names each world rank's host (several
+ * emulated hosts on one machine); otherwise MPI_Get_processor_name.
+ */
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+
+static void json_string(char *out, size_t outlen, const char *s);   /* hosts and pairs, below */
+
+#define CONG_MAX_SPEC (256 * 1024)
+#define CONG_MAX_NAMES 512
+#define CONG_MAX_NAME 64
+#define CONG_MAX_PATH 1024
+#define CONG_MAX_NETDEVS 16
+#define CONG_MAX_SAMPLES 4096
+#define CONG_MAX_KEY 160
+#define CONG_MAX_MOVED 32
+#define CONG_MAX_FILE (1 << 20)
+#define CONG_HOST_LEN (MPI_MAX_PROCESSOR_NAME + 1)
+enum { CONG_OK = 0, CONG_UNREADABLE = 1, CONG_GARBAGE = 2 };
+enum { CF_VANISHED, CF_UNREADABLE, CF_BACKWARDS, CF_GARBAGE, CF_N };
+enum { CS_HW, CS_PORT, CS_ETH, CS_IPEXT, CS_TCPEXT, CS_N };
+
+typedef struct {
+    char key[CONG_MAX_KEY];
+    unsigned long long value;
+    int fault;
+} CongSample;
+
+typedef struct {
+    CongSample *s;
+    int n;
+    double wall, mono;
+    int sources;
+} CongSnap;
+
+typedef struct {                    /* a netdev's ETH_SS_STATS layout, kept while its count holds */
+    char name[16];
+    unsigned n_stats;
+    int nkept;
+    int *kept;                      /* indices of the wanted statistics */
+    int *kept_name;                 /* their index in names[CS_ETH] */
+} CongEth;
+
+typedef struct {
+    int enabled, reader;            /* reader: the lowest rank of this host */
+    MPI_Comm leaders;               /* one rank per host; MPI_COMM_NULL on the others */
+    char host[CONG_HOST_LEN];
+    char sysfs_root[CONG_MAX_PATH], netstat[CONG_MAX_PATH], ethtool_root[CONG_MAX_PATH];
+    char netdevs[CONG_MAX_NETDEVS][16];
+    int nnetdevs;
+    char (*names[CS_N])[CONG_MAX_NAME];
+    int nnames[CS_N];
+    CongSnap before, after;
+    int sock;
+    CongEth eth[CONG_MAX_NETDEVS];
+    int neth;
+} Cong;
+
+static Cong cong;
+
+static double cong_mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* A counter's value: decimal digits (surrounding blanks allowed), at most 2^64-1. */
+static int cong_parse_value(const char *p, const char *end, unsigned long long *out)
+{
+    unsigned long long v = 0;
+    int digits = 0;
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+        p++;
+    for (; p < end && *p >= '0' && *p <= '9'; p++, digits++) {
+        unsigned d = (unsigned)(*p - '0');
+        if (v > (ULLONG_MAX - d) / 10)
+            return -1;
+        v = v * 10 + d;
+    }
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+        p++;
+    if (!digits || p != end)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static void cong_add(CongSnap *sn, const char *name, const char *where, unsigned long long v, int fault)
+{
+    if (sn->n >= CONG_MAX_SAMPLES)
+        return;
+    CongSample *x = &sn->s[sn->n];
+    if (snprintf(x->key, sizeof(x->key), "%s@%s", name, where) >= (int)sizeof(x->key))
+        return;
+    x->value = v;
+    x->fault = fault;
+    sn->n++;
+}
+
+/* "name" of the spec into names[set] (space-separated tokens after the line's keyword). */
+static void cong_add_name(int set, const char *tok)
+{
+    if (cong.nnames[set] >= CONG_MAX_NAMES || strlen(tok) >= CONG_MAX_NAME)
+        return;
+    snprintf(cong.names[set][cong.nnames[set]++], CONG_MAX_NAME, "%s", tok);
+}
+
+/* "defaults|host NAME sysfs_root P netstat P [ethtool_root P] [netdev N]...": this host's sources. */
+static void cong_apply_sources(char **tok, int ntok)
+{
+    cong.ethtool_root[0] = '\0';
+    cong.nnetdevs = 0;
+    for (int i = 0; i + 1 < ntok; i += 2) {
+        if (strcmp(tok[i], "sysfs_root") == 0)
+            snprintf(cong.sysfs_root, sizeof(cong.sysfs_root), "%s", tok[i + 1]);
+        else if (strcmp(tok[i], "netstat") == 0)
+            snprintf(cong.netstat, sizeof(cong.netstat), "%s", tok[i + 1]);
+        else if (strcmp(tok[i], "ethtool_root") == 0)
+            snprintf(cong.ethtool_root, sizeof(cong.ethtool_root), "%s", tok[i + 1]);
+        else if (strcmp(tok[i], "netdev") == 0 && cong.nnetdevs < CONG_MAX_NETDEVS && strlen(tok[i + 1]) < 16)
+            snprintf(cong.netdevs[cong.nnetdevs++], 16, "%.15s", tok[i + 1]);
+    }
+}
+
+/* Parse the spec (every rank has its text): names, and this host's sources (its `host` line,
+ * else `defaults`). Lines are split in place; tokens are space-separated. */
+static int cong_load_spec(char *text)
+{
+    char *save = NULL, *tok[4 + 4 * CONG_MAX_NETDEVS + 2 * CONG_MAX_NAMES];
+    int have_host = 0;
+    for (int s = 0; s < CS_N; s++) {
+        cong.names[s] = calloc(CONG_MAX_NAMES, CONG_MAX_NAME);
+        if (!cong.names[s])
+            return -1;
+    }
+    snprintf(cong.sysfs_root, sizeof(cong.sysfs_root), "/sys");
+    snprintf(cong.netstat, sizeof(cong.netstat), "/proc/net/netstat");
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        int ntok = 0;
+        char *s2 = NULL;
+        if (line[0] == '#')
+            continue;
+        for (char *t = strtok_r(line, " \t\r", &s2); t && ntok < (int)(sizeof(tok) / sizeof(tok[0]));
+             t = strtok_r(NULL, " \t\r", &s2))
+            tok[ntok++] = t;
+        if (ntok == 0)
+            continue;
+        if (strcmp(tok[0], "defaults") == 0 && !have_host)
+            cong_apply_sources(tok + 1, ntok - 1);
+        else if (strcmp(tok[0], "host") == 0 && ntok > 1 && strcmp(tok[1], cong.host) == 0) {
+            cong_apply_sources(tok + 2, ntok - 2);
+            have_host = 1;
+        } else if (strcmp(tok[0], "rdma_hw") == 0 || strcmp(tok[0], "rdma_port") == 0
+                   || strcmp(tok[0], "ethtool") == 0) {
+            int set = tok[0][0] == 'e' ? CS_ETH : tok[0][5] == 'h' ? CS_HW : CS_PORT;
+            for (int i = 1; i < ntok; i++)
+                cong_add_name(set, tok[i]);
+        } else if (strcmp(tok[0], "netstat") == 0 && ntok > 1) {
+            int set = strcmp(tok[1], "IpExt") == 0 ? CS_IPEXT : strcmp(tok[1], "TcpExt") == 0 ? CS_TCPEXT : -1;
+            for (int i = 2; set >= 0 && i < ntok; i++)
+                cong_add_name(set, tok[i]);
+        } else if (strcmp(tok[0], "defaults") != 0 && strcmp(tok[0], "host") != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* ---- readers: each adds samples (value or fault) and returns 1 when its source answered */
+
+static int cong_read_dir(CongSnap *sn, const char *dir, const char *where, int set)
+{
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return 0;
+    char buf[72];
+    for (int i = 0; i < cong.nnames[set]; i++) {
+        const char *name = cong.names[set][i];
+        int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            if (errno != ENOENT)
+                cong_add(sn, name, where, 0, CONG_UNREADABLE);
+            continue;
+        }
+        ssize_t n = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        unsigned long long v;
+        if (n < 0)
+            cong_add(sn, name, where, 0, CONG_UNREADABLE);
+        else if (cong_parse_value(buf, buf + n, &v) < 0)
+            cong_add(sn, name, where, 0, CONG_GARBAGE);
+        else
+            cong_add(sn, name, where, v, CONG_OK);
+    }
+    close(dfd);
+    return 1;
+}
+
+static int cong_read_rdma(CongSnap *sn)
+{
+    char path[CONG_MAX_PATH * 2], where[CONG_MAX_KEY];
+    int answered = 0;
+    snprintf(path, sizeof(path), "%s/class/infiniband", cong.sysfs_root);
+    DIR *devs = opendir(path);
+    if (!devs)
+        return 0;
+    struct dirent *dev;
+    while ((dev = readdir(devs))) {
+        if (dev->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof(path), "%s/class/infiniband/%s/ports", cong.sysfs_root, dev->d_name);
+        DIR *ports = opendir(path);
+        if (!ports)
+            continue;
+        struct dirent *port;
+        while ((port = readdir(ports))) {
+            if (port->d_name[0] == '.')
+                continue;
+            snprintf(where, sizeof(where), "%.64s/%.16s", dev->d_name, port->d_name);
+            snprintf(path, sizeof(path), "%s/class/infiniband/%s/ports/%s/hw_counters", cong.sysfs_root,
+                     dev->d_name, port->d_name);
+            answered += cong_read_dir(sn, path, where, CS_HW);
+            snprintf(path, sizeof(path), "%s/class/infiniband/%s/ports/%s/counters", cong.sysfs_root,
+                     dev->d_name, port->d_name);
+            answered += cong_read_dir(sn, path, where, CS_PORT);
+        }
+        closedir(ports);
+    }
+    closedir(devs);
+    return answered;
+}
+
+static char *cong_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return NULL;
+    char *text = read_bounded(f, CONG_MAX_FILE, len);
+    int bad = ferror(f);
+    fclose(f);
+    if (text && bad) {
+        free(text);
+        return NULL;
+    }
+    if (text)
+        text[*len] = '\0';
+    return text;
+}
+
+/* The wanted statistic `name` in names[CS_ETH], or -1. */
+static int cong_eth_index(const char *name)
+{
+    for (int i = 0; i < cong.nnames[CS_ETH]; i++)
+        if (strcmp(cong.names[CS_ETH][i], name) == 0)
+            return i;
+    return -1;
+}
+
+/* `ethtool -S` text (a fixture tree: one file per netdev): "name: value" lines. */
+static int cong_read_ethtool_file(CongSnap *sn, const char *netdev)
+{
+    char path[CONG_MAX_PATH * 2];
+    size_t len = 0;
+    snprintf(path, sizeof(path), "%s/%s", cong.ethtool_root, netdev);
+    char *text = cong_read_file(path, &len);
+    if (!text)
+        return 0;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char *colon = strchr(line, ':');
+        if (!colon)
+            continue;
+        char *name = line;
+        while (*name == ' ' || *name == '\t')
+            name++;
+        *colon = '\0';
+        if (cong_eth_index(name) < 0)
+            continue;
+        unsigned long long v;
+        if (cong_parse_value(colon + 1, colon + 1 + strlen(colon + 1), &v) < 0)
+            cong_add(sn, name, netdev, 0, CONG_GARBAGE);
+        else
+            cong_add(sn, name, netdev, v, CONG_OK);
+    }
+    free(text);
+    return 1;
+}
+
+/* SIOCETHTOOL (what `ethtool -S` uses); the layouts of linux/ethtool.h, written out so the engine
+ * needs no kernel headers. */
+#define CONG_SIOCETHTOOL 0x8946
+#define CONG_GSTRINGS 0x1b
+#define CONG_GSTATS 0x1d
+#define CONG_GSSET_INFO 0x37
+#define CONG_SS_STATS 1
+
+static int cong_ethtool_ioctl(const char *netdev, void *data)
+{
+    struct { char name[16]; void *data; char pad[24]; } ifr;
+    memset(&ifr, 0, sizeof(ifr));
+    snprintf(ifr.name, sizeof(ifr.name), "%.15s", netdev);
+    ifr.data = data;
+    if (cong.sock < 0)
+        cong.sock = socket(AF_INET, SOCK_DGRAM, 0);
+    return cong.sock < 0 ? -1 : ioctl(cong.sock, CONG_SIOCETHTOOL, &ifr);
+}
+
+static CongEth *cong_eth_layout(const char *netdev, unsigned n_stats)
+{
+    CongEth *e = NULL;
+    for (int i = 0; i < cong.neth; i++)
+        if (strcmp(cong.eth[i].name, netdev) == 0)
+            e = &cong.eth[i];
+    if (e && e->n_stats == n_stats)
+        return e;
+    if (!e) {
+        if (cong.neth >= CONG_MAX_NETDEVS)
+            return NULL;
+        e = &cong.eth[cong.neth++];
+        memset(e, 0, sizeof(*e));
+        snprintf(e->name, sizeof(e->name), "%.15s", netdev);
+    }
+    free(e->kept);
+    free(e->kept_name);
+    e->kept = e->kept_name = NULL;
+    e->nkept = 0;
+    e->n_stats = 0;
+    unsigned char *buf = calloc(1, 12 + (size_t)n_stats * 32);
+    if (!buf)
+        return NULL;
+    uint32_t hdr[3] = {CONG_GSTRINGS, CONG_SS_STATS, n_stats};
+    memcpy(buf, hdr, sizeof(hdr));
+    if (cong_ethtool_ioctl(netdev, buf) < 0 || ((uint32_t *)buf)[2] != n_stats
+        || !(e->kept = malloc(sizeof(int) * n_stats)) || !(e->kept_name = malloc(sizeof(int) * n_stats))) {
+        free(buf);
+        return NULL;
+    }
+    for (unsigned i = 0; i < n_stats; i++) {
+        char name[33];
+        memcpy(name, buf + 12 + (size_t)i * 32, 32);
+        name[32] = '\0';
+        int k = cong_eth_index(name);
+        if (k >= 0) {
+            e->kept[e->nkept] = (int)i;
+            e->kept_name[e->nkept++] = k;
+        }
+    }
+    free(buf);
+    e->n_stats = n_stats;
+    return e;
+}
+
+static int cong_read_ethtool_ioctl(CongSnap *sn, const char *netdev)
+{
+    uint32_t info[5] = {CONG_GSSET_INFO, 0, 1u << CONG_SS_STATS, 0, 0};   /* cmd, reserved, mask(u64), data[0] */
+    if (cong_ethtool_ioctl(netdev, info) < 0)
+        return 0;
+    unsigned n = info[4];
+    if (!(info[2] & (1u << CONG_SS_STATS)) || n == 0 || n > (1u << 20))
+        return 0;
+    CongEth *e = cong_eth_layout(netdev, n);
+    if (!e)
+        return 0;
+    uint64_t *buf = calloc(1 + n, sizeof(uint64_t));
+    if (!buf)
+        return 0;
+    uint32_t hdr[2] = {CONG_GSTATS, n};
+    memcpy(buf, hdr, sizeof(hdr));
+    int ok = cong_ethtool_ioctl(netdev, buf) == 0 && ((uint32_t *)buf)[1] == n;
+    if (ok)
+        for (int i = 0; i < e->nkept; i++)
+            cong_add(sn, cong.names[CS_ETH][e->kept_name[i]], netdev, buf[1 + e->kept[i]], CONG_OK);
+    else
+        e->n_stats = 0;     /* the driver changed: read the names again next time */
+    free(buf);
+    return ok;
+}
+
+/* The netdevs to read: the spec's, else the files of ethtool_root, else the RDMA devices' netdevs. */
+static int cong_list_netdevs(char out[][16], int max)
+{
+    int n = 0;
+    for (int i = 0; i < cong.nnetdevs && n < max; i++)
+        snprintf(out[n++], 16, "%.15s", cong.netdevs[i]);
+    if (n)
+        return n;
+    char path[CONG_MAX_PATH * 2];
+    if (cong.ethtool_root[0]) {
+        DIR *d = opendir(cong.ethtool_root);
+        struct dirent *e;
+        while (d && (e = readdir(d)) && n < max)
+            if (e->d_name[0] != '.' && strlen(e->d_name) < 16)
+                snprintf(out[n++], 16, "%.15s", e->d_name);
+        if (d)
+            closedir(d);
+        return n;
+    }
+    snprintf(path, sizeof(path), "%s/class/infiniband", cong.sysfs_root);
+    DIR *devs = opendir(path);
+    struct dirent *dev;
+    while (devs && (dev = readdir(devs))) {
+        if (dev->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof(path), "%s/class/infiniband/%s/device/net", cong.sysfs_root, dev->d_name);
+        DIR *nets = opendir(path);
+        struct dirent *net;
+        while (nets && (net = readdir(nets)) && n < max) {
+            int dup = 0;
+            for (int i = 0; i < n; i++)
+                dup |= strcmp(out[i], net->d_name) == 0;
+            if (net->d_name[0] != '.' && !dup && strlen(net->d_name) < 16)
+                snprintf(out[n++], 16, "%.15s", net->d_name);
+        }
+        if (nets)
+            closedir(nets);
+    }
+    if (devs)
+        closedir(devs);
+    return n;
+}
+
+/* One section of netstat text: the header line "Sec: a b c" and the value line "Sec: 1 2 3". */
+static void cong_netstat_section(CongSnap *sn, char *text, const char *section, int set)
+{
+    size_t sl = strlen(section);
+    char *header = NULL, *values = NULL;
+    for (char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+        if (strncmp(p, section, sl) == 0 && p[sl] == ':') {
+            if (!header)
+                header = p;
+            else {
+                values = p;
+                break;
+            }
+        }
+    }
+    if (!header || !values)
+        return;
+    /* walk both lines token by token */
+    char *h = header + sl + 1, *v = values + sl + 1;
+    for (;;) {
+        while (*h == ' ')
+            h++;
+        while (*v == ' ')
+            v++;
+        if (*h == '\n' || !*h || *v == '\n' || !*v)
+            break;
+        char *he = h, *ve = v;
+        while (*he && *he != ' ' && *he != '\n')
+            he++;
+        while (*ve && *ve != ' ' && *ve != '\n')
+            ve++;
+        char name[CONG_MAX_NAME];
+        size_t hl = (size_t)(he - h);
+        if (hl < sizeof(name)) {
+            memcpy(name, h, hl);
+            name[hl] = '\0';
+            for (int i = 0; i < cong.nnames[set]; i++) {
+                if (strcmp(cong.names[set][i], name) == 0) {
+                    unsigned long long x;
+                    if (cong_parse_value(v, ve, &x) < 0)
+                        cong_add(sn, name, "netstat", 0, CONG_GARBAGE);
+                    else
+                        cong_add(sn, name, "netstat", x, CONG_OK);
+                    break;
+                }
+            }
+        }
+        h = he;
+        v = ve;
+    }
+}
+
+static int cong_read_netstat(CongSnap *sn)
+{
+    size_t len = 0;
+    char *text = cong_read_file(cong.netstat, &len);
+    if (!text)
+        return 0;
+    cong_netstat_section(sn, text, "IpExt", CS_IPEXT);
+    cong_netstat_section(sn, text, "TcpExt", CS_TCPEXT);
+    free(text);
+    return 1;
+}
+
+static int cong_cmp_key(const void *a, const void *b)
+{
+    return strcmp(((const CongSample *)a)->key, ((const CongSample *)b)->key);
+}
+
+static void cong_snapshot(CongSnap *sn)
+{
+    char netdevs[CONG_MAX_NETDEVS][16];
+    sn->n = 0;
+    sn->wall = wall_clock();
+    sn->mono = cong_mono();
+    sn->sources = cong_read_rdma(sn);
+    int nd = cong_list_netdevs(netdevs, CONG_MAX_NETDEVS);
+    for (int i = 0; i < nd; i++)
+        sn->sources += cong.ethtool_root[0] ? cong_read_ethtool_file(sn, netdevs[i])
+                                            : cong_read_ethtool_ioctl(sn, netdevs[i]);
+    sn->sources += cong_read_netstat(sn);
+    qsort(sn->s, (size_t)sn->n, sizeof(CongSample), cong_cmp_key);
+}
+
+/* ---- set-up, the step's two snapshots, the gathered line */
+
+/* Every rank: its host's name and whether it is the host's reader; the readers' communicator. */
+static int cong_setup(const char *spec_path, int rank, int nranks)
+{
+    char msg[512] = "";
+    long long len = -1;
+    char *text = NULL;
+    if (rank == 0) {
+        size_t n = 0;
+        FILE *f = fopen(spec_path, "r");
+        text = f ? read_bounded(f, CONG_MAX_SPEC + 1, &n) : NULL;
+        if (!f)
+            snprintf(msg, sizeof(msg), "cannot read congestion spec %s: %s", spec_path, strerror(errno));
+        else if (!text || ferror(f) || n > CONG_MAX_SPEC || memchr(text, '\0', n))
+            snprintf(msg, sizeof(msg), "congestion spec %s: unreadable, larger than %d bytes or not text",
+                     spec_path, CONG_MAX_SPEC);
+        else
+            len = (long long)n;
+        if (f)
+            fclose(f);
+    }
+    MPI_Bcast(&len, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+    if (len < 0) {
+        if (rank == 0)
+            fprintf(stderr, "collbench-engine: %s\n", msg);
+        free(text);
+        return -1;
+    }
+    if (rank != 0 && !(text = malloc((size_t)len + 1)))
+        MPI_Abort(MPI_COMM_WORLD, EXIT_NO_MEMORY);
+    MPI_Bcast(text, (int)len, MPI_CHAR, 0, MPI_COMM_WORLD);
+    text[len] = '\0';
+
+    memset(cong.host, 0, sizeof(cong.host));
+    const char *names = getenv("COLLBENCH_ENGINE_HOST_OF_RANK");
+    if (names && *names) {          /* test hook: the rank-th comma-separated name */
+        const char *p = names;
+        for (int r = 0; r < rank && p; r++)
+            p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL;
+        size_t l = p ? strcspn(p, ",") : 0;
+        snprintf(cong.host, sizeof(cong.host), "%.*s", (int)(l < CONG_HOST_LEN - 1 ? l : CONG_HOST_LEN - 1),
+                 p ? p : "");
+    }
+    if (!cong.host[0]) {
+        int hl = 0;
+        MPI_Get_processor_name(cong.host, &hl);
+    }
+    char *all = malloc((size_t)nranks * CONG_HOST_LEN);
+    if (!all)
+        MPI_Abort(MPI_COMM_WORLD, EXIT_NO_MEMORY);
+    MPI_Allgather(cong.host, CONG_HOST_LEN, MPI_CHAR, all, CONG_HOST_LEN, MPI_CHAR, MPI_COMM_WORLD);
+    int first = rank;
+    for (int r = 0; r < rank; r++)
+        if (strncmp(all + (size_t)r * CONG_HOST_LEN, cong.host, CONG_HOST_LEN) == 0) {
+            first = r;
+            break;
+        }
+    free(all);
+    cong.reader = first == rank;
+    MPI_Comm_split(MPI_COMM_WORLD, cong.reader ? 0 : MPI_UNDEFINED, rank, &cong.leaders);
+    int bad = cong_load_spec(text) < 0, any_bad = 0;
+    free(text);
+    MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (any_bad) {
+        if (rank == 0)
+            fprintf(stderr, "collbench-engine: congestion spec %s: a line that is not "
+                            "defaults/host/rdma_hw/rdma_port/ethtool/netstat\n", spec_path);
+        return -1;
+    }
+    cong.sock = -1;
+    if (cong.reader && (!(cong.before.s = malloc(sizeof(CongSample) * CONG_MAX_SAMPLES))
+                        || !(cong.after.s = malloc(sizeof(CongSample) * CONG_MAX_SAMPLES))))
+        MPI_Abort(MPI_COMM_WORLD, EXIT_NO_MEMORY);
+    cong.enabled = 1;
+    return 0;
+}
+
+static void cong_before_step(void)
+{
+    if (cong.enabled && cong.reader)
+        cong_snapshot(&cong.before);
+}
+
+typedef struct { const char *key; unsigned long long d; } CongMoved;
+
+static int cong_cmp_moved(const void *a, const void *b)
+{
+    const CongMoved *x = a, *y = b;
+    return x->d < y->d ? 1 : x->d > y->d ? -1 : strcmp(x->key, y->key);
+}
+
+/* This host's fragment: "HOST":{"dt":..,"n":..,"src":..,"f":[..],"drop":..,"d":{...}} */
+static char *cong_fragment(int *len)
+{
+    CongSnap *b = &cong.before, *a = &cong.after;
+    int faults[CF_N] = {0}, read = 0, nmoved = 0;
+    CongMoved *moved = malloc(sizeof(CongMoved) * (size_t)(b->n + 1));
+    int i = 0, j = 0;
+    while (moved && (i < b->n || j < a->n)) {
+        int c = i >= b->n ? 1 : j >= a->n ? -1 : strcmp(b->s[i].key, a->s[j].key);
+        if (c < 0) {                        /* only before: vanished (or a fault counted once) */
+            faults[b->s[i].fault == CONG_OK ? CF_VANISHED : b->s[i].fault == CONG_GARBAGE ? CF_GARBAGE
+                                            : CF_UNREADABLE]++;
+            i++;
+        } else if (c > 0) {                 /* only after: no baseline; its fault still counts */
+            if (a->s[j].fault != CONG_OK)
+                faults[a->s[j].fault == CONG_GARBAGE ? CF_GARBAGE : CF_UNREADABLE]++;
+            j++;
+        } else {
+            const CongSample *x = &b->s[i], *y = &a->s[j];
+            if (y->fault != CONG_OK || x->fault != CONG_OK)
+                faults[(y->fault != CONG_OK ? y->fault : x->fault) == CONG_GARBAGE ? CF_GARBAGE : CF_UNREADABLE]++;
+            else {
+                read++;
+                if (y->value < x->value)
+                    faults[CF_BACKWARDS]++;
+                else if (y->value > x->value) {
+                    moved[nmoved].key = y->key;
+                    moved[nmoved++].d = y->value - x->value;
+                }
+            }
+            i++;
+            j++;
+        }
+    }
+    if (moved)
+        qsort(moved, (size_t)nmoved, sizeof(CongMoved), cong_cmp_moved);
+    int keep = nmoved < CONG_MAX_MOVED ? nmoved : CONG_MAX_MOVED;
+    size_t cap = 512 + (size_t)CONG_HOST_LEN * 6 + (size_t)keep * (CONG_MAX_KEY * 6 + 32);
+    char *out = malloc(cap), quoted[CONG_HOST_LEN * 6 + 3], qk[CONG_MAX_KEY * 6 + 3];
+    size_t n = 0;
+    if (!out) {
+        free(moved);
+        *len = 0;
+        return NULL;
+    }
+    json_string(quoted, sizeof(quoted), cong.host);
+    n += (size_t)snprintf(out + n, cap - n, "%s:{\"dt\":%.6f,\"n\":%d,\"src\":%d,\"f\":[%d,%d,%d,%d],\"drop\":%d,\"d\":{",
+                          quoted, a->mono - b->mono, read, b->sources < a->sources ? b->sources : a->sources,
+                          faults[CF_VANISHED], faults[CF_UNREADABLE], faults[CF_BACKWARDS], faults[CF_GARBAGE],
+                          nmoved - keep);
+    for (int k = 0; k < keep; k++) {
+        json_string(qk, sizeof(qk), moved[k].key);
+        n += (size_t)snprintf(out + n, cap - n, "%s%s:%llu", k ? "," : "", qk, moved[k].d);
+    }
+    n += (size_t)snprintf(out + n, cap - n, "}}");
+    free(moved);
+    *len = (int)n;
+    return out;
+}
+
+/* After the step: readers snapshot, their fragments go to rank 0, which prints the CBCONG line. */
+static void cong_after_step(int rank, int loop, int index)
+{
+    if (!cong.enabled || !cong.reader)
+        return;
+    cong_snapshot(&cong.after);
+    int len = 0, nreaders = 0, leader_rank = 0;
+    char *frag = cong_fragment(&len);
+    MPI_Comm_size(cong.leaders, &nreaders);
+    MPI_Comm_rank(cong.leaders, &leader_rank);
+    int *lens = leader_rank == 0 ? calloc((size_t)nreaders, sizeof(int)) : NULL;
+    int *displs = leader_rank == 0 ? calloc((size_t)nreaders, sizeof(int)) : NULL;
+    MPI_Gather(&len, 1, MPI_INT, lens, 1, MPI_INT, 0, cong.leaders);
+    char *all = NULL;
+    long long total = 0;
+    if (leader_rank == 0 && lens && displs) {
+        for (int r = 0; r < nreaders; r++) {
+            displs[r] = (int)total;
+            total += lens[r];
+        }
+        all = total < INT_MAX ? malloc((size_t)total + 1) : NULL;
+    }
+    MPI_Gatherv(frag ? frag : "", len, MPI_CHAR, all, lens, displs, MPI_CHAR, 0, cong.leaders);
+    if (leader_rank == 0 && all) {
+        size_t cap = (size_t)total + (size_t)nreaders + 256, n = 0;
+        char *line = malloc(cap);
+        if (line) {
+            n += (size_t)snprintf(line, cap, "CBCONG {\"loop\":%d,\"step\":%d,\"t0\":%.6f,\"t1\":%.6f,\"hosts\":{",
+                                  loop, index, cong.before.wall, cong.after.wall);
+            int first = 1;
+            for (int r = 0; r < nreaders; r++) {
+                if (!lens[r])
+                    continue;
+                if (!first)
+                    line[n++] = ',';
+                memcpy(line + n, all + displs[r], (size_t)lens[r]);
+                n += (size_t)lens[r];
+                first = 0;
+            }
+            n += (size_t)snprintf(line + n, cap - n, "}}\n");
+            fwrite(line, 1, n, stdout);     /* one write: a reader never sees half a line */
+            fflush(stdout);
+            free(line);
+        }
+    }
+    (void)rank;
+    free(all);
+    free(lens);
+    free(displs);
+    free(frag);
+}
+
 /* ------------------------------------------------------------------ main */
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: collbench-engine --plan FILE [--loop] [--validate] [--max-loops N] [--report-hosts]\n"
+    fprintf(f, "usage: collbench-engine --plan FILE [--loop] [--validate] [--max-loops N] [--report-hosts] [--congestion SPEC]\n"
                "       collbench-engine --pairs --lat-size B --bw-size B --iterations N [--warmup N] [--concurrent]\n"
                "  plan lines: op size_bytes iterations warmup datatype [key=value ...]   (# comments)\n"
                "  keys: inplace=0|1 root=N timing=osu|sustained samples=0|1\n"
@@ -1111,7 +1837,7 @@ int main(int argc, char **argv)
 {
     int rank, nranks, loop_mode = 0, validate = 0, pairs = 0, concurrent = 0, report_hosts = 0;
     long long max_loops = 0, lat_size = 8, bw_size = 1 << 20, pair_iterations = 100, pair_warmup = 10;
-    const char *plan_path = NULL;
+    const char *plan_path = NULL, *congestion_spec = NULL;
     char msg[1024] = "";
 
     const char *corrupt = getenv("COLLBENCH_ENGINE_CORRUPT_RANK");
@@ -1135,6 +1861,8 @@ int main(int argc, char **argv)
             plan_path = argv[++i];
         else if (strcmp(argv[i], "--loop") == 0)
             loop_mode = 1;
+        else if (strcmp(argv[i], "--congestion") == 0 && i + 1 < argc)
+            congestion_spec = argv[++i];
         else if (strcmp(argv[i], "--validate") == 0)
             validate = 1;
         else if (strcmp(argv[i], "--max-loops") == 0 && i + 1 < argc) {
@@ -1192,6 +1920,8 @@ int main(int argc, char **argv)
     free(text);
     if (report_hosts)
         print_hosts(rank, nranks);
+    if (congestion_spec && cong_setup(congestion_spec, rank, nranks) < 0)
+        return finish(EXIT_BAD_INPUT);
 
     /* one allocation for the largest step, page-aligned and touched, as OSU does */
     size_t max_send = 0, max_recv = 0;
@@ -1238,7 +1968,9 @@ int main(int argc, char **argv)
             const OpDef *op = &OPS[s->op];
             StepResult r;
             setup_coll(&c, s);
+            cong_before_step();          /* the host's counters, outside the timed region */
             run_timed(&c, &r);
+            cong_after_step(rank, loop, i);
             r.validation = "off";
             if (validate) {
                 r.validation = run_validation(&c);

@@ -1,0 +1,66 @@
+"""The built-in engine's CBCONG lines (collbench_engine.c, "congestion counters") -> the record's
+`congestion` field. A line is checked like any outside input: a damaged one is ignored (the step
+keeps its result, without the field)."""
+
+import json
+import math
+
+from collbench.congestion import record_field
+from collbench.congestion.deltas import FAULTS, HostDelta
+
+PREFIX = "CBCONG "
+MAX_HOSTS = 65536
+MAX_MOVED_PER_HOST = 64
+_MAX_VALUE = (1 << 64) - 1
+
+
+def _count(v, hi=_MAX_VALUE):
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= hi
+
+
+def _seconds(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 1e12
+
+
+def _host_delta(h):
+    if not isinstance(h, dict):
+        return None
+    f, d = h.get("f"), h.get("d")
+    if (not _seconds(h.get("dt")) or not _count(h.get("n")) or not _count(h.get("src"))
+            or not isinstance(f, list) or len(f) != len(FAULTS) or not all(_count(x) for x in f)
+            or not isinstance(d, dict) or len(d) > MAX_MOVED_PER_HOST or not _count(h.get("drop", 0))
+            or not all(isinstance(k, str) and _count(v) for k, v in d.items())):
+        return None
+    return HostDelta(dict(d), {name: n for name, n in zip(FAULTS, f) if n}, h["n"], float(h["dt"]), h["src"]), h.get("drop", 0)
+
+
+def parse_line(line):
+    """The payload of a CBCONG line: {"loop", "step", "t0", "t1", "hosts": {host: HostDelta},
+    "dropped": n}, or None for any other line (or a damaged one)."""
+    line = line.strip()
+    if not line.startswith(PREFIX):
+        return None
+    try:
+        p = json.loads(line[len(PREFIX):])
+    except ValueError:
+        return None
+    if (not isinstance(p, dict) or not _count(p.get("loop"), 1 << 31) or not _count(p.get("step"), 1 << 31)
+            or not _seconds(p.get("t0")) or not _seconds(p.get("t1")) or not isinstance(p.get("hosts"), dict)
+            or len(p["hosts"]) > MAX_HOSTS):
+        return None
+    hosts, dropped = {}, 0
+    for name, h in p["hosts"].items():
+        got = _host_delta(h)
+        if got is None:
+            return None
+        hosts[name], drop = got
+        dropped += drop
+    return {"loop": p["loop"], "step": p["step"], "t0": float(p["t0"]), "t1": float(p["t1"]),
+            "hosts": hosts, "dropped": dropped}
+
+
+def record_congestion(payload, record_hosts=None, xmit_wait_tick_ns=None):
+    """The record's `congestion` field from a parsed CBCONG payload."""
+    kw = {} if xmit_wait_tick_ns is None else {"xmit_wait_tick_ns": xmit_wait_tick_ns}
+    return record_field.build(payload["hosts"], payload["t0"], payload["t1"], source="engine",
+                              hosts=record_hosts, dropped=payload["dropped"], **kw)
