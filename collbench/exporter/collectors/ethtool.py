@@ -8,7 +8,9 @@
   tx_pause_storm_warning_events  -> collbench_ethtool_pause_storm_warning_events_total{netdev}
   tx_pause_storm_error_events    -> collbench_ethtool_pause_storm_error_events_total{netdev}
 
-Netdevs: `exporter.netdevs`, else the RDMA devices' netdevs from sysfs.
+Netdevs: `exporter.netdevs`, else the RDMA devices' netdevs from sysfs. The statistics are
+those of the congestion table (collbench/congestion/counters.py), the one definition the
+built-in engine reads around each step too.
 
 How the statistics are read: with `exporter.ethtool` left at `ethtool` (the default), by the
 SIOCETHTOOL ioctl that `ethtool -S` itself uses (`ethtool_ioctl.py`: three syscalls, no fork),
@@ -34,6 +36,7 @@ import time
 
 from prometheus_client.core import CounterMetricFamily
 
+from collbench.congestion import counters
 from collbench.exporter.collectors import Collector, DeviceFilter, LogOnce, NoData
 from collbench.exporter.collectors.ethtool_ioctl import EthtoolStatsReader, IoctlUnavailable, NoStats
 from collbench.exporter.collectors.rdma_sysfs import device_netdevs, rdma_devices
@@ -43,7 +46,8 @@ _PRIO = re.compile(r"^(rx|tx)_prio(\d)_pause(_duration|_transition)?$")
 _CTRL = re.compile(r"^(rx|tx)_pause_ctrl_phy$")
 _SINGLE = {"rx_discards_phy": "discards", "tx_pause_storm_warning_events": "storm_warn",
            "tx_pause_storm_error_events": "storm_err"}
-PAUSE_DURATION_UNIT = 1e-6   # mlx5: rx/tx_prio<p>_pause_duration in microseconds
+# mlx5: rx/tx_prio<p>_pause_duration in microseconds (the congestion table's unit)
+PAUSE_DURATION_UNIT = {"microseconds": 1e-6}[counters.lookup("ethtool", "rx_prio0_pause_duration").unit]
 
 
 def parse_ethtool_stats(text):
@@ -57,7 +61,10 @@ def parse_ethtool_stats(text):
 
 
 def classify(name):
-    """(family key, labels after netdev) of an exported statistic; None for the others."""
+    """(family key, labels after netdev) of an exported statistic; None for the others (and for
+    any statistic the congestion table, collbench/congestion/counters.py, does not define)."""
+    if counters.lookup("ethtool", name) is None:
+        return None
     m = _PRIO.match(name)
     if m:
         direction, prio, kind = m.groups()

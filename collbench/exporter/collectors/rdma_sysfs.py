@@ -5,7 +5,9 @@
 
 hw_counters are the driver's (mlx5: np_ecn_marked_roce_packets, np_cnp_sent, rp_cnp_handled,
 out_of_sequence, ...); every file there is exported, so a newer driver's counters appear without
-a code change. Port counters are the IB PMA counters; port_xmit_data / port_rcv_data count
+a code change. What a counter means (and on which side of a flow it counts) is the congestion table's
+(collbench/congestion/counters.py), which the built-in engine reads around each step too.
+Port counters are the IB PMA counters; port_xmit_data / port_rcv_data count
 4-byte words (IBTA), exported in bytes. A counter file that cannot be read (some return EINVAL
 while the port is down, some say "N/A (no PMA)") is skipped, not fatal.
 """
@@ -18,6 +20,7 @@ import weakref
 
 from prometheus_client.core import CounterMetricFamily
 
+from collbench.congestion import counters
 from collbench.exporter.collectors import Collector, DeviceFilter, NoData
 
 # Files in hw_counters that are settings, not counters.
@@ -135,7 +138,8 @@ class RdmaSysfsCollector(Collector):
                 if hw_fd is not None:
                     for counter in counters:
                         entries.append((hw_fd, counter, metric_name("collbench_rdma_", counter),
-                                        f"RDMA hw_counters/{counter} of the port (driver counter).", dev, port, 1))
+                                        _help(f"RDMA hw_counters/{counter} of the port (driver counter).",
+                                              "rdma_hw", counter), dev, port, 1))
                 pc = os.path.join(ports_dir, port, "counters")
                 counters = _listdir(pc)
                 pc_fd = self._open_dir(pc) if counters else None
@@ -149,7 +153,8 @@ class RdmaSysfsCollector(Collector):
                     else:
                         short = counter[len("port_"):] if counter.lower().startswith("port_") else counter
                         entries.append((pc_fd, counter, metric_name("collbench_rdma_port_", short),
-                                        f"RDMA port counters/{counter} (IB port counter).", dev, port, 1))
+                                        _help(f"RDMA port counters/{counter} (IB port counter).", "rdma_port",
+                                              counter), dev, port, 1))
         return (self.clock(), devices, entries)
 
     def collect(self):
@@ -198,6 +203,12 @@ class RdmaSysfsCollector(Collector):
         if vanished:
             self._drop_layout()     # a port or counter went away: list again on the next scrape
         return [families[k] for k in sorted(families)]
+
+
+def _help(base, source, counter):
+    """The help text: the file, and what the congestion table says it counts (collbench/congestion)."""
+    meaning = counters.describe(source, counter)
+    return f"{base} {meaning}." if meaning else base
 
 
 def _close_all(fds):
