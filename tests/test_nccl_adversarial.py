@@ -380,3 +380,41 @@ def test_replay_adversarial(case, tmp_path, full_disk, engine_bin):  # noqa: F81
     if case.id == "replay-results-1gb-appended-in-place":
         case = Case(case.id, case.setup, case.code, case.fragment, _appended_in_place(ctx), replay=True)
     check_case(case, tmp_path, ctx)
+
+
+@pytest.mark.mpi
+def test_replay_results_fifo_sigterm_leaves_no_temporary_file(tmp_path, engine_bin):  # noqa: F811
+    """SIGTERM while the finished replay waits for a reader of its --results FIFO: it dies of the
+    signal without hanging, the FIFO is still a FIFO and no temporary file is left beside it (the
+    old writer opened the FIFO to read it, blocked forever, with its temporary copy made)."""
+    import signal
+    import time
+
+    from collbench import proctree
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"ranks: 2\ntransport: shm\nengine_path: {engine_bin}\nstep_timeout: 120\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    os.mkfifo(out / "r.fifo")
+    argv = [sys.executable, "-m", "collbench", "nccl", "replay", str(pair_log(tmp_path / "a.log")), "--config",
+            str(cfg), "--iterations", "1", "--warmup", "0", "-q", "--results", str(out / "r.fifo")]
+    p = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        seen_job = False
+        while time.monotonic() < deadline and p.poll() is None:    # the MPI job comes and goes ...
+            kids = proctree.child_pids(p.pid)
+            seen_job = seen_job or bool(kids)
+            if seen_job and not kids:
+                break
+            time.sleep(0.02)
+        assert seen_job and p.poll() is None, p.stderr.read() if p.poll() is not None else "no MPI job seen"
+        time.sleep(0.5)                                           # ... then the writer waits for a reader
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert rc in (-signal.SIGTERM, 143), rc
+    assert os.listdir(out) == ["r.fifo"] and stat.S_ISFIFO(os.lstat(out / "r.fifo").st_mode)
