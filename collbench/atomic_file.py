@@ -216,7 +216,13 @@ def _remove(path):
 
 
 def _append_regular(real, data):
-    fd = os.open(real, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(real, flags | os.O_CREAT | os.O_EXCL, 0o644)
+        created = True  # a failed append removes it again: nothing half-written, not even empty
+    except FileExistsError:
+        fd = os.open(real, flags)
+        created = False
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):  # replaced by something else since it was looked at
@@ -250,6 +256,8 @@ def _append_regular(real, data):
         except BaseException:
             try:  # nothing half-appended: cut back to the old size
                 os.ftruncate(fd, size)
+                if created:
+                    os.unlink(real)
             except OSError:
                 pass
             raise
@@ -410,13 +418,16 @@ class Outputs:
     def commit(self, fileset):
         return self._try(fileset.commit)
 
-    def run(self, fn, *args, **kwargs):
-        """fn(*args, **kwargs), an output step of the verb's own; a UserError it raises is recorded."""
+    def run(self, fn, *args, flag=None, path=None):
+        """fn(*args), an output step of the verb's own; a UserError it raises is recorded, and so
+        is an OSError (as OutputError naming flag and path)."""
         try:
-            return fn(*args, **kwargs)
+            return fn(*args)
         except UserError as e:
             self.failed.append(e)
-            return None
+        except OSError as e:
+            self.failed.append(OutputError(flag or "output", path or e.filename or "?", _reason(e)))
+        return None
 
     def raise_if_failed(self):
         if not self.failed:

@@ -426,6 +426,21 @@ def _left_measurement_kept(ctx, proc):
     assert listing(ctx["out"]) == [], listing(ctx["out"])  # the set: none of it, no temporary file
 
 
+def _setup_once_results_full(ctx):
+    d = ctx["tmpfs"].mount(os.path.join(ctx["tmp"], "fs"), "256k")
+    ctx["fs"] = d
+    ctx["results"] = os.path.join(d, "results.jsonl")
+    ctx["tsv"] = os.path.join(ctx["tmp"], "table.tsv")
+    Tmpfs.fill(d, 0)
+
+
+def _left_once_tsv_and_table(ctx, proc):
+    assert "collbench once: run" in proc.stdout, proc.stdout[-500:]  # the table is printed
+    lines = open(ctx["tsv"]).read().splitlines()  # the other file is still written
+    assert lines[0].startswith("run_id\t") and len(lines) == 3, lines
+    assert listing(ctx["fs"]) == ["filler"], listing(ctx["fs"])
+
+
 # --- stdout that cannot be written
 
 def _setup_baselines(ctx):
@@ -553,6 +568,10 @@ CASES = [
     Case("report_png_full_disk", _setup_report_full,
          lambda c: _report_args(c, os.path.join(c["fs"], "r.html"), "--png", c["fs"]), 2,
          "No space left on device", _left_report_nothing),
+    Case("once_results_full_still_writes_tsv", _setup_once_results_full,
+         lambda c: ["once", "--np", "2", "--ops", "allreduce", "--sizes", "8,1KB", "--iterations", "5",
+                    "--results", c["results"], "--tsv", c["tsv"]],
+         2, "--results", _left_once_tsv_and_table),
     Case("topo_measure_out_dir_full_keeps_measurement", _setup_measure_full,
          lambda c: ["topo", "measure", "--config", c["config"], "--iterations", "20", "--bw-size", "64KB",
                     "--out-dir", c["out"], "--picture", "svg", "--format", "json", "--results", c["results"]],

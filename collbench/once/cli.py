@@ -13,7 +13,7 @@ from collbench.cli import add_config_arg
 from collbench.config import apply_overrides, int_flag, load_config
 from collbench.errors import UserError
 from collbench.once.report_table import render_other_failures, render_tables
-from collbench.atomic_file import check_writable
+from collbench.atomic_file import Outputs, check_writable
 from collbench.results.output_files import write_jsonl, write_tsv
 
 
@@ -71,18 +71,16 @@ def run(args):
         print(f"collbench: {_count(len(records), 'record')} from {_count(len(steps), 'step')} in "
               f"{job.elapsed:.1f}s", file=sys.stderr)
 
-    # Files first: a closed stdout (`| head`) must not lose the measurements.
-    try:
-        if results_path:
-            write_jsonl(results_path, records)
-            print(f"collbench: results appended to {results_path}", file=sys.stderr)
-        if tsv_path:
-            write_tsv(tsv_path, records)
-            print(f"collbench: table written to {tsv_path}", file=sys.stderr)
-    except OSError as e:
-        print(f"collbench: cannot write {e.filename or 'a result file'}: {e.strerror or e}", file=sys.stderr)
+    # Files first: a closed stdout (`| head`) must not lose the measurements. Each file is tried
+    # (one that fails does not stop the other), the table printed, then exit 2 naming what failed.
+    outputs = Outputs()
+    if results_path and outputs.run(write_jsonl, results_path, records, flag="--results", path=results_path):
+        print(f"collbench: results appended to {results_path}", file=sys.stderr)
+    if tsv_path and outputs.run(write_tsv, tsv_path, records, flag="--tsv", path=tsv_path):
+        print(f"collbench: table written to {tsv_path}", file=sys.stderr)
+    if outputs.failed:
         print_report(cfg, ctx, steps, records)
-        return 1
+        outputs.raise_if_failed()
 
     print_report(cfg, ctx, steps, records)
     outcome = harness.tally(records, steps)
