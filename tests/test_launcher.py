@@ -95,3 +95,26 @@ def test_configured_localhost_keeps_its_slots(tmp_path):
     cfg = cfg_for(tmp_path, hosts=["localhost:4"], ranks=4)
     argv, _ = build_command(cfg, ["prog"])
     assert argv[argv.index("--host") + 1] == "localhost:4"
+
+
+def test_one_launch_asks_the_mpi_once(tmp_path, monkeypatch):
+    """The launch is one pass: building commands (plain and with hosts_order), naming the MPI for
+    the records and preflight's checks ask the launcher's --version once in a process, not once
+    per part (the launcher, the algorithm catalogue, the flavour and the records each did)."""
+    log = tmp_path / "asked"
+    fake = tmp_path / "bin" / "mpirun"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {log}\necho "mpirun (Open MPI) 4.1.4"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("COLLBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = cfg_for(tmp_path, launcher_path=str(fake), hosts=["a:2", "b:2"], ranks=4)
+    ordered = cfg_for(tmp_path, launcher_path=str(fake), hosts=["a:2", "b:2"], ranks=4,
+                      hosts_order=["b", "a", "b", "a"])
+    argv, _ = build_command(cfg, ["prog"])
+    assert argv[0] == str(fake) and "--mca" in argv            # Open MPI's syntax, from its --version
+    argv, _ = build_command(ordered, ["prog"])
+    rankfile = argv[argv.index("--rankfile") + 1]
+    assert open(rankfile).read().splitlines()[1:] == ["rank 0=b slot=*:*", "rank 1=a slot=*:*",
+                                                      "rank 2=b slot=*:*", "rank 3=a slot=*:*"]
+    assert mpi_version(cfg) == mpi_version(ordered) == "mpirun (Open MPI) 4.1.4"
+    assert log.read_text().splitlines() == ["--version"]

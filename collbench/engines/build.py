@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from collbench.engines.mpi_flavour import mpicc_for
 from collbench.errors import UserError
 
 SOURCE = Path(__file__).resolve().parent / "collbench_engine.c"
@@ -34,7 +35,6 @@ def find_mpicc(cfg=None):
     """The MPI C compiler wrapper, or a UserError saying how to get it: the config's `mpicc`, else
     the one beside a launcher_path naming its MPI (mpirun.mpich -> mpicc.mpich), else $MPICC,
     else mpicc on PATH."""
-    from collbench.engines.mpi_flavour import mpicc_for
     name = (getattr(cfg, "mpicc", None) or (cfg is not None and cfg.launcher_path and mpicc_for(cfg.launcher_path))
             or os.environ.get("MPICC") or "mpicc")
     path = shutil.which(name)

@@ -27,6 +27,7 @@ import os
 import tempfile
 
 from collbench.atomic_file import write_atomic
+from collbench.engines.build import cache_dir
 from collbench.errors import UserError
 
 # the launch forms placement() writes, by the launcher syntax that reads them
@@ -106,7 +107,6 @@ def slots(hosts_order):
 
 
 def _directory():
-    from collbench.engines.build import cache_dir
     for d in (os.path.join(str(cache_dir()), "rank-order"),
               os.path.join(tempfile.gettempdir(), f"collbench-rank-order-{os.geteuid()}")):
         try:

@@ -19,7 +19,9 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 
+from collbench.atomic_file import write_atomic
 from collbench.engines import mpi_flavour
+from collbench.engines.build import cache_dir
 from collbench.errors import UserError
 from collbench.ops import OPS, get_op
 
@@ -226,7 +228,6 @@ def _lister_key(flavour, tool):
 
 
 def _cache_file(key):
-    from collbench.engines.build import cache_dir
     return cache_dir() / f"algorithms-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
@@ -241,7 +242,6 @@ def _read_cache(key):
 
 
 def _write_cache(key, cat):
-    from collbench.atomic_file import write_atomic
     try:
         path = _cache_file(key)
         path.parent.mkdir(parents=True, exist_ok=True)
