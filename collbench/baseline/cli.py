@@ -281,7 +281,7 @@ def cmd_save(args):
         source = {"kind": "runs", "runs": runs, "config": os.path.abspath(args.config) if args.config else None,
                   "once_args": once_args}
     if not collector.values:
-        why = f"; {collector.failure_count} failure record(s), e.g. {collector.failures[0].get('error')}" \
+        why = f"; {collector.failure_count} failure record(s), e.g. {terminal_safe(collector.failures[0].get('error'))}" \
             if collector.failures else ""
         raise UserError(f"no result records to make a baseline from{why}")
     baseline = bf.new_baseline(args.name if not args.name.endswith(".json") else os.path.basename(args.name)[:-5],
@@ -343,7 +343,7 @@ def cmd_compare(args):
     sys.stdout.write(render_comparison(baseline, comparisons, args.format, args.threshold, args.k, extra))
     if collector.failure_count:
         print(f"collbench: {collector.failure_count} failure record(s) in the current results, e.g. "
-              f"{collector.failures[0].get('error')}", file=sys.stderr)
+              f"{terminal_safe(collector.failures[0].get('error'))}", file=sys.stderr)
     if not matched:
         msg = ("nothing to compare: no current result matches a baseline entry (same op, size, ranks, nodes, "
                "transport, engine, algorithm)")
