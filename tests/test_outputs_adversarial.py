@@ -458,6 +458,13 @@ def _setup_bad_baseline(**doc):
     return setup
 
 
+def _write_state_file(ctx, name, text):
+    ctx["state"] = os.path.join(ctx["tmp"], "state")
+    os.makedirs(os.path.join(ctx["state"], "baselines"))
+    with open(os.path.join(ctx["state"], "baselines", f"{name}.json"), "w") as f:
+        f.write(text)
+
+
 def _left_unchanged_state(ctx, proc):
     assert listing(os.path.join(ctx["state"], "baselines")) == ["bad.json", "good.json"]
 
@@ -602,6 +609,11 @@ CASES = [
     Case("baseline_size_disagrees_with_size_bytes", _setup_bad_baseline(entry={"size": "1GB"}),
          lambda c: ["baseline", "show", "bad", "--state-dir", c["state"]], 2,
          "entries[0].size: '1GB' does not match size_bytes 4096", _left_unchanged_state),
+    Case("baseline_duplicate_json_key", lambda c: _write_state_file(
+             c, "bad", '{"format": "collbench-baseline", "version": 1, "created_ts": 1, "created_ts": 2e9, '
+                       '"entries": []}'),
+         lambda c: ["baseline", "show", "bad", "--state-dir", c["state"]], 2, "key 'created_ts' given twice",
+         _nothing),
     Case("baseline_compare_json_infinite_ratio", _setup_inf_ratio,
          lambda c: ["baseline", "compare", "tiny", c["current"], "--state-dir", c["state"], "--format", "json"], 1,
          "regression", _left_valid_json),

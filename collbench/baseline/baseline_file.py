@@ -305,7 +305,8 @@ def load(name_or_path, state_dir):
         with os.fdopen(fd, "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 raise UserError(f"baseline {path}: not a regular file")
-            data = json.loads(f.read(MAX_FILE_BYTES + 1).decode("utf-8"), parse_constant=_no_constant)
+            data = json.loads(f.read(MAX_FILE_BYTES + 1).decode("utf-8"), parse_constant=_no_constant,
+                              object_pairs_hook=_no_duplicate_keys)
     except OSError as e:
         raise UserError(f"baseline {path}: cannot read: {e.strerror}") from None
     except UnicodeDecodeError:
@@ -317,6 +318,17 @@ def load(name_or_path, state_dir):
 
 def _no_constant(name):
     raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _no_duplicate_keys(pairs):
+    """An object with each key once: a second "created_ts" (or any key) is refused, not read as the
+    last one (a reader and a writer could take different values)."""
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"key {bounded_repr(k, 40)} given twice in one object")
+        out[k] = v
+    return out
 
 
 def from_dict(data, path="<baseline>"):
