@@ -64,9 +64,12 @@ def build(host_deltas, t_start, t_end, source="engine", hosts=None,
     moved, lost_all, totals, skipped, faults = {}, {}, {}, {}, {}
     unread = list(unread)
     hosts_read = 0
+    # one host read and one host in the record: the same machine, whatever each calls it
+    # (a local run's record says "localhost", MPI says the machine's name)
+    only = hosts[0] if hosts and len(hosts) == 1 and len(host_deltas) == 1 else None
     for name in sorted(host_deltas):
         d = host_deltas[name]
-        host = record_host(name, hosts)
+        host = only or record_host(name, hosts)
         if not _HOST.fullmatch(host):
             dropped += len(d.moved)
             continue

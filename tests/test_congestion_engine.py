@@ -1,0 +1,180 @@
+"""The congestion counters of every host around every step, through the real path: `collbench
+once` launches real mpirun ranks of the built-in engine, whose lowest rank per host reads that
+host's counters before and after each step's timed loop.
+
+Two hosts are emulated on this machine (the engine's COLLBENCH_ENGINE_HOST_OF_RANK hook names
+ranks 0-1 "hA" and 2-3 "hB"), each reading its own fixture tree (congestion.hosts): RDMA sysfs
+and mlx5 `ethtool -S` output cannot exist here. A background thread drives hB's PFC pause and
+ECN-mark counters upward and injects faults into hA's (a counter file that vanishes, one that
+goes backwards, one that holds garbage) while the ranks run. The netstat test runs real TCP over
+loopback and reads the kernel's own /proc/net/netstat.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+from collbench.results.record_parser import ParseError, parse_record
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+ECN = "np_ecn_marked_roce_packets"
+
+
+def _replace(path, text):
+    tmp = path.with_name(path.name + ".new")
+    tmp.write_text(text)
+    os.replace(tmp, path)   # a reader sees the old file or the new one, never half of one
+
+
+def _fixture_host(root, name):
+    sysfs = root / name / "sys"
+    shutil.copytree(FIXTURES / "sysfs-mlx5", sysfs, symlinks=True)
+    eth = root / name / "eth"
+    eth.mkdir(parents=True)
+    for netdev in ("ens1f0np0", "ens1f1np1"):
+        shutil.copy(FIXTURES / "ethtool" / f"mlx5_{netdev}.txt", eth / netdev)
+    return sysfs, eth
+
+
+class Driver(threading.Thread):
+    """Every ~2 ms: hB's ECN marks (mlx5_1 port 1) and priority-3 pauses (ens1f0np0, rx) go up;
+    hA's np_cnp_sent vanishes and comes back, its rp_cnp_handled goes down by one, its
+    out_of_sequence flips between garbage and its (unchanged) value."""
+
+    def __init__(self, hosts):
+        super().__init__(daemon=True)
+        self.stop = threading.Event()
+        (sys_a, _), (sys_b, eth_b) = hosts["hA"], hosts["hB"]
+        self.ecn = sys_b / "class/infiniband/mlx5_1/ports/1/hw_counters" / ECN
+        self.eth = eth_b / "ens1f0np0"
+        hw_a = sys_a / "class/infiniband/mlx5_0/ports/1/hw_counters"
+        self.vanishing, self.backwards, self.garbage = hw_a / "np_cnp_sent", hw_a / "rp_cnp_handled", hw_a / "out_of_sequence"
+        self.driven = {"ecn": 0, "pause": 0, "duration_us": 0}
+        self.ticks = 0
+
+    def _bump_ethtool(self):
+        text = self.eth.read_text()
+        def add(name, n):
+            nonlocal text
+            text, count = re.subn(rf"(\b{name}: )(\d+)", lambda m: f"{m.group(1)}{int(m.group(2)) + n}", text)
+            assert count == 1, name
+        add("rx_prio3_pause", 3)
+        add("rx_prio3_pause_duration", 500)
+        _replace(self.eth, text)
+
+    def run(self):
+        ecn = int(self.ecn.read_text())
+        back = int(self.backwards.read_text())
+        saved_seq = self.garbage.read_text()
+        while not self.stop.is_set():
+            ecn += 7
+            _replace(self.ecn, f"{ecn}\n")
+            self._bump_ethtool()
+            self.driven["ecn"] += 7
+            self.driven["pause"] += 3
+            self.driven["duration_us"] += 500
+            if self.ticks % 2:
+                self.vanishing.unlink(missing_ok=True)
+                _replace(self.garbage, "N/A (no PMA)\n")
+            else:
+                _replace(self.vanishing, "1000\n")
+                _replace(self.garbage, saved_seq)
+            back -= 1
+            _replace(self.backwards, f"{back}\n")
+            self.ticks += 1
+            time.sleep(0.002)
+
+
+def _run_once(tmp_path, config, args, env=None):
+    cfg = tmp_path / "collbench.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    results = tmp_path / "results.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "collbench", "once", "--config", str(cfg), "--results",
+                           str(results), "--quiet", *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = results.read_text().splitlines()
+    recs = [parse_record(line) for line in lines]
+    assert not [r for r in recs if isinstance(r, ParseError)], recs
+    return recs
+
+
+def test_only_the_driven_host_carries_its_pauses_and_marks_and_faults_are_skipped_and_counted(tmp_path):
+    hosts = {name: _fixture_host(tmp_path, name) for name in ("hA", "hB")}
+    config = {
+        "ranks": 4, "transport": "shm", "step_timeout": 300,
+        "env": {"COLLBENCH_ENGINE_HOST_OF_RANK": "hA,hA,hB,hB"},
+        "congestion": {"enabled": True, "hosts": {
+            name: {"sysfs_root": str(sysfs), "ethtool_root": str(eth), "netstat": str(FIXTURES / "procfs/net/netstat")}
+            for name, (sysfs, eth) in hosts.items()}},
+    }
+    driver = Driver(hosts)
+    driver.start()
+    try:
+        recs = _run_once(tmp_path, config, ["--ops", "allreduce,bcast,alltoall", "--sizes", "256KB,1MB",
+                                            "--iterations", "100"])
+    finally:
+        driver.stop.set()
+        driver.join()
+    results = [r for r in recs if r["type"] == "result"]
+    assert len(results) == 6 and not [r for r in recs if r["type"] == "failure"]
+    for r in results:
+        c = r["congestion"]
+        assert c["source"] == "engine" and c["hosts_read"] == 2
+        assert c["t_start"] - 1e-3 <= r["ts"] <= c["t_end"] + 1e-3   # the step ended inside the window
+        for key, delta in c["moved"].items():
+            host, _, counter = key.partition("|")
+            assert delta > 0
+            if host == "hA":   # nothing was driven on hA: its faulty counters never show as moved
+                assert not counter.startswith((ECN, "rx_prio", "tx_prio", "np_cnp_sent", "rp_cnp_handled",
+                                               "out_of_sequence")), key
+            else:
+                assert host == "hB", key
+                assert counter in (f"{ECN}@mlx5_1/1", "rx_prio3_pause@ens1f0np0",
+                                   "rx_prio3_pause_duration@ens1f0np0"), key
+        for key, fraction in c.get("lost", {}).items():
+            assert key == "hB|rx_prio3_pause_duration@ens1f0np0" and 0 < fraction <= 1
+        # both fixture trees hold one "N/A" counter (mlx5_1 symbol_error): skipped on every step
+        assert c["skipped"]["hA"] >= 1 and c["skipped"]["hB"] >= 1 and c["faults"]["garbage"] >= 2
+    moved = lambda key: [r["congestion"]["moved"].get(key, 0) for r in results]   # noqa: E731
+    ecn, pause = moved(f"hB|{ECN}@mlx5_1/1"), moved("hB|rx_prio3_pause@ens1f0np0")
+    duration = moved("hB|rx_prio3_pause_duration@ens1f0np0")
+    assert sum(1 for x in ecn if x) >= 3 and sum(1 for x in pause if x) >= 3, (ecn, pause, driver.ticks)
+    # what the steps saw happened during them: never more than was driven, in the driven steps
+    assert 0 < sum(ecn) <= driver.driven["ecn"] and 0 < sum(pause) <= driver.driven["pause"]
+    assert 0 < sum(duration) <= driver.driven["duration_us"]
+    assert all(x % 7 == 0 for x in ecn) and all(x % 3 == 0 for x in pause)
+    totals = [r["congestion"]["totals"].get(ECN, 0) for r in results]
+    assert totals == ecn
+    faults = [r["congestion"]["faults"] for r in results]
+    assert sum(f.get("vanished", 0) for f in faults) >= 1
+    assert sum(f.get("backwards", 0) for f in faults) >= 1
+    assert sum(f["garbage"] for f in faults) > 2 * len(results)   # the injected garbage on top of the fixtures'
+    assert all(r["congestion"]["skipped"]["hA"] >= r["congestion"]["skipped"]["hB"] for r in results)
+
+
+def test_netstat_tcp_counters_move_under_a_real_loopback_tcp_run(tmp_path):
+    """ob1 over TCP on loopback: the kernel's own TcpExt counters move during the step."""
+    config = {"ranks": 2, "transport": "ob1-tcp", "step_timeout": 300,
+              "congestion": {"enabled": True, "sysfs_root": str(tmp_path / "no-rdma")}}
+    recs = _run_once(tmp_path, config, ["--ops", "allreduce", "--sizes", "4MB", "--iterations", "20"])
+    (r,) = [r for r in recs if r["type"] == "result"]
+    c = r["congestion"]
+    (host,) = r["hosts"]
+    # 2 ranks x >= 20 x 2 MB over loopback: at least ~600 segments of 64 KB delivered and acked
+    assert c["moved"].get(f"{host}|TCPDelivered@netstat", 0) >= 300, c
+    assert c["totals"]["TCPDelivered"] >= 300
+    assert not [k for k in c["moved"] if "@mlx5" in k or "prio" in k]
+
+
+def test_a_run_without_congestion_has_no_field(tmp_path):
+    recs = _run_once(tmp_path, {"ranks": 2, "transport": "shm"}, ["--ops", "barrier", "--iterations", "10"])
+    assert [r for r in recs if r["type"] == "result"] and not [r for r in recs if "congestion" in r]
