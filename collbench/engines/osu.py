@@ -23,6 +23,7 @@ from collbench.engines.osu_parser import OsuOutputError, parse_output
 from collbench.errors import UserError
 from collbench.ops import DATATYPE_TABLE, get_op
 from collbench.results.records import failure_record, result_record
+from collbench.congestion.around_run import AroundRun
 
 # OSU 7.4 `-T` accepts mpi_char, mpi_int, mpi_float (and all): the datatype table's osu column
 OSU_DATATYPES = {dt.name: dt.osu for dt in DATATYPE_TABLE.values() if dt.osu}
@@ -177,10 +178,12 @@ class OsuEngine(Engine):
     def measure(self, cfg, steps, ctx, runner, on_progress=None, plan_path=None, iteration=None):
         steps = list(steps)
         osu_dir = preflight(cfg, steps)
+        around = AroundRun(cfg)   # congestion counters: the launching host's, around each whole run
         for index, step in enumerate(steps):
             if on_progress is not None:
                 on_progress(index, len(steps), step)
-            yield Measured(run_step(cfg, step, ctx, osu_dir, runner, iteration), index)
+            yield Measured(around.run(lambda: run_step(cfg, step, ctx, osu_dir, runner, iteration), ctx.hosts),
+                           index)
 
 
 ENGINE = OsuEngine()
