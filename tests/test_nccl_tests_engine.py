@@ -126,6 +126,28 @@ def test_tag_output_prefixes_from_real_mpirun_are_read(tmp_path, monkeypatch):
     assert recs[0]["latency_avg_us"] == published_times()[2097152][0]   # 2 ranks x 1 MB: the 2 MB row
 
 
+def test_published_outputs_printed_by_the_binary_become_records(tmp_path, monkeypatch):
+    # a 4-rank run (NVIDIA/nccl#1039) as the binary's whole stdout, launched at 4 ranks
+    cfg = make_cfg(tmp_path, ranks=4)
+    recs = run(cfg, [step("allreduce", s) for s in (8, 16, 32, 64)], monkeypatch,
+               NCCL_STANDIN_PRINT=FIXTURES / "nccl_tests" / "v213_group_nccl-1039.txt")
+    assert [r["latency_avg_us"] for r in recs] == [19.12, 17.72, 18.08, 18.59]
+    assert recs[0]["hosts"] == ["job-1111-2222-0"] and recs[0]["ranks"] == 4
+
+
+def test_published_mid_table_failure_printed_by_the_binary(tmp_path, monkeypatch):
+    # NVIDIA/nccl-tests#322: rows up to 16 GB, then "Test NCCL failure ... unhandled cuda error"
+    cfg = make_cfg(tmp_path)
+    sizes = [1 << 30, 2 << 30, 4 << 30, 8 << 30, 16 << 30, 32 << 30]
+    recs = run(cfg, [step("allreduce", s) for s in sizes], monkeypatch, NCCL_STANDIN_RC=3,
+               NCCL_STANDIN_PRINT=FIXTURES / "nccl_tests" / "midtable_failure_nccl-tests-322.txt")
+    assert [r["type"] for r in recs] == ["result"] * 5 + ["failure"]
+    assert recs[4]["latency_avg_us"] == 93457.0 and recs[4]["size"] == "16GB"
+    assert recs[5]["error"] == ("all_reduce_perf 32GB: nccl-tests NCCL failure at common.cu:1204 on HCA-128: "
+                                "unhandled cuda error (run with NCCL_DEBUG=INFO for details)")
+    assert recs[5]["exit_code"] != 0
+
+
 def test_a_build_without_mpi_is_named(tmp_path, monkeypatch):
     cfg = make_cfg(tmp_path)
     recs = run(cfg, [step("allreduce", 1024)], monkeypatch, NCCL_STANDIN_NOMPI=1)

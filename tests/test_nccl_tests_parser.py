@@ -149,6 +149,24 @@ def test_open_mpi_tag_output_prefix():
         (8, 12.90, 12.87), (16, 12.88, 12.83), (32, 22.25, 13.34)]
 
 
+def test_open_mpi_tags_in_the_middle_of_lines():
+    # as Open MPI 4.1.4's mpirun --tag-output printed a rank's output here (tests/nccl_tests_standin
+    # under real mpirun): a tag wherever mpirun's read of the pipe ended, not only at line starts
+    text = (
+        "[1,0]<stdout>:# nThread 1 nGpus 1 minBytes 2097152 maxBytes 2097152 step: 2(factor) warmup iters: 1 "
+        "iters: 5 agg iters: 1 validation: 0 graph: 0 unalign: 0[1,0]<stdout>:\n"
+        "[1,0]<stdout>:#  Rank  0 Group  0 Pid   7568 on         vm device  0 [0000:00:00] NVIDIA H100[1,0]<stdout>:\n"
+        "[1,0]<stdout>:#       size         count      type   redop    root     time   algbw   busbw  #wrong"
+        "     time   algbw   busbw  #wrong [1,0]<stdout>:\n"
+        "[1,0]<stdout>:     2097152       2097152      int8    none      -1   114.44   18.33    9.16     N/A"
+        "   114.[1,0]<stdout>:27   18.35    9.18     N/A\n")
+    [out] = parse(text)
+    assert out.bad_lines == 0, out.bad
+    assert out.params["unalign"] == 0 and out.devices[0].name == "NVIDIA H100"
+    [r] = out.rows
+    assert (r.size, r.oop.time_us, r.ip.time_us, r.ip.busbw_gbs) == (2097152, 114.44, 114.27, 9.18)
+
+
 def test_srun_label_prefix():
     out = one("srun_label_prefix_p4de.txt")
     [r] = out.rows

@@ -143,7 +143,10 @@ class Output:
 
 # ------------------------------------------------------------------ the text form
 
-_PREFIX = re.compile(r"^(?:\[\d+,\d+\]<(?:stdout|stderr)>:\s?|\s*\d+:\s)")
+_PREFIX = re.compile(r"^\s*\d+:\s")     # srun -l
+# Open MPI --tag-output: at the start of a line, and wherever mpirun's read of the rank's output
+# ended (nccl-tests prints a row in several printf calls: a tag can land mid-line)
+_TAG = re.compile(r"\[\d+,\d+\]<(?:stdout|stderr)>:")
 _NCCL_LOG = re.compile(r"\bNCCL (INFO|WARN|TRACE|ABORT)\b\s?(.*)")
 _NCCL_VERSION = re.compile(r"^\s*NCCL version (\S+)")
 _OLD_COMPILED = re.compile(r"^#\s*NCCL Tests compiled with NCCL (\S+)")
@@ -278,6 +281,8 @@ def _params(line):
 
 
 def _strip_prefix(line):
+    if "]<std" in line:
+        line = _TAG.sub("", line)
     m = _PREFIX.match(line)
     return line[m.end():] if m else line
 

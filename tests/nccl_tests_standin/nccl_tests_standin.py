@@ -19,6 +19,8 @@ Test hooks (environment):
   NCCL_STANDIN_WRONG=SIZE     that size's out-of-place #wrong is 1.04858e+06 (%6g of 1048576)
   NCCL_STANDIN_NOMPI=1        every rank prints its own 1-rank run (a binary built with MPI=0)
   NCCL_STANDIN_HANG=1         print the header, then hang (bounded: 120 s)
+  NCCL_STANDIN_PRINT=FILE     rank 0 prints FILE as it is (a published output from
+                              tests/fixtures/nccl_tests) and exits with NCCL_STANDIN_RC (default 0)
 """
 
 import math
@@ -84,6 +86,10 @@ def main():
         opt[a] = args.pop(0)
     if rank != 0:
         return 0
+    if os.environ.get("NCCL_STANDIN_PRINT"):
+        sys.stdout.write(Path(os.environ["NCCL_STANDIN_PRINT"]).read_text())
+        sys.stdout.flush()
+        return int(os.environ.get("NCCL_STANDIN_RC", "0"))
     factor, has_redop, has_root = OPS[name]
     lo, hi, f = size_arg(opt["-b"]), size_arg(opt["-e"]), int(opt["-f"])
     tsize = TYPES[opt["-d"]]
