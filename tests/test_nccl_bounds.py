@@ -181,3 +181,30 @@ def test_a_comm_pointer_reinitialised_inside_a_block_starts_a_new_handle(tmp_pat
                                               for k in range(4)]
     c = run_census([write(tmp_path, lines)])      # one block: the cached lines must not reach the old handle
     assert [(m["comm_id"], m["collectives"]) for m in c.communicators] == [("0xa", 3), ("0xb", 4)]
+
+
+def test_a_communicator_per_step_is_counted_without_parsing_every_line(tmp_path, monkeypatch):
+    """Lines that differ only in their comm and stream pointers (a job that makes a communicator
+    per step) take a parsed line of the same shape: the same census, a handful of parses."""
+    lines = []
+    for k in range(40):
+        for r in range(2):
+            comm, stream = f"0x{0x5000 + 16 * k + r:x}", f"0x{0x9000 + 16 * k + r:x}"
+            lines.append(init(100 + r, comm, r, 2, f"0x{k + 1:x}"))
+            for j in range(3):
+                recv = 0x7f0000000000 + (k << 24) + (j << 16)
+                line = coll(100 + r, "AllGather", 64, comm, 2, recv + r * 64 * 4, recv, opcount=j)
+                lines.append(line.replace("stream 0x7000", f"stream {stream}"))
+    path = write(tmp_path, lines)
+    parsed = []
+    real = scanner.parse_coll
+    monkeypatch.setattr(scanner, "parse_coll", lambda line: parsed.append(line) or real(line))
+    fast = run_census([path]).document()
+    n_fast = len(parsed)
+    monkeypatch.setattr(scanner, "coll_shape", lambda line: (None, None, None))
+    slow = run_census([path]).document()
+    for key in ("groups", "communicators", "communicator_sets", "desync", "collective_lines"):
+        assert fast[key] == slow[key], key
+    assert fast["collective_lines"] == 240 and len(fast["communicators"]) == 80
+    assert [(g["op"], g["inplace"], g["rank_calls"]) for g in fast["groups"]] == [("AllGather", True, 240)]
+    assert n_fast < 10 < len(parsed) - n_fast

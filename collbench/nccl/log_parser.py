@@ -251,7 +251,7 @@ def _coll_problem(msg):
 
 
 _INIT = re.compile(rb"(?:([A-Za-z_]\w*) )?comm (\S+) rank (-?\d{1,10}) nranks (\d{1,10}) (.*?)- Init COMPLETE")
-_INIT_EXTRA = {key: re.compile(rb"\b" + key + rb" (\S+)") for key in (b"cudaDev", b"busId", b"commId", b"parent")}
+_INIT_EXTRA = re.compile(rb"\b(cudaDev|busId|commId|parent) (\S+)")     # one pass for the four
 
 
 def parse_init(line):
@@ -266,15 +266,15 @@ def parse_init(line):
     rank, nranks = int(rank), int(nranks)
     if nranks < 1 or not 0 <= rank < nranks:
         return Malformed(f"Init COMPLETE with rank {rank} of nranks {nranks}", clip_text(line))
-    got = {}
     if len(comm) > FIELD_MAX:
         return Malformed(f"Init COMPLETE with a comm field longer than {FIELD_MAX} characters", clip_text(line))
-    for key, rx in _INIT_EXTRA.items():
-        e = rx.search(extra)
-        if e and len(e.group(1)) > FIELD_MAX:
-            return Malformed(f"Init COMPLETE with a {key.decode()} field longer than {FIELD_MAX} characters",
-                             clip_text(line))
-        got[key] = _text(e.group(1)) if e else None
+    got = dict.fromkeys((b"cudaDev", b"busId", b"commId", b"parent"))
+    for key, value in _INIT_EXTRA.findall(extra):
+        if got[key] is None:            # the first one counts
+            if len(value) > FIELD_MAX:
+                return Malformed(f"Init COMPLETE with a {key.decode()} field longer than {FIELD_MAX} characters",
+                                 clip_text(line))
+            got[key] = _text(value)
     cuda = got[b"cudaDev"]
     cuda = int(cuda) if cuda and cuda.isdigit() and len(cuda) < 10 else None
     return InitLine(host, pid, _text(comm), rank, nranks, got[b"commId"], got[b"busId"], cuda,

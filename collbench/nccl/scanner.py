@@ -21,6 +21,7 @@ launch, and so an algorithm and protocol, to its call): there the normalization 
 opCounts over, in line order.
 """
 
+import re
 from collections import Counter, deque
 from functools import partial
 from itertools import repeat
@@ -30,7 +31,7 @@ from typing import NamedTuple, Optional
 from collbench.nccl import desync
 from collbench.nccl.formats import COLL, RECV, SEND, same_kernel_type
 from collbench.nccl.log_input import MAX_LINE, SourceStats, read_blocks
-from collbench.nccl.log_parser import (COLL_MARK, CONTINUATION, INFO_MARK, INIT_MARK, KERNEL_MARK, MARKER,
+from collbench.nccl.log_parser import (COLL_MARK, CONTINUATION, FIELD_MAX, INFO_MARK, INIT_MARK, KERNEL_MARK, MARKER,
                                        TUNING_MARK, WRAP_WORDS, Malformed, clip_text, normalize_chunk,
                                        parse_coll, parse_init, parse_kernel, parse_tuning,
                                        pointer_value)
@@ -155,6 +156,29 @@ class OffsetCall:
         f()
 
 
+_POINTER_FIELD = re.compile(rb"[^\s]{1,%d}\Z" % FIELD_MAX)
+
+
+def coll_shape(line):
+    """(shape, comm, stream) of a normalized COLL line: the line without its comm and stream
+    values, which is all a job that makes a communicator per step changes from line to line; a
+    parsed line of the same shape is that line with the other comm and stream. (None, None, None)
+    when the fields are not where a COLL line has them."""
+    body = line.rstrip(b"\r")
+    i = body.rfind(b" comm ")
+    j = body.find(b" [nranks=", i + 6) if i > 0 else -1
+    k = body.find(b" stream ", j + 9) if j > 0 else -1
+    if k < 0:
+        return None, None, None
+    e = body.find(b" ", k + 8)
+    if e < 0:
+        e = len(body)
+    comm, stream = body[i + 6:j], body[k + 8:e]
+    if not _POINTER_FIELD.match(comm) or not _POINTER_FIELD.match(stream):
+        return None, None, None
+    return body[:i + 6] + body[j:k + 8] + body[e:] + line[len(body):], comm, stream
+
+
 def pointer_diffs(pairs):
     """sendbuff - recvbuff of each (sendbuff, recvbuff) pair (None where one is not a number),
     with C-level passes unless a pointer is `(nil)` or garbage."""
@@ -184,6 +208,8 @@ class Scanner:
         self.cache = {}                 # normalized COLL line -> callable that appends to its rank list
         self.dcache = {}                # the same for kernel-trace input: (list, record id, opCount map)
         self.tail_cache = {}            # the same keyed by the line from its host on (wrapper cut off)
+        self.shapes = {}                # a parsed line keyed by its text without comm/stream pointers
+        self.shaped = 0                 # lines taken from `shapes` (for tests)
         self.cache_bytes = 0
         self.cache_generation = 0       # bumped whenever the caches are cleared
         self.diffs = None               # sendbuff - recvbuff of this block's `opCount ^` lines, in order
@@ -340,6 +366,7 @@ class Scanner:
         self.cache_bytes += len(key)
 
     def clear_caches(self):
+        self.shapes.clear()
         self.cache.clear()
         self.dcache.clear()
         self.tail_cache.clear()
@@ -370,11 +397,24 @@ class Scanner:
                     else:
                         f()
                     return
-        rec = parse_coll(line.rstrip(b"\r"))
-        if type(rec) is Malformed:
-            if not self._wrapped(line, opcount, diff):
-                self._bad(line, rec.reason)
-            return
+        shape = comm = stream = None
+        if fast and self._opcounts is None:
+            shape, comm, stream = coll_shape(line)
+        rec = None
+        if shape is not None:
+            known = self.shapes.get(shape)
+            if known is not None:       # the same line but for its comm/stream pointers: no parse
+                rec = known._replace(comm=comm.decode("utf-8", "backslashreplace"),
+                                     stream=stream.decode("utf-8", "backslashreplace"))
+                self.shaped += 1
+        if rec is None:
+            rec = parse_coll(line.rstrip(b"\r"))
+            if type(rec) is Malformed:
+                if not self._wrapped(line, opcount, diff):
+                    self._bad(line, rec.reason)
+                return
+            if shape is not None:
+                self._cache(self.shapes, shape, rec)
         if rec.host is None:
             self.no_prefix += 1
         m = self._member(rec)
