@@ -201,6 +201,11 @@ def test_real_2_19_binary_cuda_failure_before_the_devices():
     assert f.reason == "CUDA driver version is insufficient for CUDA runtime version"
 
 
+def test_nccl_version_codes_of_both_schemes():
+    assert ntp.nccl_version_of_code(22803) == "2.28.3" and ntp.nccl_version_of_code(21903) == "2.19.3"
+    assert ntp.nccl_version_of_code(2708) == "2.7.8"      # NCCL_VERSION_CODE before 2.9: X*1000+Y*100+Z
+
+
 def test_reversed_variant_order_is_read_from_the_banner():
     text = ("#                in-place                       out-of-place\n"
             "#       size         count     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong\n"

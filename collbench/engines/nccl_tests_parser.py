@@ -219,6 +219,13 @@ _MODERN = _layout("#  size  count  type  redop  root  time  algbw  busbw  #wrong
                   ip_first=False)
 
 
+def nccl_version_of_code(code):
+    """NCCL_VERSION_CODE as text: 22803 -> '2.28.3' (2.9 and later), 2708 -> '2.7.8' (before)."""
+    if code >= 10000:
+        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+    return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
+
+
 def _number(text, what):
     try:
         v = float(text)
@@ -324,7 +331,7 @@ def parse_text(text):
         m = _TESTS_VERSION.match(line)
         if m and m.group(2):   # nccl-library=22803: the NCCL the binary ran with
             code = int(m.group(2))
-            out.nccl_version = out.nccl_version or f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+            out.nccl_version = out.nccl_version or nccl_version_of_code(code)
         for rx, attr in ((_TESTS_VERSION, "version"), (_RCCL_VERSION, "version"),
                          (_NCCL_VERSION, "nccl_version"), (_OLD_COMPILED, "nccl_version")):
             m = rx.match(line)
@@ -457,7 +464,7 @@ def parse_json(text):
         out.test = args[0].rsplit("/", 1)[-1][:100]
     nv = doc.get("nccl_version")
     if isinstance(nv, int) and not isinstance(nv, bool):
-        out.nccl_version = f"{nv // 10000}.{nv // 100 % 100}.{nv % 100}" if nv >= 10000 else str(nv)
+        out.nccl_version = nccl_version_of_code(nv) if 1000 <= nv < 10**6 else None
     cfg = doc.get("config")
     if isinstance(cfg, dict):
         for key, name in (("nthreads", "nthread"), ("ngpus", "ngpus"), ("warmup_iters", "warmupiters"),
