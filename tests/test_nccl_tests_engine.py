@@ -148,6 +148,18 @@ def test_published_mid_table_failure_printed_by_the_binary(tmp_path, monkeypatch
     assert recs[5]["exit_code"] != 0
 
 
+def test_records_stream_in_plan_order_as_jobs_finish(tmp_path, monkeypatch):
+    cfg = make_cfg(tmp_path)
+    mark = tmp_path / "mark"
+    monkeypatch.setenv("NCCL_STANDIN_MARK", str(mark))
+    ctx = RunContext(cfg, "nccl-tests", "test-mpi", run_id="t")
+    gen = get_engine("nccl-tests").run_steps(cfg, [step("allreduce", 1024), step("bcast", 1024, datatype="char")], ctx)
+    first = next(gen)
+    assert first["op"] == "allreduce"
+    assert {c[0] for c in marks(mark)} == {"all_reduce_perf"}     # the bcast job has not started
+    assert next(gen)["op"] == "bcast" and {c[0] for c in marks(mark)} == {"all_reduce_perf", "broadcast_perf"}
+
+
 def test_a_build_without_mpi_is_named(tmp_path, monkeypatch):
     cfg = make_cfg(tmp_path)
     recs = run(cfg, [step("allreduce", 1024)], monkeypatch, NCCL_STANDIN_NOMPI=1)

@@ -235,15 +235,17 @@ class NcclTestsEngine(Engine):
     def measure(self, cfg, steps, ctx, runner, on_progress=None, plan_path=None, iteration=None):
         steps = list(steps)
         binaries = preflight(cfg, steps)
-        done = {}
+        done, next_index = {}, 0
         for op_name, args, members in plan_jobs(cfg, steps):
             if on_progress is not None:
                 for index, step, _ in members:
                     on_progress(index, len(steps), step)
             for index, rec in run_job(cfg, ctx, op_name, binaries[op_name], args, members, runner, iteration):
                 done[index] = rec
-        for index in range(len(steps)):
-            yield Measured(done[index], index)
+            # records go out in plan order as soon as every step before them is measured
+            while next_index in done:
+                yield Measured(done.pop(next_index), next_index)
+                next_index += 1
 
 
 ENGINE = NcclTestsEngine()
