@@ -98,6 +98,29 @@ def test_report_hosts(tmp_path, engine_bin):
     assert builtin_engine.parse_hosts_line("CBHOSTS [") is None
 
 
+@pytest.mark.mpi
+def test_report_hosts_names_the_slurm_job_the_ranks_run_in(tmp_path, engine_bin):
+    """Under srun the ranks' SLURM_JOB_ID rides on the CBHOSTS line (only digits: the line is
+    read as untrusted output); outside Slurm the line has none."""
+    cfg = engine_cfg(tmp_path, engine_bin, ranks=2)
+    plan = tmp_path / "plan.txt"
+    builtin_engine.write_plan([Step("barrier", 0, 2, 1, "char")], str(plan))
+    for job, expected in (("4242", "4242"), ("42; rm -rf", None), (None, None)):
+        argv, env = launcher.build_command(cfg, [engine_bin, "--plan", str(plan), "--report-hosts"])
+        env.pop("SLURM_JOB_ID", None)
+        if job:
+            env["SLURM_JOB_ID"] = job
+            argv[1:1] = ["-x", "SLURM_JOB_ID"]
+        lines = []
+        res = run_job(argv, env, idle_timeout=120, on_line=lines.append)
+        assert res.returncode == 0, res.stderr_tail
+        (payload,) = [p for p in map(builtin_engine.parse_hosts_payload, lines) if p is not None]
+        assert payload.get("slurm_job_id") == expected and payload["hosts"] == [socket.gethostname()] * 2
+    for bad in ('{"hosts": ["a"], "slurm_job_id": 12}', '{"hosts": ["a"], "slurm_job_id": "1e3"}',
+                '{"hosts": ["a"], "slurm_job_id": "' + "9" * 40 + '"}'):
+        assert builtin_engine.parse_hosts_payload("CBHOSTS " + bad) == {"hosts": ["a"]}
+
+
 def pairs(tmp_path, engine_bin, ranks, *extra):
     cfg = engine_cfg(tmp_path, engine_bin, ranks=ranks)
     argv, env = launcher.build_command(

@@ -109,16 +109,22 @@ def engine_command(cfg, steps, plan_path, loop=False, validate=None, max_loops=N
     return launcher.build_command(cfg, program, algorithms=algorithms.job_algorithms(steps))
 
 
-def parse_line(line):
-    """The payload of a CBREC line as a dict, or None for any other line (or a damaged record)."""
+def _json_object(line, prefix):
+    """The JSON object after `prefix` on an engine output line, or None (another line, or damaged)."""
     line = line.strip()
-    if not line.startswith(RECORD_PREFIX):
+    if not line.startswith(prefix):
         return None
     try:
-        rec = json.loads(line[len(RECORD_PREFIX):])
+        payload = json.loads(line[len(prefix):])
     except ValueError:
         return None
-    if not isinstance(rec, dict):
+    return payload if isinstance(payload, dict) else None
+
+
+def parse_line(line):
+    """The payload of a CBREC line as a dict, or None for any other line (or a damaged record)."""
+    rec = _json_object(line, RECORD_PREFIX)
+    if rec is None:
         return None
     for key, types in RECORD_FIELDS.items():
         if not isinstance(rec.get(key), types) or isinstance(rec.get(key), bool):
@@ -136,14 +142,8 @@ def parse_line(line):
 def parse_hosts_payload(line):
     """The payload of a CBHOSTS line as a dict ({"hosts": [...], "slurm_job_id": "123" when the
     ranks ran in a Slurm job}), or None for any other line (or a damaged one)."""
-    line = line.strip()
-    if not line.startswith(HOSTS_PREFIX):
-        return None
-    try:
-        payload = json.loads(line[len(HOSTS_PREFIX):])
-    except ValueError:
-        return None
-    hosts = payload.get("hosts") if isinstance(payload, dict) else None
+    payload = _json_object(line, HOSTS_PREFIX)
+    hosts = None if payload is None else payload.get("hosts")
     if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
         return None
     job = payload.get("slurm_job_id")
