@@ -26,12 +26,13 @@ from collbench.engines import nccl_tests as nt
 from collbench.engines.nccl_tests_parser import NcclTestsError, parse
 from collbench.engines.osu_parser import OsuOutputError, parse_output
 from collbench.errors import UserError
-from collbench.ops import get_op
+from collbench.ops import DATATYPE_TABLE, get_op
 from collbench.results.records import failure_record, result_record
 from collbench.thresholds import Thresholds
 
 MAX_FILE_BYTES = 64 << 20
-OSU_DATATYPES = {None: "char", "MPI_CHAR": "char", "MPI_INT": "int", "MPI_FLOAT": "float"}
+# OSU's printed datatype -> ours (the datatype table's osu column); OSU 5.x prints none: MPI_CHAR
+OSU_DATATYPES = {None: "char", **{dt.osu: dt.name for dt in DATATYPE_TABLE.values() if dt.osu}}
 VARIANTS = ("out-of-place", "in-place", "both")
 
 
