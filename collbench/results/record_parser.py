@@ -374,6 +374,8 @@ def _congestion(key, v):
 
 # results and failures may carry the congestion counters of their step (docs/LOG_FORMAT.md)
 SHAPES["result"][1]["congestion"] = SHAPES["failure"][1]["congestion"] = _congestion
+
+
 def _validate(rec):
     t = rec.get("type")
     if not isinstance(t, str) or t not in SHAPES:
