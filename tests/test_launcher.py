@@ -118,3 +118,17 @@ def test_one_launch_asks_the_mpi_once(tmp_path, monkeypatch):
                                                       "rank 2=b slot=*:*", "rank 3=a slot=*:*"]
     assert mpi_version(cfg) == mpi_version(ordered) == "mpirun (Open MPI) 4.1.4"
     assert log.read_text().splitlines() == ["--version"]
+
+
+def test_mca_parameters_map_as_the_launcher_takes_them(tmp_path):
+    """The one MCA mapping (compare's tuning files and pml monitoring pass settings through it):
+    options on mpirun's command line, OMPI_MCA_ variables under srun, the same as build_command."""
+    from collbench.engines.launcher import mca_arguments
+    mca = [("coll_tuned_use_dynamic_rules", "1"), ("pml", "ob1")]
+    mpirun = cfg_for(tmp_path, ranks=2)
+    assert mca_arguments(mpirun, mca) == (["--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "pml", "ob1"], {})
+    srun = cfg_for(tmp_path, hosts=["a", "b"], launcher="srun", launcher_path="true", ranks=2, transport="ob1-tcp")
+    assert mca_arguments(srun, mca) == ([], {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", "OMPI_MCA_pml": "ob1"})
+    argv, env = build_command(srun, ["prog"])
+    assert {k: env[k] for k in mca_arguments(srun, TRANSPORT_PRESETS["ob1-tcp"]["mca"])[1]} == \
+        {"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "tcp,self"}

@@ -70,11 +70,19 @@ def mca_arguments(cfg, mca):
     `--mca name value` on mpirun's command line; OMPI_MCA_name variables under srun (and under
     Hydra or no launcher, where only an Open MPI program reads them)."""
     if syntax(cfg) == MPIRUN:
-        options = []
-        for k, v in mca:
-            options += ["--mca", k, v]
-        return options, {}
-    return [], {f"OMPI_MCA_{k}": v for k, v in mca}
+        return _mca_options(mca), {}
+    return [], _mca_env(mca)
+
+
+def _mca_options(mca):
+    options = []
+    for k, v in mca:
+        options += ["--mca", k, v]
+    return options
+
+
+def _mca_env(mca):
+    return {f"OMPI_MCA_{k}": v for k, v in mca}
 
 
 def build_command(cfg, program_argv, ranks=None, algorithms=None):
@@ -103,7 +111,7 @@ def build_command(cfg, program_argv, ranks=None, algorithms=None):
     env.update(order_env)
     if form == SRUN:
         argv = _srun_argv(cfg, mpi.launcher, np, placement)
-        env.update(mca_arguments(cfg, mca)[1])
+        env.update(_mca_env(mca))
     elif form == HYDRA:
         argv = _hydra_argv(cfg, mpi.launcher, np, placement, variables)
     else:
@@ -127,7 +135,7 @@ def _mpirun_argv(cfg, launcher, np, placement, mca, variables):
         argv += placement
     elif cfg.ranks_per_node:
         argv += ["--map-by", f"ppr:{cfg.ranks_per_node}:node"]
-    argv += mca_arguments(cfg, mca)[0]
+    argv += _mca_options(mca)
     for name in sorted(variables):
         argv += ["-x", name]
     return argv
