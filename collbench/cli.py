@@ -20,6 +20,7 @@ COMMAND_MODULES = {
     "ctl": "collbench.ctl.cli",
     "rules": "collbench.monitoring.rules_cli",
     "dashboard": "collbench.monitoring.dashboard_cli",
+    "scrape-config": "collbench.monitoring.scrape_config_cli",
     "report": "collbench.report.cli",
     "baseline": "collbench.baseline.cli",
     "topo": "collbench.topo.cli",

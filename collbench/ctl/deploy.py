@@ -7,6 +7,11 @@ hashes the same as ours is left alone: that is also how a host sharing the maste
 (NFS home, a testbed) is recognised, so nothing is copied twice or over itself. Uploads are a
 tarball over SFTP, unpacked by the node's own Python beside the old tree and swapped in by rename.
 The hosts are reached from the master (its ssh setup, the one mpirun uses), not from the laptop.
+
+`--counters-exporter` also installs and (re)starts the per-host counters exporter as a systemd
+unit (counters_unit.py) on every host of the hostfile, the master included when it is one of
+them, and waits for each to answer /health; `collbench scrape-config` writes Prometheus' target
+list for them.
 """
 
 import hashlib
@@ -14,11 +19,12 @@ import inspect
 import io
 import os
 import posixpath
+import subprocess
 import sys
 import tarfile
 import time
 
-from collbench.ctl import ssh
+from collbench.ctl import counters_unit, ssh
 from collbench.errors import UserError
 from collbench.hosts import is_this_machine
 
@@ -219,15 +225,73 @@ def build_engine(conn, remote_dir, config_path, log=print):
         log(f"{conn.target.hostname}: {out[-1]}")
 
 
+class LocalHost:
+    """This machine, with the two operations install_unit needs from an SSH connection."""
+
+    def run(self, argv, timeout=None, input=None):
+        try:
+            res = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return ssh.Completed(list(argv), 127, "", str(e))
+        return ssh.Completed(list(argv), res.returncode, res.stdout, res.stderr)
+
+    def put_text(self, path, text, mode):
+        from collbench.atomic_file import write_output
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_output(path, text, flag="--unit-dir")
+        os.chmod(path, mode)
+
+
+class RemoteHost:
+    def __init__(self, conn):
+        self.conn = conn
+
+    def run(self, argv, timeout=None, input=None):
+        return self.conn.run(argv, timeout=timeout, input=input)
+
+    def put_text(self, path, text, mode):
+        _put_text(self.conn, path, text, mode)
+
+
 def add_arguments(p):
     p.add_argument("--force", action="store_true", help="reinstall even when the tree is up to date")
     p.add_argument("--no-build", action="store_true", help="do not build the engine")
     p.add_argument("--no-hosts", action="store_true", help="leave the hosts of the hostfile alone")
+    p.add_argument("--counters-exporter", action="store_true",
+                   help="also install and start the counters exporter (`collbench exporter --counters-only`) "
+                        f"as the systemd unit {counters_unit.UNIT} on every host of the hostfile")
+    p.add_argument("--counters-port", type=int, default=counters_unit.PORT, metavar="PORT",
+                   help=f"the counters exporters' port (default {counters_unit.PORT})")
+    p.add_argument("--unit-dir", default=counters_unit.UNIT_DIR, metavar="DIR",
+                   help=f"where the unit goes on each host (default {counters_unit.UNIT_DIR})")
+    p.add_argument("--systemctl", default="systemctl", metavar="CMD",
+                   help="the systemctl command on the hosts (default systemctl)")
+
+
+def _counters_flags(args):
+    """The --counters-* flags of the master's own `ctl deploy --local`."""
+    if not args.counters_exporter:
+        return []
+    return ["--counters-exporter", "--counters-port", str(args.counters_port), "--unit-dir", args.unit_dir,
+            "--systemctl", args.systemctl]
+
+
+def _check_counters_flags(args):
+    if not getattr(args, "counters_exporter", False):
+        return
+    from collbench.config import PORT, check_flag
+    check_flag("--counters-port", PORT, args.counters_port)
+    for flag, value in (("--unit-dir", args.unit_dir), ("--systemctl", args.systemctl)):
+        if not value or not value.strip() or "\n" in value:
+            raise UserError(f"{flag}: got {value!r}, expected a path")
+    if not posixpath.isabs(args.unit_dir):
+        raise UserError(f"--unit-dir: got {args.unit_dir!r}, expected an absolute path")
 
 
 def run_cli(args):
     from collbench.ctl import cli as ctl_cli
     cfg = ctl_cli.load(args)
+    _check_counters_flags(args)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)   # noqa: E731
     if not ctl_cli.is_remote(cfg, args):
         return deploy_hosts(cfg, args, log)
@@ -244,6 +308,7 @@ def run_cli(args):
         argv = m.collbench_argv("ctl", "deploy", "--local", "--config", rc_path)
         argv += ["--no-build"] if args.no_build else []
         argv += ["--force"] if args.force else []
+        argv += _counters_flags(args)
         return m.stream(argv, timeout=PIP_TIMEOUT * 2)
 
 
@@ -255,7 +320,16 @@ def deploy_hosts(cfg, args, log):
     """
     import concurrent.futures
     root = local_source_root()
-    hosts = [h for h in cfg.host_names if not is_this_machine(h)]
+    names = list(dict.fromkeys(cfg.host_names))
+    hosts = [h for h in names if not is_this_machine(h)]
+    counters = bool(getattr(args, "counters_exporter", False))
+    venv_py = posixpath.join(root, ".venv", "bin", "python")
+
+    def counters_here(host):
+        python = venv_py if os.access(venv_py, os.X_OK) else sys.executable
+        text = counters_unit.render_unit(cfg, python, args.counters_port)
+        counters_unit.install_unit(LocalHost(), host, text, args.unit_dir, args.systemctl, python,
+                                   args.counters_port, log)
 
     def one(host):
         try:
@@ -265,12 +339,29 @@ def deploy_hosts(cfg, args, log):
                 install(conn, root, cfg.master.python, log, args.force)
                 if not args.no_build and not cfg.engine_path:
                     build_engine(conn, root, None, log)
+                if counters:
+                    text = counters_unit.render_unit(cfg, venv_py, args.counters_port)
+                    counters_unit.install_unit(RemoteHost(conn), host, text, args.unit_dir, args.systemctl,
+                                               venv_py, args.counters_port, log)
             return True
         except UserError as e:
             log(f"{host}: deploy failed: {e}")
             return False
-    if not hosts:
-        return 0
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
-        ok = list(pool.map(one, hosts))
+
+    def here(host):
+        try:
+            counters_here(host)
+            return True
+        except UserError as e:
+            log(f"{host}: deploy failed: {e}")
+            return False
+    _check_counters_flags(args)
+    ok = []
+    if counters:   # this machine once, however many of its names the hostfile lists
+        local = [h for h in names if h not in hosts]
+        if local:
+            ok.append(here(local[0]))
+    if hosts:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
+            ok += list(pool.map(one, hosts))
     return 0 if all(ok) else 1

@@ -11,6 +11,10 @@ The poll thread never dies: a failed poll (an unreadable log, a bug) is counted 
 once a minute while it lasts), and polling goes on. /health turns 503, with the reason, when no
 poll has completed for STALL_POLLS poll intervals (at least STALL_MIN_SECONDS): a poller that
 is stuck or keeps failing is reported, not hidden behind frozen values.
+
+Counters only (`settings.counters_only`, `collbench exporter --counters-only`): the per-host
+exporter. No results log is opened, no poller runs; the collectors read at scrape time, and
+/health is ok once started.
 """
 
 import logging
@@ -50,14 +54,15 @@ ERROR_LOG_EVERY = 60.0      # seconds between log lines of a poll error that per
 class Exporter:
     """`settings`: results_log, state_dir, max_age, poll_interval, legacy_metrics, collectors,
     sysfs_root, procfs_root, ethtool, netdevs, device_include, device_exclude, backfill_bytes,
-    max_series."""
+    max_series, counters_only."""
 
     def __init__(self, settings, clock=time.time):
         self.settings = settings
         self.clock = clock
         self.state = ResultsState(settings.max_age, clock=clock,
                                   max_series=getattr(settings, "max_series", None) or DEFAULT_MAX_SERIES)
-        self.tailer = LogTailer(settings.results_log, on_bad_line=self.state.bad_line)
+        self.counters_only = bool(getattr(settings, "counters_only", False))
+        self.tailer = None if self.counters_only else LogTailer(settings.results_log, on_bad_line=self.state.bad_line)
         dev_filter = DeviceFilter(settings.device_include, settings.device_exclude)
         built = [COLLECTORS[name](self, dev_filter) for name in settings.collectors]
         if settings.legacy_metrics:
@@ -83,6 +88,9 @@ class Exporter:
     def start(self):
         t0 = time.perf_counter()
         self._started_at = time.monotonic()
+        if self.counters_only:   # nothing to read ahead of the scrapes
+            self.startup_seconds = time.perf_counter() - t0
+            return
         try:
             self.backfill()
         except Exception as e:   # noqa: BLE001 -- a start-up read must never stop the exporter
@@ -146,7 +154,8 @@ class Exporter:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self.tailer.close()
+        if self.tailer is not None:
+            self.tailer.close()
 
     # -------------------------------------------------------------- status
 
@@ -154,6 +163,10 @@ class Exporter:
         """(ok, detail): ok while the poll thread runs and completed a poll recently; else the
         detail's `reason` says what is wrong."""
         now = time.monotonic()
+        if self.counters_only:
+            ok = self._started_at is not None
+            return ok, {"status": "ok" if ok else "unhealthy", "reason": None if ok else "not started",
+                        "counters_only": True, "collectors": list(self.settings.collectors)}
         limit = (getattr(self.settings, "stall_seconds", None)     # settings only (tests): no config key
                  or max(STALL_MIN_SECONDS, STALL_POLLS * self.settings.poll_interval))
         since = self.last_poll if self.last_poll is not None else self._started_at
@@ -183,6 +196,8 @@ class Exporter:
 
     def describe(self):
         s = self.settings
+        if self.counters_only:
+            return {"mode": "counters only (no results log)", "collectors": ", ".join(s.collectors)}
         return {
             "results log": s.results_log,
             "state dir": s.state_dir or "-",

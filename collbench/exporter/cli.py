@@ -17,6 +17,11 @@ from collbench.errors import ConfigError, UserError
 from collbench.results.state_dir import StatePaths
 
 PASSWORD_ENV = "COLLBENCH_EXPORTER_PASSWORD"
+# --counters-only: the per-host exporter `ctl deploy --counters-exporter` installs on every host
+# (the congestion collectors, no results log); its own port, so it can run beside the master's
+# full exporter on 9105. scrape_config.py writes Prometheus' targets for it.
+COUNTERS_COLLECTORS = ("rdma_sysfs", "ethtool", "netstat")
+COUNTERS_LISTEN = "0.0.0.0:9106"
 
 
 def register(subparsers):
@@ -29,6 +34,10 @@ def register(subparsers):
     add_config_arg(p)
     p.add_argument("--listen", "--web.listen-address", dest="listen", metavar="HOST:PORT",
                    help="address to serve on (default 0.0.0.0:9105; 9105 is also the Mesos exporter's port)")
+    p.add_argument("--counters-only", action="store_true",
+                   help="serve only this host's congestion counters (RDMA sysfs, ethtool, netstat): no "
+                        f"results log, no baseline; default listen {COUNTERS_LISTEN} (the per-host "
+                        "exporter of `collbench ctl deploy --counters-exporter`)")
     p.add_argument("--results-log", metavar="PATH",
                    help="results log to tail (default: <state_dir>/results.jsonl, the stress daemon's log)")
     p.add_argument("--state-dir", metavar="DIR", help="the stress daemon's state directory (for stress_running)")
@@ -89,10 +98,14 @@ def exporter_settings(args):
         ex["collectors"] = _comma(args.collectors)
     if args.netdevs is not None:
         ex["netdevs"] = _comma(args.netdevs)
+    counters_only = bool(getattr(args, "counters_only", False))
+    if counters_only:
+        _counters_only(ex, args)
     paths = StatePaths.for_config(cfg, args.state_dir)
     ex["state_dir"] = paths.state_dir
     if not ex.get("results_log"):
         ex["results_log"] = paths.results_log
+    ex["counters_only"] = counters_only
 
     if args.baseline is not None:
         ex["baseline"] = args.baseline
@@ -122,10 +135,29 @@ def exporter_settings(args):
                 raise UserError(f"exporter.{key}: {ex[key]!r} is not a valid regular expression ({e})") from None
     if bool(ex.get("tls_cert")) != bool(ex.get("tls_key")):
         raise UserError("exporter.tls_cert and exporter.tls_key: set both (a certificate and its key) or neither")
-    if os.path.isdir(ex["results_log"]):
+    if not counters_only and os.path.isdir(ex["results_log"]):
         raise UserError(f"exporter.results_log: {ex['results_log']} is a directory, expected the results log file")
     ex["password"] = _password(ex)
     return SimpleNamespace(**ex)
+
+
+def _counters_only(ex, args):
+    """--counters-only: the congestion collectors only, on their own port; flags that need the
+    results log are refused (exit 2) rather than silently ignored."""
+    for flag, value in (("--results-log", args.results_log), ("--baseline", args.baseline),
+                        ("--legacy-metrics", args.legacy_metrics), ("--max-series", args.max_series),
+                        ("--max-age", args.max_age), ("--poll-interval", args.poll_interval)):
+        if value is not None:
+            raise UserError(f"{flag} reads the results log: it does not go with --counters-only")
+    if args.collectors is None:
+        ex["collectors"] = [c for c in ex["collectors"] if c in COUNTERS_COLLECTORS] or list(COUNTERS_COLLECTORS)
+    elif "results" in ex["collectors"]:
+        raise UserError(f"--collectors: 'results' reads the results log; with --counters-only expected some "
+                        f"of: {', '.join(COUNTERS_COLLECTORS)}")
+    if args.listen is None:
+        ex["listen"] = COUNTERS_LISTEN
+    ex["legacy_metrics"] = False
+    ex["baseline"] = None
 
 
 def _password(ex):
@@ -166,8 +198,8 @@ def run(args):
     server = ExporterHTTPServer(address, exporter, tls_context=ctx, auth=auth)   # binds: fails before start-up work
     exporter.start()
     log = logging.getLogger("collbench.exporter")
-    log.info("serving %s://%s:%d/metrics (results log %s)", "https" if ctx else "http",
-             address[0], server.port, settings.results_log)
+    log.info("serving %s://%s:%d/metrics (%s)", "https" if ctx else "http", address[0], server.port,
+             "counters only" if settings.counters_only else f"results log {settings.results_log}")
 
     def stop(signum, frame):
         threading.Thread(target=server.shutdown, daemon=True).start()
