@@ -178,3 +178,38 @@ def test_netstat_tcp_counters_move_under_a_real_loopback_tcp_run(tmp_path):
 def test_a_run_without_congestion_has_no_field(tmp_path):
     recs = _run_once(tmp_path, {"ranks": 2, "transport": "shm"}, ["--ops", "barrier", "--iterations", "10"])
     assert [r for r in recs if r["type"] == "result"] and not [r for r in recs if "congestion" in r]
+
+
+def test_counters_on_real_sysfs_are_read_fresh_through_held_descriptors(tmp_path):
+    """On sysfs the engine keeps each counter file open and reads it at offset 0 (kernfs shows the
+    value afresh). No RDMA device here: the tree's counter files are links to the kernel's own
+    loopback statistics (sysfs files), which real UDP traffic moves while the step runs."""
+    port = tmp_path / "sys/class/infiniband/mlx5_0/ports/1"
+    (port / "hw_counters").mkdir(parents=True)
+    (port / "counters").mkdir()
+    (port / "hw_counters" / ECN).symlink_to("/sys/class/net/lo/statistics/rx_packets")
+    (port / "counters" / "port_xmit_discards").symlink_to("/sys/class/net/lo/statistics/tx_dropped")
+    stop, sent = threading.Event(), [0]
+
+    def traffic():
+        import socket
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            while not stop.is_set():
+                s.sendto(b"x", ("127.0.0.1", 9))   # discard port: delivered on lo, dropped by the stack
+                sent[0] += 1
+                time.sleep(0.0005)
+    t = threading.Thread(target=traffic, daemon=True)
+    t.start()
+    try:
+        config = {"ranks": 2, "transport": "shm",
+                  "congestion": {"enabled": True, "sysfs_root": str(tmp_path / "sys"),
+                                 "netstat": str(tmp_path / "no-netstat")}}
+        recs = _run_once(tmp_path, config, ["--ops", "allreduce", "--sizes", "1MB,4MB", "--iterations", "50"])
+    finally:
+        stop.set()
+        t.join()
+    results = [r for r in recs if r["type"] == "result"]
+    assert len(results) == 2
+    for r in results:
+        (host,) = r["hosts"]
+        assert r["congestion"]["moved"].get(f"{host}|{ECN}@mlx5_0/1", 0) > 0, (r["congestion"], sent)

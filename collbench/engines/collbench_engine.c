@@ -896,7 +896,8 @@ static void print_record(const Step *s, const StepResult *r, int loop, int index
  * immediately before and after each step's timed loop (outside the timed region), and rank 0
  * prints, before the step's CBREC line, one line
  *   CBCONG {"loop":L,"step":S,"t0":wall,"t1":wall,"hosts":{"HOST":{"dt":s,"n":read,"src":sources,
- *           "f":[vanished,unreadable,backwards,garbage],"drop":k,"d":{"counter@where":delta,...}},...}}
+ *           "f":[vanished,unreadable,backwards,garbage],"drop":k,"us":snapshot µs,
+ *           "d":{"counter@where":delta,...}},...}}
  * with only the counters that moved (at most CONG_MAX_MOVED per host, the largest; the rest in
  * "drop"). Which counters, and where each host reads them, is the SPEC file Python writes from
  * its one table (collbench/congestion/sources.py spec_text): this code knows no counter names.
@@ -908,6 +909,7 @@ static void print_record(const Step *s, const StepResult *r, int loop, int index
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/ioctl.h>
+#include <sys/statfs.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
 
@@ -921,6 +923,9 @@ static void json_string(char *out, size_t outlen, const char *s);   /* hosts and
 #define CONG_MAX_SAMPLES 4096
 #define CONG_MAX_KEY 160
 #define CONG_MAX_MOVED 32
+#define CONG_MAX_DIRS 64
+#define CONG_SYSFS_MAGIC 0x62656572
+#define CONG_LAYOUT_SECONDS 10.0  /* directories and netdevs listed again at least this often */
 #define CONG_MAX_FILE (1 << 20)
 #define CONG_HOST_LEN (MPI_MAX_PROCESSOR_NAME + 1)
 enum { CONG_OK = 0, CONG_UNREADABLE = 1, CONG_GARBAGE = 2 };
@@ -961,6 +966,12 @@ typedef struct {
     int sock;
     CongEth eth[CONG_MAX_NETDEVS];
     int neth;
+    double snap_us;                 /* what the last snapshot cost (bench/congestion_overhead.py) */
+    struct { int fd; char where[CONG_MAX_KEY]; int set; int *held; } dirs[CONG_MAX_DIRS];
+    int ndirs, layout_stale;        /* the counter directories, open */
+    double layout_at;
+    char netdev_list[CONG_MAX_NETDEVS][16];
+    int nnetdev_list;
 } Cong;
 
 static Cong cong;
@@ -998,11 +1009,28 @@ static void cong_add(CongSnap *sn, const char *name, const char *where, unsigned
     if (sn->n >= CONG_MAX_SAMPLES)
         return;
     CongSample *x = &sn->s[sn->n];
-    if (snprintf(x->key, sizeof(x->key), "%s@%s", name, where) >= (int)sizeof(x->key))
+    size_t ln = strlen(name), lw = strlen(where);
+    if (ln + 1 + lw >= sizeof(x->key))
         return;
+    memcpy(x->key, name, ln);           /* "name@where" (snprintf costs more than the read) */
+    x->key[ln] = '@';
+    memcpy(x->key + ln + 1, where, lw + 1);
     x->value = v;
     x->fault = fault;
     sn->n++;
+}
+
+static int cong_cmp_name(const void *a, const void *b)
+{
+    return strcmp((const char *)a, (const char *)b);
+}
+
+/* `name` in names[set] (sorted by cong_load_spec), or -1. */
+static int cong_name_index(int set, const char *name)
+{
+    const char (*hit)[CONG_MAX_NAME] = bsearch(name, cong.names[set], (size_t)cong.nnames[set], CONG_MAX_NAME,
+                                               cong_cmp_name);
+    return hit ? (int)(hit - cong.names[set]) : -1;
 }
 
 /* "name" of the spec into names[set] (space-separated tokens after the line's keyword). */
@@ -1070,97 +1098,177 @@ static int cong_load_spec(char *text)
         } else if (strcmp(tok[0], "defaults") != 0 && strcmp(tok[0], "host") != 0)
             return -1;
     }
+    for (int s = 0; s < CS_N; s++)      /* looked up by bsearch (cong_name_index) */
+        qsort(cong.names[s], (size_t)cong.nnames[s], CONG_MAX_NAME, cong_cmp_name);
     return 0;
 }
 
 /* ---- readers: each adds samples (value or fault) and returns 1 when its source answered */
 
-static int cong_read_dir(CongSnap *sn, const char *dir, const char *where, int set)
+/* The counter directories (<sysfs>/class/infiniband/<dev>/ports/<port>/{hw_counters,counters}),
+ * opened once: a snapshot is then one openat/read/close per counter name, resolved in its
+ * directory (a counter that vanishes and comes back is seen at once). Listed again every
+ * CONG_LAYOUT_SECONDS and when a whole directory has gone. */
+static void cong_add_dir(const char *path, const char *where, int set)
 {
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0)
-        return 0;
-    char buf[72];
-    for (int i = 0; i < cong.nnames[set]; i++) {
-        const char *name = cong.names[set][i];
-        int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC);
-        if (fd < 0) {
-            if (errno != ENOENT)
-                cong_add(sn, name, where, 0, CONG_UNREADABLE);
-            continue;
-        }
-        ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    if (cong.ndirs >= CONG_MAX_DIRS)
+        return;
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    int *held = malloc(sizeof(int) * (size_t)(cong.nnames[set] + 1));
+    if (!held) {
         close(fd);
-        unsigned long long v;
-        if (n < 0)
-            cong_add(sn, name, where, 0, CONG_UNREADABLE);
-        else if (cong_parse_value(buf, buf + n, &v) < 0)
-            cong_add(sn, name, where, 0, CONG_GARBAGE);
-        else
-            cong_add(sn, name, where, v, CONG_OK);
+        return;
     }
-    close(dfd);
-    return 1;
+    /* A counter file on sysfs stays open and is read with pread at offset 0 (kernfs shows the
+     * value afresh there): one syscall per counter. Any other file (a fixture tree, which a test
+     * replaces or removes) is opened by name on every read. */
+    for (int j = 0; j < cong.nnames[set]; j++) {
+        struct statfs fs;
+        held[j] = openat(fd, cong.names[set][j], O_RDONLY | O_CLOEXEC);
+        if (held[j] >= 0 && (fstatfs(held[j], &fs) != 0 || fs.f_type != CONG_SYSFS_MAGIC)) {
+            close(held[j]);
+            held[j] = -1;
+        }
+    }
+    cong.dirs[cong.ndirs].fd = fd;
+    cong.dirs[cong.ndirs].set = set;
+    cong.dirs[cong.ndirs].held = held;
+    snprintf(cong.dirs[cong.ndirs].where, CONG_MAX_KEY, "%s", where);
+    cong.ndirs++;
 }
 
-static int cong_read_rdma(CongSnap *sn)
+static int cong_list_netdevs(char out[][16], int max);
+
+static void cong_build_layout(void)
 {
+    for (int i = 0; i < cong.ndirs; i++) {
+        for (int j = 0; j < cong.nnames[cong.dirs[i].set]; j++)
+            if (cong.dirs[i].held[j] >= 0)
+                close(cong.dirs[i].held[j]);
+        free(cong.dirs[i].held);
+        close(cong.dirs[i].fd);
+    }
+    cong.ndirs = 0;
     char path[CONG_MAX_PATH * 2], where[CONG_MAX_KEY];
-    int answered = 0;
     snprintf(path, sizeof(path), "%s/class/infiniband", cong.sysfs_root);
     DIR *devs = opendir(path);
-    if (!devs)
-        return 0;
     struct dirent *dev;
-    while ((dev = readdir(devs))) {
+    while (devs && (dev = readdir(devs))) {
         if (dev->d_name[0] == '.')
             continue;
         snprintf(path, sizeof(path), "%s/class/infiniband/%s/ports", cong.sysfs_root, dev->d_name);
         DIR *ports = opendir(path);
-        if (!ports)
-            continue;
         struct dirent *port;
-        while ((port = readdir(ports))) {
+        while (ports && (port = readdir(ports))) {
             if (port->d_name[0] == '.')
                 continue;
             snprintf(where, sizeof(where), "%.64s/%.16s", dev->d_name, port->d_name);
             snprintf(path, sizeof(path), "%s/class/infiniband/%s/ports/%s/hw_counters", cong.sysfs_root,
                      dev->d_name, port->d_name);
-            answered += cong_read_dir(sn, path, where, CS_HW);
+            cong_add_dir(path, where, CS_HW);
             snprintf(path, sizeof(path), "%s/class/infiniband/%s/ports/%s/counters", cong.sysfs_root,
                      dev->d_name, port->d_name);
-            answered += cong_read_dir(sn, path, where, CS_PORT);
+            cong_add_dir(path, where, CS_PORT);
         }
-        closedir(ports);
+        if (ports)
+            closedir(ports);
     }
-    closedir(devs);
-    return answered;
+    if (devs)
+        closedir(devs);
+    cong.nnetdev_list = cong_list_netdevs(cong.netdev_list, CONG_MAX_NETDEVS);
+    cong.layout_stale = 0;
+    cong.layout_at = cong_mono();
 }
 
+static int cong_read_rdma(CongSnap *sn)
+{
+    char buf[72];
+    for (int i = 0; i < cong.ndirs; i++) {
+        int set = cong.dirs[i].set;
+        const char *where = cong.dirs[i].where;
+        int absent = 0;
+        for (int j = 0; j < cong.nnames[set]; j++) {
+            const char *name = cong.names[set][j];
+            int held = cong.dirs[i].held[j];
+            if (held >= 0) {
+                ssize_t n = pread(held, buf, sizeof(buf) - 1, 0);
+                unsigned long long v;
+                if (n < 0 && (errno == ENODEV || errno == ENOENT)) {
+                    absent++;                /* the device went away: vanished */
+                    cong.layout_stale = 1;
+                } else if (n < 0)
+                    cong_add(sn, name, where, 0, CONG_UNREADABLE);
+                else if (cong_parse_value(buf, buf + n, &v) < 0)
+                    cong_add(sn, name, where, 0, CONG_GARBAGE);
+                else
+                    cong_add(sn, name, where, v, CONG_OK);
+                continue;
+            }
+            int fd = openat(cong.dirs[i].fd, name, O_RDONLY | O_CLOEXEC);
+            if (fd < 0) {
+                if (errno == ENOENT)
+                    absent++;                /* not there (deltas count one that vanished) */
+                else
+                    cong_add(sn, name, where, 0, CONG_UNREADABLE);
+                continue;
+            }
+            ssize_t n = read(fd, buf, sizeof(buf) - 1);
+            close(fd);
+            unsigned long long v;
+            if (n < 0)
+                cong_add(sn, name, where, 0, CONG_UNREADABLE);
+            else if (cong_parse_value(buf, buf + n, &v) < 0)
+                cong_add(sn, name, where, 0, CONG_GARBAGE);
+            else
+                cong_add(sn, name, where, v, CONG_OK);
+        }
+        if (absent == cong.nnames[set])
+            cong.layout_stale = 1;           /* the directory went away (a device or port removed) */
+    }
+    return cong.ndirs;
+}
+
+/* The whole file (at most CONG_MAX_FILE bytes) in a buffer kept between calls, NUL-terminated;
+ * NULL when it cannot be read. Not to be freed: the next call reuses it. */
 static char *cong_read_file(const char *path, size_t *len)
 {
-    FILE *f = fopen(path, "r");
-    if (!f)
+    static char *buf;
+    static size_t cap;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
         return NULL;
-    char *text = read_bounded(f, CONG_MAX_FILE, len);
-    int bad = ferror(f);
-    fclose(f);
-    if (text && bad) {
-        free(text);
-        return NULL;
+    size_t n = 0;
+    for (;;) {
+        if (n + 1 >= cap) {
+            size_t grown = cap ? cap * 2 : 16384;
+            char *b = grown <= CONG_MAX_FILE + 1 ? realloc(buf, grown) : NULL;
+            if (!b)
+                break;
+            buf = b;
+            cap = grown;
+        }
+        ssize_t got = read(fd, buf + n, cap - n - 1);
+        if (got < 0) {
+            close(fd);
+            return NULL;
+        }
+        if (got == 0)
+            break;
+        n += (size_t)got;
     }
-    if (text)
-        text[*len] = '\0';
-    return text;
+    close(fd);
+    if (!buf)
+        return NULL;
+    buf[n] = '\0';
+    *len = n;
+    return buf;
 }
 
-/* The wanted statistic `name` in names[CS_ETH], or -1. */
 static int cong_eth_index(const char *name)
 {
-    for (int i = 0; i < cong.nnames[CS_ETH]; i++)
-        if (strcmp(cong.names[CS_ETH][i], name) == 0)
-            return i;
-    return -1;
+    return cong_name_index(CS_ETH, name);
 }
 
 /* `ethtool -S` text (a fixture tree: one file per netdev): "name: value" lines. */
@@ -1172,24 +1280,27 @@ static int cong_read_ethtool_file(CongSnap *sn, const char *netdev)
     char *text = cong_read_file(path, &len);
     if (!text)
         return 0;
-    char *save = NULL;
-    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-        char *colon = strchr(line, ':');
-        if (!colon)
-            continue;
+    for (char *line = text; line < text + len;) {
+        char *end = memchr(line, '\n', (size_t)(text + len - line));
+        if (!end)
+            end = text + len;
+        *end = '\0';
         char *name = line;
         while (*name == ' ' || *name == '\t')
             name++;
+        char *colon = (name[0] == 'r' || name[0] == 't') ? strchr(name, ':') : NULL;  /* rx_* / tx_* only */
+        line = end + 1;
+        if (!colon)
+            continue;
         *colon = '\0';
         if (cong_eth_index(name) < 0)
             continue;
         unsigned long long v;
-        if (cong_parse_value(colon + 1, colon + 1 + strlen(colon + 1), &v) < 0)
+        if (cong_parse_value(colon + 1, end, &v) < 0)
             cong_add(sn, name, netdev, 0, CONG_GARBAGE);
         else
             cong_add(sn, name, netdev, v, CONG_OK);
     }
-    free(text);
     return 1;
 }
 
@@ -1362,15 +1473,12 @@ static void cong_netstat_section(CongSnap *sn, char *text, const char *section, 
         if (hl < sizeof(name)) {
             memcpy(name, h, hl);
             name[hl] = '\0';
-            for (int i = 0; i < cong.nnames[set]; i++) {
-                if (strcmp(cong.names[set][i], name) == 0) {
-                    unsigned long long x;
-                    if (cong_parse_value(v, ve, &x) < 0)
-                        cong_add(sn, name, "netstat", 0, CONG_GARBAGE);
-                    else
-                        cong_add(sn, name, "netstat", x, CONG_OK);
-                    break;
-                }
+            if (cong_name_index(set, name) >= 0) {
+                unsigned long long x;
+                if (cong_parse_value(v, ve, &x) < 0)
+                    cong_add(sn, name, "netstat", 0, CONG_GARBAGE);
+                else
+                    cong_add(sn, name, "netstat", x, CONG_OK);
             }
         }
         h = he;
@@ -1386,7 +1494,6 @@ static int cong_read_netstat(CongSnap *sn)
         return 0;
     cong_netstat_section(sn, text, "IpExt", CS_IPEXT);
     cong_netstat_section(sn, text, "TcpExt", CS_TCPEXT);
-    free(text);
     return 1;
 }
 
@@ -1397,17 +1504,16 @@ static int cong_cmp_key(const void *a, const void *b)
 
 static void cong_snapshot(CongSnap *sn)
 {
-    char netdevs[CONG_MAX_NETDEVS][16];
     sn->n = 0;
     sn->wall = wall_clock();
     sn->mono = cong_mono();
+    if (cong.layout_stale || sn->mono - cong.layout_at >= CONG_LAYOUT_SECONDS || cong.layout_at == 0.0)
+        cong_build_layout();
     sn->sources = cong_read_rdma(sn);
-    int nd = cong_list_netdevs(netdevs, CONG_MAX_NETDEVS);
-    for (int i = 0; i < nd; i++)
-        sn->sources += cong.ethtool_root[0] ? cong_read_ethtool_file(sn, netdevs[i])
-                                            : cong_read_ethtool_ioctl(sn, netdevs[i]);
+    for (int i = 0; i < cong.nnetdev_list; i++)
+        sn->sources += cong.ethtool_root[0] ? cong_read_ethtool_file(sn, cong.netdev_list[i])
+                                            : cong_read_ethtool_ioctl(sn, cong.netdev_list[i]);
     sn->sources += cong_read_netstat(sn);
-    qsort(sn->s, (size_t)sn->n, sizeof(CongSample), cong_cmp_key);
 }
 
 /* ---- set-up, the step's two snapshots, the gathered line */
@@ -1506,7 +1612,15 @@ static int cong_cmp_moved(const void *a, const void *b)
 static char *cong_fragment(int *len)
 {
     CongSnap *b = &cong.before, *a = &cong.after;
-    int faults[CF_N] = {0}, read = 0, nmoved = 0;
+    int faults[CF_N] = {0}, read = 0, nmoved = 0, same = b->n == a->n;
+    /* both snapshots walk the same layout: the keys are in the same order unless a counter came
+     * or went; only then sort them for the merge */
+    for (int k = 0; same && k < b->n; k++)
+        same = strcmp(b->s[k].key, a->s[k].key) == 0;
+    if (!same) {
+        qsort(b->s, (size_t)b->n, sizeof(CongSample), cong_cmp_key);
+        qsort(a->s, (size_t)a->n, sizeof(CongSample), cong_cmp_key);
+    }
     CongMoved *moved = malloc(sizeof(CongMoved) * (size_t)(b->n + 1));
     int i = 0, j = 0;
     while (moved && (i < b->n || j < a->n)) {
@@ -1548,10 +1662,10 @@ static char *cong_fragment(int *len)
         return NULL;
     }
     json_string(quoted, sizeof(quoted), cong.host);
-    n += (size_t)snprintf(out + n, cap - n, "%s:{\"dt\":%.6f,\"n\":%d,\"src\":%d,\"f\":[%d,%d,%d,%d],\"drop\":%d,\"d\":{",
+    n += (size_t)snprintf(out + n, cap - n, "%s:{\"dt\":%.6f,\"n\":%d,\"src\":%d,\"f\":[%d,%d,%d,%d],\"drop\":%d,\"us\":%.1f,\"d\":{",
                           quoted, a->mono - b->mono, read, b->sources < a->sources ? b->sources : a->sources,
                           faults[CF_VANISHED], faults[CF_UNREADABLE], faults[CF_BACKWARDS], faults[CF_GARBAGE],
-                          nmoved - keep);
+                          nmoved - keep, cong.snap_us);
     for (int k = 0; k < keep; k++) {
         json_string(qk, sizeof(qk), moved[k].key);
         n += (size_t)snprintf(out + n, cap - n, "%s%s:%llu", k ? "," : "", qk, moved[k].d);
@@ -1567,7 +1681,9 @@ static void cong_after_step(int rank, int loop, int index)
 {
     if (!cong.enabled || !cong.reader)
         return;
+    double started = cong_mono();
     cong_snapshot(&cong.after);
+    cong.snap_us = (cong_mono() - started) * 1e6;
     int len = 0, nreaders = 0, leader_rank = 0;
     char *frag = cong_fragment(&len);
     MPI_Comm_size(cong.leaders, &nreaders);

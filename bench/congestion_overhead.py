@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""What reading the congestion counters around every step costs (issue 20; docs/CONGESTION.md).
+
+1. One snapshot of one host: two RDMA ports' worth of counters (the mlx5 fixture tree: two
+   devices, hw_counters and counters each), two netdevs' `ethtool -S` statistics (fixture files)
+   and the kernel's /proc/net/netstat. Measured where it runs: the built-in engine reports each
+   after-step snapshot's time in its CBCONG line (a real mpirun job of --loop steps); the Python
+   reader (the OSU engine's) is timed in-process. Beside them, in the same run, the floor: one
+   open/read/close of one counter file. Target: < 100 µs per snapshot.
+2. The stress duty cycle with snapshots off and on (bench/duty_cycle.py's measure: the share of
+   wall time inside the steps' [t_start, t_end]), alternating off/on windows so drift and the
+   machine's other load fall on both. Target: loss < 1 %.
+
+    .venv/bin/python bench/congestion_overhead.py                   # 3 rounds of 10 s windows
+    .venv/bin/python bench/congestion_overhead.py --rounds 5 --seconds 20
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+
+from collbench.config import Step, load_config  # noqa: E402
+from collbench.congestion.snapshot import HostReader  # noqa: E402
+from collbench.congestion import sources  # noqa: E402
+from collbench.engines import builtin  # noqa: E402
+from collbench.engines.build import ensure_engine  # noqa: E402
+from duty_cycle import bench_plan, run_window  # noqa: E402
+
+FIXTURES = os.path.join(HERE, "..", "tests", "fixtures")
+
+
+def fixture_host(root):
+    sysfs = os.path.join(root, "sys")
+    shutil.copytree(os.path.join(FIXTURES, "sysfs-mlx5"), sysfs, symlinks=True)
+    eth = os.path.join(root, "eth")
+    os.makedirs(eth)
+    for netdev in ("ens1f0np0", "ens1f1np1"):
+        shutil.copy(os.path.join(FIXTURES, "ethtool", f"mlx5_{netdev}.txt"), os.path.join(eth, netdev))
+    return sysfs, eth
+
+
+def spread(values):
+    v = sorted(values)
+    q = lambda p: v[min(len(v) - 1, int(p * len(v)))]   # noqa: E731
+    return f"median {statistics.median(v):7.1f}  p10 {q(0.1):7.1f}  p90 {q(0.9):7.1f}  max {v[-1]:8.1f}  (n={len(v)})"
+
+
+def engine_snapshot_us(cfg, loops, workdir):
+    """The engine's own after-step snapshot times (µs) over `loops` barrier steps."""
+    argv, env = builtin.engine_command(cfg, [Step("barrier", 0, 1, 0, "char")], os.path.join(workdir, "plan.txt"),
+                                       loop=True, max_loops=loops)
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise SystemExit(f"engine failed: {out.stderr[-2000:]}")
+    us = []
+    for line in out.stdout.splitlines():
+        if line.startswith("CBCONG "):
+            for h in json.loads(line[7:])["hosts"].values():
+                us.append(h["us"])
+    return us[10:]   # the first snapshots list the directories cold
+
+
+def python_snapshot_us(src, n):
+    reader = HostReader(src)
+    reader.snapshot()
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        reader.snapshot()
+        out.append((time.perf_counter() - t0) * 1e6)
+    return out
+
+
+def one_file_us(path, n):
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fd = os.open(path, os.O_RDONLY)
+        os.read(fd, 64)
+        os.close(fd)
+        out.append((time.perf_counter() - t0) * 1e6)
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", help="collbench config (default: this machine, shm)")
+    p.add_argument("--np", type=int, default=4, help="ranks (default 4)")
+    p.add_argument("--snapshots", type=int, default=2000, help="snapshots timed (default 2000)")
+    p.add_argument("--rounds", type=int, default=3, help="off/on window pairs (default 3)")
+    p.add_argument("--seconds", type=float, default=10.0, help="window per mode and round (default 10)")
+    p.add_argument("--scale", type=int, default=10, help="iteration divisor of the prototype plan (default 10)")
+    args = p.parse_args()
+
+    work = tempfile.mkdtemp(prefix="collbench-congestion-bench-")
+    try:
+        sysfs, eth = fixture_host(work)
+        cfg = load_config(args.config)
+        cfg.ranks = args.np
+        cfg.stress.backoff_initial = 1.0
+        ensure_engine(cfg)
+        src = sources.HostSources(sysfs, "/proc/net/netstat", eth)
+        n_counters = len(HostReader(src).snapshot().values)
+        print(f"one host: {n_counters} counters (2 RDMA ports' hw_counters + counters, 2 netdevs' ethtool "
+              f"statistics, /proc/net/netstat); {os.cpu_count()} CPUs, {cfg.ranks} ranks, transport {cfg.transport}")
+
+        cfg.congestion.enabled, cfg.congestion.sysfs_root, cfg.congestion.ethtool_root = True, sysfs, eth
+        print("snapshot cost, µs:")
+        print(f"  engine (C, in the job)      {spread(engine_snapshot_us(cfg, args.snapshots, work))}")
+        print(f"  Python reader (OSU runs)    {spread(python_snapshot_us(src, args.snapshots))}")
+        counter = os.path.join(sysfs, "class/infiniband/mlx5_0/ports/1/hw_counters/np_ecn_marked_roce_packets")
+        print(f"  baseline: one counter file  {spread(one_file_us(counter, args.snapshots))}")
+
+        plan = bench_plan("scaled", args.scale)
+        print(f"stress duty cycle ({len(plan)} steps, iterations / {args.scale}; {args.seconds:g} s windows, "
+              f"off/on alternating):")
+        duty = {False: [], True: []}
+        for rnd in range(args.rounds):
+            for on in (False, True):
+                cfg.congestion.enabled = on
+                d, nres, nfail = run_window(cfg, plan, "loop", args.seconds)
+                duty[on].append(d)
+                print(f"  round {rnd + 1} snapshots {'on ' if on else 'off'}  duty cycle {d:.4f}  {nres:5d} records"
+                      f"  {nfail} failures", flush=True)
+        losses = [(off - on) / off * 100 for off, on in zip(duty[False], duty[True]) if off]
+        print(f"  off: median {statistics.median(duty[False]):.4f} (min {min(duty[False]):.4f}, max {max(duty[False]):.4f})")
+        print(f"  on:  median {statistics.median(duty[True]):.4f} (min {min(duty[True]):.4f}, max {max(duty[True]):.4f})")
+        print(f"  loss per round, %: {', '.join(f'{x:+.2f}' for x in losses)}; median {statistics.median(losses):+.2f} "
+              f"(target < 1 %)")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
