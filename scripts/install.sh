@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(openmpi-bin libopenmpi-dev libucx0 ucx-utils openssh-server openssh-client
-              prometheus prometheus-alertmanager iproute2 procps ethtool python3-venv
+              prometheus prometheus-alertmanager iproute2 procps ethtool nftables python3-venv
               mpich libmpich-dev slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins chromium)
 # Go builds tools/k8s-validate (below); Debian's golang-go when no Go is installed
 command -v go >/dev/null 2>&1 || APT_PACKAGES+=(golang-go)
