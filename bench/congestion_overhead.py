@@ -4,9 +4,12 @@
 1. One snapshot of one host: two RDMA ports' worth of counters (the mlx5 fixture tree: two
    devices, hw_counters and counters each), two netdevs' `ethtool -S` statistics (fixture files)
    and the kernel's /proc/net/netstat. Measured where it runs: the built-in engine reports each
-   after-step snapshot's time in its CBCONG line (a real mpirun job of --loop steps); the Python
-   reader (the OSU engine's) is timed in-process. Beside them, in the same run, the floor: one
-   open/read/close of one counter file. Target: < 100 µs per snapshot.
+   after-step snapshot's time in its CBCONG line (a real mpirun job of --loop steps), once with
+   the counters as plain fixture files (opened by name on every read) and once with each counter
+   a link to a real sysfs file (held open, read with pread: the engine's path on a real host); the
+   Python reader (the OSU engine's, once per whole OSU run) is timed in-process. Beside them, in
+   the same run, the floors: one open/read/close of one counter file, and of /proc/net/netstat.
+   Target: < 100 µs per snapshot.
 2. The stress duty cycle with snapshots off and on (bench/duty_cycle.py's measure: the share of
    wall time inside the steps' [t_start, t_end]), alternating off/on windows so drift and the
    machine's other load fall on both. Target: loss < 1 %.
@@ -16,6 +19,7 @@
 """
 
 import argparse
+import glob
 import json
 import os
 import shutil
@@ -47,6 +51,24 @@ def fixture_host(root):
     for netdev in ("ens1f0np0", "ens1f1np1"):
         shutil.copy(os.path.join(FIXTURES, "ethtool", f"mlx5_{netdev}.txt"), os.path.join(eth, netdev))
     return sysfs, eth
+
+
+def sysfs_backed_host(root, plain_sysfs):
+    """The same two ports' counter names, each a link to a real sysfs file (the kernel's network
+    statistics): the engine then takes its sysfs path (held descriptors, pread). This is sysfs's
+    own cost; an mlx5 driver adds its firmware query per hw_counters read, which no machine
+    without the NIC can measure."""
+    stats = sorted(glob.glob("/sys/class/net/*/statistics/*"))
+    if not stats:
+        return None
+    sysfs, i = os.path.join(root, "sysfs-backed"), 0
+    for sub in glob.glob(os.path.join(plain_sysfs, "class/infiniband/*/ports/*/*counters")):
+        target = os.path.join(sysfs, os.path.relpath(sub, plain_sysfs))
+        os.makedirs(target)
+        for name in sorted(os.listdir(sub)):
+            os.symlink(stats[i % len(stats)], os.path.join(target, name))
+            i += 1
+    return sysfs
 
 
 def spread(values):
@@ -116,10 +138,20 @@ def main():
 
         cfg.congestion.enabled, cfg.congestion.sysfs_root, cfg.congestion.ethtool_root = True, sysfs, eth
         print("snapshot cost, µs:")
-        print(f"  engine (C, in the job)      {spread(engine_snapshot_us(cfg, args.snapshots, work))}")
+        print(f"  engine, fixture files       {spread(engine_snapshot_us(cfg, args.snapshots, work))}")
+        backed = sysfs_backed_host(work, sysfs)
+        if backed:
+            cfg.congestion.sysfs_root = backed
+            print(f"  engine, sysfs-backed        {spread(engine_snapshot_us(cfg, args.snapshots, work))}")
+            cfg.congestion.sysfs_root = sysfs
+        else:
+            print("  engine, sysfs-backed        (no /sys/class/net/*/statistics here)")
         print(f"  Python reader (OSU runs)    {spread(python_snapshot_us(src, args.snapshots))}")
         counter = os.path.join(sysfs, "class/infiniband/mlx5_0/ports/1/hw_counters/np_ecn_marked_roce_packets")
         print(f"  baseline: one counter file  {spread(one_file_us(counter, args.snapshots))}")
+        print(f"  baseline: /proc/net/netstat {spread(one_file_us('/proc/net/netstat', args.snapshots))}")
+        with open("/proc/loadavg") as f:
+            print(f"  load average: {f.read().split()[0]}")
 
         plan = bench_plan("scaled", args.scale)
         print(f"stress duty cycle ({len(plan)} steps, iterations / {args.scale}; {args.seconds:g} s windows, "
