@@ -162,3 +162,12 @@ def test_a_valid_field_parses_and_a_record_without_one_still_does():
     assert isinstance(parse_record(huge), ParseError)
     with_lost = parse_record(json.dumps(_result(congestion={**GOOD, "lost": {"h|a@b": 0.5}})))
     assert with_lost["congestion"]["lost"] == {"h|a@b": 0.5}
+
+
+def test_the_reading_page_lists_every_counter_of_the_table():
+    page = (Path(__file__).resolve().parent.parent / "docs" / "CONGESTION.md").read_text()
+    for c in counters.COUNTERS:
+        shown = c.name
+        if c.source == "ethtool" and "_prio" in c.name:
+            shown = c.name[:7] + "<p>" + c.name[8:]          # rx_prio3_pause -> rx_prio<p>_pause
+        assert f"| `{shown}` |" in page, shown
