@@ -1,7 +1,8 @@
 """A multi-host testbed on one Linux machine: N network namespaces on a bridge, an sshd in each.
 
     python -m lab.testbed up N [--dir DIR] [--rate-limit RATE] [--link-rate hI=RATE ...] [--full-plan]
-                                     [--racks R --inter-rack-rate RATE]
+                                     [--racks R --inter-rack-rate RATE] [--ecn-mark hI=RATE ...]
+    python -m lab.testbed ecn-mark DIR hI=RATE ... | ecn-clear DIR [hI ...]
     python -m lab.testbed env DIR | down DIR | list
 
 For tests, and for trying collbench without a cluster (needs root). Each host is a network
@@ -29,6 +30,14 @@ spine bridge by an uplink (a veth pair) shaped on both ends at `--inter-rack-rat
 flow between two racks shares its racks' uplinks, as on an oversubscribed fabric. Host hI sits
 in rack (I-1) mod R: the hostfile lists h1..hN in order and therefore interleaves the racks the
 way a scheduler hands out nodes. The root namespace's address is on the spine.
+
+ECN marking (`--ecn-mark hI=RATE`, or `ecn-mark`/`ecn-clear` on a running testbed): an
+ECN-marking switch port in front of host hI. An nftables rule on the egress of hI's eth0 (table
+`collbench_ecn`, in hI's namespace) sets CE on every ECN-capable IP packet sent beyond RATE
+(bytes per second, e.g. 2mbytes; burst 128 kbytes), and `up` sets net.ipv4.tcp_ecn=1 in every
+namespace so TCP negotiates ECN. The marks are real congestion signals to the kernel: the
+receivers count them in IpExt InCEPkts, and hI in TcpExt TCPDeliveredCE once they are echoed
+back (docs/CONGESTION.md). Needs nft (nftables; scripts/install.sh installs it).
 """
 
 import argparse
@@ -36,6 +45,7 @@ import fcntl
 import ipaddress
 import json
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -58,6 +68,11 @@ QUICK_PLAN = [
     {"op": "bcast", "sizes": ["1MB"], "iterations": 20, "warmup": 2},
     {"op": "alltoall", "sizes": ["64KB"], "iterations": 20, "warmup": 2},
 ]
+
+
+ECN_TABLE = "collbench_ecn"          # the nftables table --ecn-mark adds in a host's namespace
+ECN_BURST = "128 kbytes"
+_ECN_RATE = re.compile(r"^([1-9][0-9]{0,11})\s*(bytes|kbytes|mbytes)(?:/(?:second|s))?$")
 
 
 class TestbedError(Exception):
@@ -118,8 +133,10 @@ def _write(path, text, mode=0o644):
 
 
 def up(n_hosts, directory=None, prefix="cbtb", rate_limit=None, link_rates=None, shaper="htb",
-       slots=1, python=None, full_plan=False, racks=1, inter_rack_rate=None):
+       slots=1, python=None, full_plan=False, racks=1, inter_rack_rate=None, ecn_marks=None):
     """Build the testbed; returns its description (dict, also in <dir>/testbed.json).
+
+    ecn_marks: {alias or address: RATE}: mark CE on that host's egress beyond RATE (ecn_mark).
 
     racks > 1: one bridge per rack joined to a spine by uplinks shaped at inter_rack_rate (None:
     unshaped); host hI in rack (I-1) mod racks. On any failure everything built so far is torn
@@ -135,6 +152,9 @@ def up(n_hosts, directory=None, prefix="cbtb", rate_limit=None, link_rates=None,
         raise TestbedError(f"got {racks} racks for {n_hosts} hosts, expected 1..{min(n_hosts, 9)}")
     if inter_rack_rate and racks < 2:
         raise TestbedError("--inter-rack-rate needs --racks 2 or more")
+    ecn_marks = dict(ecn_marks or {})
+    for rate in ecn_marks.values():
+        ecn_rate(rate)          # a bad rate is refused before anything is built
     tb_id = secrets.token_hex(3)
     directory = os.path.abspath(directory or f"/tmp/collbench-testbed-{tb_id}")
     os.makedirs(directory, exist_ok=True)
@@ -149,6 +169,8 @@ def up(n_hosts, directory=None, prefix="cbtb", rate_limit=None, link_rates=None,
     try:
         _build(desc, n_hosts, prefix, rate_limit, dict(link_rates or {}), shaper, slots,
                python or sys.executable, full_plan, racks, inter_rack_rate)
+        for host, rate in ecn_marks.items():
+            _ecn_mark(desc, host, rate)
     except BaseException:
         down(directory)
         raise
@@ -221,6 +243,9 @@ def _build(desc, n, prefix, rate_limit, link_rates, shaper, slots, python, full_
         _run(nsx + ["addr", "add", f"{host['addr']}/{block.prefixlen}", "dev", "eth0"])
         _run(nsx + ["link", "set", "eth0", "up"])
         _run(nsx + ["link", "set", "lo", "up"])
+        # TCP asks for ECN on its connections: a marking hop (--ecn-mark) then signals congestion
+        # instead of dropping, and the kernel counts it (the default, 2, only answers requests)
+        _run(["ip", "netns", "exec", host["netns"], "sysctl", "-q", "-w", "net.ipv4.tcp_ecn=1"])
         rate = link_rates.get(host["alias"]) or link_rates.get(host["addr"]) or rate_limit
         if rate:
             _rate_limit(host["netns"], "eth0", rate, shaper)   # host -> bridge
@@ -235,6 +260,75 @@ def _build(desc, n, prefix, rate_limit, link_rates, shaper, slots, python, full_
         _start_sshd(desc, host)
     _save(desc)
     _wait_sshd(desc)
+
+
+def ecn_rate(rate):
+    """nft's form of an --ecn-mark RATE ("2mbytes", "500 kbytes/second" -> "2 mbytes/second")."""
+    m = _ECN_RATE.match(str(rate).strip())
+    if not m:
+        raise TestbedError(f"ECN marking rate {rate!r}: expected bytes per second such as 2mbytes, "
+                           "512kbytes or 2mbytes/second")
+    return f"{m.group(1)} {m.group(2)}/second"
+
+
+def _host(desc, name):
+    for h in desc["hosts"]:
+        if name in (h["alias"], h["addr"], h["name"]):
+            return h
+    raise TestbedError(f"no host {name!r} in testbed {desc['id']} (hosts: "
+                       f"{', '.join(h['alias'] for h in desc['hosts'])})")
+
+
+def _nft(host, *args, check=True):
+    try:
+        return _run(["ip", "netns", "exec", host["netns"], "nft", *args], check=check)
+    except FileNotFoundError:
+        raise TestbedError("nft not found: install nftables (scripts/install.sh does)") from None
+
+
+def _ecn_mark(desc, name, rate):
+    host = _host(desc, name)
+    nft_rate = ecn_rate(rate)
+    _nft(host, "delete", "table", "ip", ECN_TABLE, check=False)   # replace a previous rate
+    _nft(host, "add", "table", "ip", ECN_TABLE)
+    host["ecn_mark"] = nft_rate
+    _save(desc)
+    _nft(host, "add", "chain", "ip", ECN_TABLE, "egress", "{ type filter hook postrouting priority 0; }")
+    # `counter`: the packets marked, for ecn_marked_packets(); only ECN-capable packets can be
+    # marked (CE on a Not-ECT packet would be a lie the receiver's kernel ignores)
+    _nft(host, "add", "rule", "ip", ECN_TABLE, "egress", "oifname", "eth0", "ip", "ecn", "!=", "not-ect",
+         "limit", "rate", "over", nft_rate, "burst", ECN_BURST, "counter", "ip", "ecn", "set", "ce")
+    return host
+
+
+def ecn_mark(directory, marks):
+    """Mark CE on the egress of hosts of a running testbed: marks {alias or address: RATE}."""
+    desc = load(directory)
+    for name, rate in marks.items():
+        ecn_rate(rate)
+        _host(desc, name)
+    return [_ecn_mark(desc, name, rate)["alias"] for name, rate in marks.items()]
+
+
+def ecn_clear(directory, names=None):
+    """Remove the marking of the named hosts (None: all); returns the aliases cleared."""
+    desc = load(directory)
+    hosts = desc["hosts"] if not names else [_host(desc, n) for n in names]
+    cleared = []
+    for h in hosts:
+        res = _nft(h, "delete", "table", "ip", ECN_TABLE, check=False)
+        if res.returncode == 0 or h.pop("ecn_mark", None):
+            cleared.append(h["alias"])
+        h.pop("ecn_mark", None)
+    _save(desc)
+    return cleared
+
+
+def ecn_marked_packets(desc, name):
+    """Packets the host's marking rule has marked so far (None: no rule)."""
+    res = _nft(_host(desc, name), "list", "table", "ip", ECN_TABLE, check=False)
+    m = re.search(r"counter packets (\d+)", res.stdout) if res.returncode == 0 else None
+    return int(m.group(1)) if m else None
 
 
 def _keygen(path, comment):
@@ -428,25 +522,42 @@ def main(argv=None):
     u.add_argument("--full-plan", action="store_true",
                    help="generated config without the short plan: the prototype's (4MB steps, 500 iterations; "
                         "minutes per pass on a small machine)")
+    u.add_argument("--ecn-mark", action="append", default=[], metavar="hI=RATE",
+                   help="mark ECN CE on host hI's egress beyond RATE bytes/s (repeatable), e.g. h2=2mbytes: "
+                        "an ECN-marking switch port in front of hI")
     for verb in ("down", "env"):
         s = sub.add_parser(verb)
         s.add_argument("dir")
+    s = sub.add_parser("ecn-mark", help="mark ECN CE on hosts' egress beyond RATE on a running testbed")
+    s.add_argument("dir")
+    s.add_argument("marks", nargs="+", metavar="hI=RATE")
+    s = sub.add_parser("ecn-clear", help="remove the ECN marking of hosts (default: all)")
+    s.add_argument("dir")
+    s.add_argument("hosts", nargs="*", metavar="hI")
     sub.add_parser("list", help="testbeds on this machine: id, directory, hosts, subnet")
     args = p.parse_args(argv)
+
+    def host_rates(items, flag):
+        rates = {}
+        for item in items:
+            k, sep, v = item.partition("=")
+            if not sep or not k or not v:
+                p.error(f"{flag} {item!r}: expected hI=RATE")
+            rates[k] = v
+        return rates
     try:
         if args.verb == "up":
-            rates = {}
-            for item in args.link_rate:
-                k, sep, v = item.partition("=")
-                if not sep or not v:
-                    p.error(f"--link-rate {item!r}: expected hI=RATE")
-                rates[k] = v
+            rates = host_rates(args.link_rate, "--link-rate")
             desc = up(args.n, args.dir, args.prefix, args.rate_limit, rates, args.shaper, args.slots,
-                      full_plan=args.full_plan, racks=args.racks, inter_rack_rate=args.inter_rack_rate)
+                      full_plan=args.full_plan, racks=args.racks, inter_rack_rate=args.inter_rack_rate,
+                      ecn_marks=host_rates(args.ecn_mark, "--ecn-mark"))
             print("\n".join(env_lines(desc)))
             config = shlex.quote(desc["config"])
             print(f"# {args.n} hosts up in {desc['subnet']}; master h1 = {desc['master_addr']}; "
                   f"plan: {desc['plan']}", file=sys.stderr)
+            for h in desc["hosts"]:
+                if h.get("ecn_mark"):
+                    print(f"# {h['alias']}: ECN CE marked on its egress beyond {h['ecn_mark']}", file=sys.stderr)
             if args.racks > 1:
                 print(f"# {args.racks} racks (host hI in rack (I-1) mod {args.racks}), uplinks "
                       f"{args.inter_rack_rate or 'unshaped'}", file=sys.stderr)
@@ -456,6 +567,14 @@ def main(argv=None):
                   f"{shlex.quote(desc['dir'])}", file=sys.stderr)
         elif args.verb == "down":
             print("removed" if down(args.dir) else "nothing to remove", file=sys.stderr)
+        elif args.verb == "ecn-mark":
+            for alias in ecn_mark(args.dir, host_rates(args.marks, "ecn-mark")):
+                print(f"{alias}: ECN CE marked on its egress beyond "
+                      f"{_host(load(args.dir), alias)['ecn_mark']}", file=sys.stderr)
+        elif args.verb == "ecn-clear":
+            cleared = ecn_clear(args.dir, args.hosts)
+            print(f"ECN marking removed: {', '.join(cleared)}" if cleared else "no ECN marking to remove",
+                  file=sys.stderr)
         elif args.verb == "env":
             print("\n".join(env_lines(load(args.dir))))
         elif args.verb == "list":

@@ -4,6 +4,9 @@
 #
 #   scripts/testbed.sh up 4 [--dir DIR] [--rate-limit 1gbit] [--link-rate h2=100mbit] [--shaper htb|tbf]
 #                           [--full-plan]   # generated config: the prototype's plan instead of a short one
+#                           [--ecn-mark h2=2mbytes]   # CE-mark h2's egress beyond 2 MB/s (nftables), repeatable
+#   scripts/testbed.sh ecn-mark DIR h2=2mbytes   # the same on a running testbed
+#   scripts/testbed.sh ecn-clear DIR [h2]        # remove it (no host: every host's)
 #   scripts/testbed.sh env DIR      # shell variables: eval "$(scripts/testbed.sh env DIR)"
 #   scripts/testbed.sh down DIR     # kill everything in it, delete namespaces and bridge (idempotent)
 #   scripts/testbed.sh list

@@ -1,0 +1,90 @@
+"""Which hosts' congestion counters moved most during a step: the one choice every view makes
+(once/sweep tables, report's heat map, stress log, the exporter's top series), from a record's
+`congestion` field (record_field.py).
+
+Only congestion *signals* count: the counters that measure traffic rather than trouble
+(VOLUME: ECT-capable packets received, packets delivered) move on every host of every step
+and name nothing. Counters differ in unit (packets, microseconds, ticks), so hosts are not
+ranked by raw sums: each host's signal counters are weighed by the host's *share* of that
+counter's movement over all hosts, and a host ranks by its leading counter, the one with the
+largest share (ties: the larger delta). A host alone in a counter holds all of it: the marked
+sender's TCPDeliveredCE, or the incast receiver's np_ecn_marked_roce_packets, where each peer
+holds only a part of the other side's counter (InCEPkts, rp_cnp_handled). That names the end
+of the congested path where the signal concentrates; its side (counters.SIDES) says whether the
+path runs into the host (np) or out of it (rp), or is its own link.
+"""
+
+from typing import NamedTuple
+
+from collbench.congestion import counters
+from collbench.congestion.keys import split
+from collbench.congestion.record_field import host_of
+
+# counted on every packet of every flow: how much traffic, not whether it was congested
+VOLUME = frozenset({"InECT0Pkts", "InECT1Pkts", "InNoECTPkts", "TCPDelivered"})
+MAX_K = 16          # the most hosts any view asks for (exporter.congestion_top_k's bound)
+
+
+class HostMoved(NamedTuple):
+    host: str
+    counter: str     # the leading counter's key, "<counter>@<where>"
+    delta: int       # its delta during the step
+    share: float     # its share (0..1] of that counter's delta summed over hosts
+    signals: int     # congestion signal counters that moved on the host
+    side: str        # counters.NP / RP / LINK of the leading counter ("" when the table has no row)
+
+
+def _side(name):
+    for source in counters.SOURCES:
+        row = counters.lookup(source, name)
+        if row is not None:
+            return row.side
+    return ""
+
+
+def signals(field):
+    """{host: {counter key: delta}} of the congestion signals in a valid `congestion` field
+    (None or a field without moved counters: {})."""
+    out = {}
+    moved = field.get("moved") if isinstance(field, dict) else None
+    for rk, delta in (moved or {}).items():
+        host, k = host_of(rk)
+        if split(k)[0] in VOLUME:
+            continue
+        out.setdefault(host, {})[k] = delta
+    return out
+
+
+def ranked(field, k=None):
+    """HostMoved rows of the hosts whose signal counters moved, best first (k: the first k)."""
+    per_host = signals(field)
+    total = {}
+    for moved in per_host.values():
+        for key, d in moved.items():
+            name = split(key)[0]
+            total[name] = total.get(name, 0) + d
+    rows = []
+    for host, moved in per_host.items():
+        key, d = max(moved.items(), key=lambda kv: (kv[1] / total[split(kv[0])[0]], kv[1], kv[0]))
+        name = split(key)[0]
+        rows.append(HostMoved(host, key, d, d / total[name], len(moved), _side(name)))
+    rows.sort(key=lambda r: (-r.share, -r.delta, r.host))
+    return rows if k is None else rows[:k]
+
+
+def top(field):
+    """The HostMoved of the host whose counters moved most, or None when no signal moved."""
+    rows = ranked(field, 1)
+    return rows[0] if rows else None
+
+
+def top_host(field):
+    """The name of the host whose counters moved most, or None."""
+    row = top(field)
+    return row.host if row else None
+
+
+def label(field):
+    """Short text for a table cell: "h2 TCPDeliveredCE=3021", "" when nothing moved."""
+    row = top(field)
+    return "" if row is None else f"{row.host} {split(row.counter)[0]}={row.delta}"
