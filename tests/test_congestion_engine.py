@@ -213,3 +213,44 @@ def test_counters_on_real_sysfs_are_read_fresh_through_held_descriptors(tmp_path
     for r in results:
         (host,) = r["hosts"]
         assert r["congestion"]["moved"].get(f"{host}|{ECN}@mlx5_0/1", 0) > 0, (r["congestion"], sent)
+
+
+def test_the_stress_loop_job_carries_each_passes_counters(tmp_path):
+    """--loop: one job for every pass (the stress daemon's), a CBCONG line per step and pass."""
+    from collbench.config import Step, build_config
+    from collbench.engines import builtin
+    from collbench.engines.mpi_job import JobRunner
+    from collbench.results.records import RunContext
+
+    sysfs, eth = _fixture_host(tmp_path, "h")
+    counter = sysfs / "class/infiniband/mlx5_0/ports/1/counters/port_xmit_wait"
+    cfg = build_config({"ranks": 2, "transport": "shm",
+                        "congestion": {"enabled": True, "sysfs_root": str(sysfs), "ethtool_root": str(eth),
+                                       "netstat": str(FIXTURES / "procfs/net/netstat"), "xmit_wait_tick_ns": 8}},
+                       "<test>", str(tmp_path))
+    stop = threading.Event()
+
+    def drive():
+        v = int(counter.read_text())
+        while not stop.is_set():
+            v += 125_000          # 1 ms of waiting in 8 ns ticks, every ~2 ms
+            _replace(counter, f"{v}\n")
+            time.sleep(0.002)
+    t = threading.Thread(target=drive, daemon=True)
+    t.start()
+    try:
+        steps = [Step("allreduce", 1 << 20, 100, 5, "float"), Step("bcast", 1 << 20, 100, 5, "char")]
+        loop = list(builtin.run_loop(cfg, steps, RunContext(cfg, "builtin", "test"), JobRunner(), passes=3,
+                                     plan_path=str(tmp_path / "plan.txt")))
+    finally:
+        stop.set()
+        t.join()
+    assert [(x.iteration, x.step) for x in loop] == [(1, 0), (1, 1), (2, 0), (2, 1), (3, 0), (3, 1)]
+    key = "port_xmit_wait@mlx5_0/1"
+    waits = [x.record["congestion"]["moved"].get(f"{x.record['hosts'][0]}|{key}", 0) for x in loop]
+    assert sum(1 for w in waits if w) >= 3 and all(w % 125_000 == 0 for w in waits)
+    for x in loop:
+        lost = x.record["congestion"].get("lost", {})
+        assert set(lost) <= {f"{x.record['hosts'][0]}|{key}"} and all(0 < f <= 1 for f in lost.values())
+        assert not isinstance(parse_record(json.dumps(x.record)), ParseError)
+    assert (tmp_path / "plan.txt.congestion").exists()
