@@ -20,7 +20,7 @@ def rules_cli(*args):
 
 
 def regression_rule(text):
-    (rule,) = [r for g in yaml.safe_load(text)["groups"] for r in g["rules"] if r["alert"] == ALERT]
+    (rule,) = [r for g in yaml.safe_load(text)["groups"] for r in g["rules"] if r.get("alert") == ALERT]
     return rule
 
 

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from collbench.config import load_config
-from collbench.monitoring.dashboard import LEGACY_UID, SCHEMA_VERSION, UID, build_dashboard, render
+from collbench.monitoring.dashboard import LEGACY_UID, SCHEMA_VERSION, TOP_K, UID, build_dashboard, render
 from collbench.ops import OPS
 from conftest import REPO
 
@@ -36,10 +36,12 @@ KNOWN_METRICS = re.compile(
     r"rdma_\w+_total|ethtool_pause_frames_total|ethtool_pause_duration_seconds_total|"
     r"ethtool_pause_ctrl_frames_total|ethtool_rx_discards_phy_total|ethtool_pause_storm_warning_events_total|"
     r"ethtool_pause_storm_error_events_total|netstat_ip_in_(ce|ect0|ect1|noect)_packets_total)|"
+    # the recording rules of prometheus/collbench-rules.yml (collbench rules)
+    r"collbench:(pause|xmit_wait)_lost_link_time:ratio|"
     r"mpi_stress_test_running|mpi_stress_test_iteration|mpi_benchmark_last_update_timestamp|"
     r"mpi_\$\{op\}_latency_us|mpi_(" + "|".join(op.legacy_name for op in OPS.values() if op.legacy_name)
     + r")_latency_us|up|ALERTS)$")
-METRIC_TOKEN = re.compile(r"\b((?:collbench|mpi)_[\w${}]+|up|ALERTS)\s*(?=\{|\[|\)|$|\s)")
+METRIC_TOKEN = re.compile(r"\b((?:collbench|mpi)_[\w${}]+|collbench:[\w:]+|up|ALERTS)\s*(?=\{|\[|\)|$|\s)")
 
 
 def load(legacy):
@@ -234,6 +236,63 @@ def _missing_or_changed(old, new, path=""):
     return [] if old == new and type(old) is type(new) else [path]
 
 
+# What the dashboard gained after the SDK rebuild, deliberately (issue 20: every host's counters):
+# one row before "Reference" and the `host` variable after the others. The comparison below takes
+# them out again, moves what follows back up, and checks the rest is still the hand-built dashboard.
+ADDED_ROW = f"Congestion on every host (top {TOP_K})"
+ADDED_PANELS = {
+    "Host exporters": ['min by (host) (up{host=~"$host"})'],
+    "ECN-marked packets by host and port": [
+        'topk(10, max by (host, device, port) (rate(collbench_rdma_np_ecn_marked_roce_packets_total{host=~"$host"}[$__rate_interval])))'],
+    "CNPs handled by host and port": [
+        'topk(10, max by (host, device, port) (rate(collbench_rdma_rp_cnp_handled_total{host=~"$host"}[$__rate_interval])))'],
+    "Kernel IP CE by host": [
+        'topk(10, max by (host) (rate(collbench_netstat_ip_in_ce_packets_total{host=~"$host"}[$__rate_interval])))'],
+    "PFC pause frames by host and priority": [
+        'topk(10, max by (host, netdev, direction, priority) (rate(collbench_ethtool_pause_frames_total{host=~"$host"}[$__rate_interval])))'],
+    "Lost link time: paused, by host and priority": [
+        'topk(10, max by (host, netdev, direction, priority) (collbench:pause_lost_link_time:ratio{host=~"$host"}))'],
+    "Lost link time: xmit_wait, by host and port": [
+        'topk(10, max by (host, device, port) (collbench:xmit_wait_lost_link_time:ratio{host=~"$host"}))'],
+}
+ADDED_VARIABLES = ["host"]
+
+
+def without_added(d):
+    """The dashboard as it was before the per-host row: that row and the host variable taken out,
+    the panels after it moved up and renumbered as they were."""
+    d = json.loads(json.dumps(d))
+    panels = d["panels"]
+    start = next((i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == ADDED_ROW), None)
+    if start is not None:
+        end = next((i for i in range(start + 1, len(panels)) if panels[i]["type"] == "row"), len(panels))
+        removed = panels[start:end]
+        height = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in removed) - removed[0]["gridPos"]["y"]
+        for p in panels[end:]:
+            p["gridPos"]["y"] -= height
+            p["id"] -= len(removed)
+        d["panels"] = panels[:start] + panels[end:]
+    d["templating"]["list"] = [v for v in d["templating"]["list"] if v["name"] not in ADDED_VARIABLES]
+    return d
+
+
+def test_the_per_host_congestion_row_is_what_was_added():
+    now = build_dashboard(load_config(None))
+    titles = [p["title"] for p in now["panels"]]
+    start = titles.index(ADDED_ROW)
+    assert titles[start + 1:start + 1 + len(ADDED_PANELS)] == list(ADDED_PANELS)
+    assert titles[start + 1 + len(ADDED_PANELS)] == "Reference"
+    for p in now["panels"][start + 1:start + 1 + len(ADDED_PANELS)]:
+        assert [t["expr"] for t in p["targets"]] == ADDED_PANELS[p["title"]], p["title"]
+        assert "{{host}}" in p["targets"][0]["legendFormat"]
+    (host,) = [v for v in now["templating"]["list"] if v["name"] == "host"]
+    assert host["query"]["query"] == 'label_values(collbench_collector_success{collector=~"rdma_sysfs|ethtool|netstat"}, host)'
+    assert host["multi"] and host["includeAll"] and host["allValue"] == ".+"
+    assert [v["name"] for v in now["templating"]["list"]][-1] == "host"
+    # the legacy dashboard did not change
+    assert ADDED_ROW not in {p["title"] for p in build_dashboard(load_config(None), legacy=True)["panels"]}
+
+
 def _allowed(path):
     return path in DROPPED_BY_THE_SDK or re.sub(r"\[\d+\]", "[]", path) in DROPPED_BY_THE_SDK
 
@@ -241,7 +300,7 @@ def _allowed(path):
 @pytest.mark.parametrize("legacy", [False, True])
 def test_sdk_dashboard_shows_every_panel_and_query_of_the_hand_built_one(legacy):
     before = json.loads(BEFORE_SDK[legacy].read_text())
-    now = build_dashboard(load_config(None), legacy)
+    now = without_added(build_dashboard(load_config(None), legacy))
     assert [_panel_facts(p) for p in now["panels"]] == [_panel_facts(p) for p in before["panels"]]
     assert [(v["name"], v["type"], v.get("label"), v.get("query"), v.get("hide")) for v in now["templating"]["list"]] \
         == [(v["name"], v["type"], v.get("label"), v.get("query"), v.get("hide")) for v in before["templating"]["list"]]
@@ -258,7 +317,7 @@ def test_comparison_sees_a_changed_legend_unit_or_threshold():
                    lambda d: d["panels"][3]["fieldConfig"]["defaults"].update(unit="ms"),
                    lambda d: d["panels"][3]["fieldConfig"]["defaults"]["thresholds"]["steps"][1].update(value=1),
                    lambda d: d["templating"]["list"][1]["query"].update(query="label_values(up, job)")):
-        now = build_dashboard(load_config(None))
+        now = without_added(build_dashboard(load_config(None)))
         mutate(now)
         assert _missing_or_changed(before, now) and \
             not all(_allowed(p) for p in _missing_or_changed(before, now))

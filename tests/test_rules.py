@@ -25,6 +25,10 @@ def rules_of(text):
     return [r for g in yaml.safe_load(text)["groups"] for r in g["rules"]]
 
 
+def alerts_of(text):
+    return [r for r in rules_of(text) if "alert" in r]
+
+
 def write_config(path, text):
     path.write_text(text)
     return str(path)
@@ -63,7 +67,7 @@ def test_latency_unit_tests_are_generated_from_the_default_thresholds():
 
 
 def test_every_alert_is_unit_tested_firing_and_silent():
-    alerts = {r["alert"] for r in rules_of(RULES.read_text())}
+    alerts = {r["alert"] for r in alerts_of(RULES.read_text())}
     firing, silent = {}, set()
     for path in UNIT_TESTS:
         for group in yaml.safe_load(path.read_text())["tests"]:
@@ -121,7 +125,7 @@ alerts:
     out_file = tmp_path / "rules.yml"
     res = run_cli("--config", cfg, "-o", str(out_file))
     assert res.returncode == 0, res.stderr
-    rules = {(r["alert"], r["labels"].get("op")): r for r in rules_of(out_file.read_text())}
+    rules = {(r["alert"], r["labels"].get("op")): r for r in alerts_of(out_file.read_text())}
     assert rules[("CollbenchLatencyWarning", "allreduce")]["expr"] == \
         'collbench_latency_avg_seconds{op="allreduce",size="256KB"} >= 0.003'
     assert rules[("CollbenchLatencyCritical", "allreduce")]["expr"] == \
@@ -174,7 +178,7 @@ def test_scaling_to_another_cluster_uses_the_busbw_model():
     assert res.returncode == 0, res.stderr
     assert "16 nodes at 100 Gb/s (scaled from 8 nodes at 25 Gb/s" in res.stdout
     exprs = {(r["alert"], r["labels"]["op"], r["labels"]["size"]): r["expr"]
-             for r in rules_of(res.stdout) if r["alert"] in ("CollbenchLatencyWarning", "CollbenchLatencyCritical")}
+             for r in alerts_of(res.stdout) if r["alert"] in ("CollbenchLatencyWarning", "CollbenchLatencyCritical")}
 
     def bound(alert, op, size):
         return float(exprs[(alert, op, size)].rsplit(" ", 1)[1])
@@ -215,6 +219,37 @@ def test_every_alert_is_documented():
     docs = (REPO / "docs" / "METRICS.md").read_text()
     section = docs[docs.index("<!-- section: dashboard"):docs.index("<!-- end section: dashboard")]
     assert "### Alerts" in section
-    for rule in rules_of(RULES.read_text()):
+    for rule in alerts_of(RULES.read_text()):
         assert f"| {rule['alert']} |" in section, rule["alert"]
         assert rule["annotations"]["runbook_url"] == "docs/METRICS.md#alerts"
+
+
+# ---------------------------------------------------------------- lost link time (recording rules)
+
+def test_every_recording_rule_is_unit_tested_and_documented():
+    records = {r["record"] for r in rules_of(RULES.read_text()) if "record" in r}
+    assert records == {"collbench:pause_lost_link_time:ratio", "collbench:xmit_wait_lost_link_time:ratio"}
+    tested = {case["expr"].split("{")[0] for path in UNIT_TESTS for group in yaml.safe_load(path.read_text())["tests"]
+              for case in group.get("promql_expr_test", [])}
+    assert records <= tested
+    docs = (REPO / "docs" / "METRICS.md").read_text()
+    for name in records:
+        assert f"`{name}`" in docs, name
+    assert "CONGESTION.md" in docs
+
+
+def test_xmit_wait_tick_from_the_config_reaches_the_rule_and_the_unit_tests_see_it(tmp_path):
+    """congestion.xmit_wait_tick_ns scales port_xmit_wait; the unit tests (8 ns) fail against 32 ns."""
+    promtool = require_tool("promtool")
+    cfg = write_config(tmp_path / "c.yaml", "congestion:\n  xmit_wait_tick_ns: 32\n")
+    (tmp_path / "prometheus" / "tests").mkdir(parents=True)
+    out = run_cli("--config", cfg, "-o", str(tmp_path / "prometheus" / "collbench-rules.yml"))
+    assert out.returncode == 0, out.stderr
+    (rule,) = [r for r in rules_of((tmp_path / "prometheus" / "collbench-rules.yml").read_text())
+               if r.get("record") == "collbench:xmit_wait_lost_link_time:ratio"]
+    assert rule["expr"] == "clamp_max(irate(collbench_rdma_port_xmit_wait_total[1m]) * 3.2e-08, 1)"
+    shutil.copy(REPO / "prometheus" / "tests" / "lost_link_time.test.yml", tmp_path / "prometheus" / "tests")
+    res = subprocess.run([promtool, "test", "rules", "lost_link_time.test.yml"], cwd=tmp_path / "prometheus" / "tests",
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0 and "FAILED" in res.stdout + res.stderr
+    assert "xmit_wait_lost_link_time" in res.stdout + res.stderr

@@ -26,7 +26,7 @@ from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models import text as text_model
 
 from collbench.ops import OPS, get_op
-from collbench.monitoring.rules import seconds_text
+from collbench.monitoring.rules import PAUSE_LOST_TIME, XMIT_WAIT_LOST_TIME, seconds_text
 
 SCHEMA_VERSION = model.Dashboard().schema_version   # the SDK's target: Grafana 11.6 (41)
 UID = "collbench"
@@ -38,6 +38,10 @@ GRID_WIDTH = 24
 SEL = 'job=~"$job",instance=~"$instance"'
 RATE = "$__rate_interval"
 FAILURES = "collbench_benchmark_failures_total{" + SEL + "}"
+# The per-host rows select by the `host` label (the counters exporters' file_sd targets, and the
+# master's exporter in the example prometheus.yml), not by job: every exporter that has one.
+HOST_SEL = 'host=~"$host"'
+TOP_K = 10          # series per per-host panel: the top k by rate at each point
 
 GREEN, YELLOW, RED = "green", "#EAB839", "red"
 
@@ -117,6 +121,9 @@ def variables(legacy):
         _query_variable("bwop", "Bandwidth ops",
                         "label_values(collbench_busbw_bytes_per_second{" + SEL + ',op=~"$op"}, op)',
                         hide=model.VariableHide.HIDE_VARIABLE),
+        # every host whose counters reach Prometheus with a host label (docs/SETUP.md, "Counters on every host")
+        _query_variable("host", "Host",
+                        'label_values(collbench_collector_success{collector=~"rdma_sysfs|ethtool|netstat"}, host)'),
     ]
 
 
@@ -335,6 +342,58 @@ def congestion_row(cfg):
     ])
 
 
+def _top(by, expr):
+    # max, not sum: the master's counters can reach Prometheus twice (its full exporter and its
+    # counters exporter, both labelled with its host): the same counter, counted once
+    return f"topk({TOP_K}, max by ({by}) ({expr}))"
+
+
+def hosts_congestion_row(cfg):
+    """Every host's counters (the counters exporters, `host` label): per host, port and priority,
+    the top TOP_K series by rate where there are many."""
+    ecn_warning, ecn_critical = cfg.thresholds.ecn_rate
+    h = f"{{{HOST_SEL}}}"
+    port, prio = "host, device, port", "host, netdev, direction, priority"
+    top = f"the {TOP_K} highest at each point in time"
+    return Row(f"Congestion on every host (top {TOP_K})", [
+        Panel("Host exporters", "stat", [Target(f"min by (host) (up{h})", "{{host}}")],
+              "Prometheus' scrape of each host's exporters (down if any of them is).",
+              mappings=[(0, "down", RED), (1, "up", GREEN)], width=24, height=3),
+        Panel("ECN-marked packets by host and port", "timeseries",
+              [Target(_top(port, f"rate(collbench_rdma_np_ecn_marked_roce_packets_total{h}[{RATE}])"),
+                      "{{host}} {{device}}/{{port}}")],
+              f"RoCE packets received CE-marked, per second, per host and port ({top}): the path INTO "
+              f"that host is congested. Lines at the ECN bounds ({ecn_warning:g}/s, {ecn_critical:g}/s).",
+              unit="pps", thresholds=[(None, GREEN), (ecn_warning, YELLOW), (ecn_critical, RED)],
+              threshold_lines=True, width=8),
+        Panel("CNPs handled by host and port", "timeseries",
+              [Target(_top(port, f"rate(collbench_rdma_rp_cnp_handled_total{h}[{RATE}])"),
+                      "{{host}} {{device}}/{{port}}")],
+              f"CNPs received and acted on, per second ({top}): that host SENDS into a congested path "
+              "and slowed down (DCQCN).", unit="pps", width=8),
+        Panel("Kernel IP CE by host", "timeseries",
+              [Target(_top("host", f"rate(collbench_netstat_ip_in_ce_packets_total{h}[{RATE}])"), "{{host}}")],
+              f"CE-marked IP packets the host's kernel received, per second ({top}; TCP transports).",
+              unit="pps", width=8),
+        Panel("PFC pause frames by host and priority", "timeseries",
+              [Target(_top(prio, f"rate(collbench_ethtool_pause_frames_total{h}[{RATE}])"),
+                      "{{host}} {{netdev}} prio {{priority}} {{direction}}")],
+              f"Per-priority pause frames per second ({top}): rx = the switch paused this host's port, "
+              "tx = this host paused the switch.", unit="pps", width=8),
+        Panel("Lost link time: paused, by host and priority", "timeseries",
+              [Target(_top(prio, f"{PAUSE_LOST_TIME}{h}"), "{{host}} {{netdev}} prio {{priority}} {{direction}}")],
+              f"Fraction of each scrape interval the priority was paused (recording rule {PAUSE_LOST_TIME}; "
+              f"{top}). rx: this port could not send.", unit="percentunit",
+              thresholds=[(None, GREEN), (0.5, RED)], threshold_lines=True, width=8),
+        Panel("Lost link time: xmit_wait, by host and port", "timeseries",
+              [Target(_top(port, f"{XMIT_WAIT_LOST_TIME}{h}"), "{{host}} {{device}}/{{port}}")],
+              f"Fraction of each scrape interval the port had data and sent nothing (port_xmit_wait x "
+              f"its tick, recording rule {XMIT_WAIT_LOST_TIME}; {top}). An estimate: the tick depends "
+              "on the NIC generation (docs/METRICS.md).", unit="percentunit",
+              thresholds=[(None, GREEN), (0.5, RED)], threshold_lines=True, width=8),
+    ])
+
+
 def reference_text(cfg):
     lines = ["#### What each collective means for training", "",
              "| Op | Training use | busbw factor |", "|---|---|---|"]
@@ -362,7 +421,7 @@ def rows(cfg, legacy):
         return [status_row(cfg, True), key_latency_row(cfg, True), latency_row(True),
                 congestion_row(cfg), reference_row(cfg)]
     return [status_row(cfg, False), key_latency_row(cfg, False), latency_row(False), baseline_row(cfg),
-            bandwidth_row(cfg), congestion_row(cfg), reference_row(cfg)]
+            bandwidth_row(cfg), congestion_row(cfg), hosts_congestion_row(cfg), reference_row(cfg)]
 
 
 # ---------------------------------------------------------------- Grafana, through the SDK
