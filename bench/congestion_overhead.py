@@ -138,7 +138,8 @@ def main():
 
         cfg.congestion.enabled, cfg.congestion.sysfs_root, cfg.congestion.ethtool_root = True, sysfs, eth
         print("snapshot cost, µs:")
-        print(f"  engine, fixture files       {spread(engine_snapshot_us(cfg, args.snapshots, work))}")
+        fixture_us = engine_snapshot_us(cfg, args.snapshots, work)
+        print(f"  engine, fixture files       {spread(fixture_us)}")
         backed = sysfs_backed_host(work, sysfs)
         if backed:
             cfg.congestion.sysfs_root = backed
@@ -156,19 +157,26 @@ def main():
         plan = bench_plan("scaled", args.scale)
         print(f"stress duty cycle ({len(plan)} steps, iterations / {args.scale}; {args.seconds:g} s windows, "
               f"off/on alternating):")
-        duty = {False: [], True: []}
+        duty, bounds = {False: [], True: []}, []
+        snap_s = statistics.median(fixture_us) * 1e-6
         for rnd in range(args.rounds):
             for on in (False, True):
                 cfg.congestion.enabled = on
                 d, nres, nfail = run_window(cfg, plan, "loop", args.seconds)
                 duty[on].append(d)
+                # what the snapshots can cost at most: two per step, at the measured median, per window
+                bound = f"  (2 snapshots x {nres} steps: at most {2 * nres * snap_s / args.seconds * 100:.3f} % "
+                bound += "of the window)" if on else ""
+                if on:
+                    bounds.append(2 * nres * snap_s / args.seconds * 100)
                 print(f"  round {rnd + 1} snapshots {'on ' if on else 'off'}  duty cycle {d:.4f}  {nres:5d} records"
-                      f"  {nfail} failures", flush=True)
+                      f"  {nfail} failures{bound if on else ''}", flush=True)
         losses = [(off - on) / off * 100 for off, on in zip(duty[False], duty[True]) if off]
         print(f"  off: median {statistics.median(duty[False]):.4f} (min {min(duty[False]):.4f}, max {max(duty[False]):.4f})")
         print(f"  on:  median {statistics.median(duty[True]):.4f} (min {min(duty[True]):.4f}, max {max(duty[True]):.4f})")
         print(f"  loss per round, %: {', '.join(f'{x:+.2f}' for x in losses)}; median {statistics.median(losses):+.2f} "
-              f"(target < 1 %)")
+              f"(target < 1 %; measured difference, machine noise included)")
+        print(f"  snapshot time per window, %: {', '.join(f'{x:.3f}' for x in bounds)} (the loss it can cause)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

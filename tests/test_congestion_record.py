@@ -171,3 +171,28 @@ def test_the_reading_page_lists_every_counter_of_the_table():
         if c.source == "ethtool" and "_prio" in c.name:
             shown = c.name[:7] + "<p>" + c.name[8:]          # rx_prio3_pause -> rx_prio<p>_pause
         assert f"| `{shown}` |" in page, shown
+
+
+def test_engine_names_become_the_records_hosts_through_each_readers_rank(tmp_path):
+    """The testbed's hostfile names addresses while MPI names the hosts h1..hN: each reader's rank
+    and the config's placement map one onto the other, and only when that is one to one."""
+    from collbench.config import build_config
+    from collbench.congestion import engine_lines
+
+    hosts = ["198.18.0.2:2", "198.18.0.3:2"]
+    cfg = build_config({"hosts": hosts, "ranks": 4}, "<test>", str(tmp_path))
+    ranks = engine_lines.rank_hosts(cfg)
+    assert ranks == ["198.18.0.2", "198.18.0.2", "198.18.0.3", "198.18.0.3"]
+    line = ('CBCONG {"loop":0,"step":0,"t0":1.0,"t1":2.0,"hosts":{'
+            '"h1":{"dt":1.0,"n":3,"src":1,"f":[0,0,0,0],"drop":0,"us":50.0,"r":0,"d":{"InCEPkts@netstat":4}},'
+            '"h2":{"dt":1.0,"n":3,"src":1,"f":[0,0,0,0],"drop":0,"us":50.0,"r":2,"d":{"TCPDeliveredCE@netstat":9}}}}')
+    payload = engine_lines.parse_line(line)
+    field = engine_lines.record_congestion(payload, ["198.18.0.2", "198.18.0.3"], 8.0, ranks)
+    assert set(field["moved"]) == {"198.18.0.2|InCEPkts@netstat", "198.18.0.3|TCPDeliveredCE@netstat"}
+    # both readers on one config host (emulated hosts on one machine): MPI's names stay
+    field = engine_lines.record_congestion(payload, ["localhost"], 8.0, ["localhost"] * 4)
+    assert set(field["moved"]) == {"h1|InCEPkts@netstat", "h2|TCPDeliveredCE@netstat"}
+    assert engine_lines.rank_hosts(build_config({"ranks": 2}, "<test>", str(tmp_path))) is None
+    for bad in ('CBCONG {"loop":0}', 'CBCONG [1]', "CBCONG {", line.replace('"r":2', '"r":-2'),
+                line.replace('"n":3', '"n":"3"'), line.replace('"InCEPkts@netstat":4', '"InCEPkts@netstat":-4')):
+        assert engine_lines.parse_line(bad) is None, bad

@@ -31,7 +31,10 @@ def _host_delta(h):
             or not isinstance(d, dict) or len(d) > MAX_MOVED_PER_HOST or not _count(h.get("drop", 0))
             or not all(isinstance(k, str) and _count(v) for k, v in d.items())):
         return None
-    return HostDelta(dict(d), {name: n for name, n in zip(FAULTS, f) if n}, h["n"], float(h["dt"]), h["src"]), h.get("drop", 0)
+    if "r" in h and not _count(h["r"], 1 << 31):
+        return None
+    return (HostDelta(dict(d), {name: n for name, n in zip(FAULTS, f) if n}, h["n"], float(h["dt"]), h["src"]),
+            h.get("drop", 0), h.get("r"))
 
 
 def parse_line(line):
@@ -48,19 +51,50 @@ def parse_line(line):
             or not _seconds(p.get("t0")) or not _seconds(p.get("t1")) or not isinstance(p.get("hosts"), dict)
             or len(p["hosts"]) > MAX_HOSTS):
         return None
-    hosts, dropped = {}, 0
+    hosts, dropped, readers = {}, 0, {}
     for name, h in p["hosts"].items():
         got = _host_delta(h)
         if got is None:
             return None
-        hosts[name], drop = got
+        hosts[name], drop, rank = got
         dropped += drop
+        if rank is not None:
+            readers[name] = rank
     return {"loop": p["loop"], "step": p["step"], "t0": float(p["t0"]), "t1": float(p["t1"]),
-            "hosts": hosts, "dropped": dropped}
+            "hosts": hosts, "dropped": dropped, "readers": readers}
 
 
-def record_congestion(payload, record_hosts=None, xmit_wait_tick_ns=None):
-    """The record's `congestion` field from a parsed CBCONG payload."""
+def rank_hosts(cfg):
+    """The config's host of every rank, where the config decides it (hosts_order, or mpirun's fill
+    of the hostfile's slots / ranks_per_node in order); None where it does not (srun, this machine
+    only, an oversubscribed wrap-around)."""
+    if getattr(cfg, "hosts_order", None):
+        return list(cfg.hosts_order)
+    if cfg.launcher != "mpirun" or getattr(cfg, "implicit_hosts", False):
+        return None
+    out = []
+    for h in cfg.hosts:
+        out += [h.name] * (cfg.ranks_per_node or h.slots)
+        if len(out) >= cfg.ranks:
+            return out[:cfg.ranks]
+    return None
+
+
+def _renamed(payload, record_hosts, ranks):
+    """{record host: HostDelta}: MPI's names replaced by the record's (the config's, e.g. the
+    hostfile's addresses) through each reader's rank, when that maps readers one to one onto the
+    record's hosts; else MPI's names as they are."""
+    hosts, readers = payload["hosts"], payload.get("readers") or {}
+    if not ranks or not record_hosts or set(readers) != set(hosts):
+        return hosts
+    names = {m: ranks[r] for m, r in readers.items() if r < len(ranks)}
+    if len(names) != len(hosts) or len(set(names.values())) != len(names) or not set(names.values()) <= set(record_hosts):
+        return hosts
+    return {names[m]: d for m, d in hosts.items()}
+
+
+def record_congestion(payload, record_hosts=None, xmit_wait_tick_ns=None, ranks=None):
+    """The record's `congestion` field from a parsed CBCONG payload (ranks: rank_hosts(cfg))."""
     kw = {} if xmit_wait_tick_ns is None else {"xmit_wait_tick_ns": xmit_wait_tick_ns}
-    return record_field.build(payload["hosts"], payload["t0"], payload["t1"], source="engine",
-                              hosts=record_hosts, dropped=payload["dropped"], **kw)
+    return record_field.build(_renamed(payload, record_hosts, ranks), payload["t0"], payload["t1"],
+                              source="engine", hosts=record_hosts, dropped=payload["dropped"], **kw)

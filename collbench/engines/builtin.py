@@ -179,8 +179,8 @@ def to_result(ctx, rec, step=None):
         rec["max_us"], rec["iterations"], rec["warmup"], validation=rec["validation"],
         straggler_rank=rec["max_rank"], ranks=rec["ranks"], ts=rec["t_end"], **optional)
     if "congestion" in rec:   # the step's CBCONG line (_job): the counters that moved, per host
-        payload, tick = rec["congestion"]
-        record["congestion"] = congestion_lines.record_congestion(payload, ctx.hosts, tick)
+        payload, tick, ranks = rec["congestion"]
+        record["congestion"] = congestion_lines.record_congestion(payload, ctx.hosts, tick, ranks)
     return record
 
 
@@ -216,7 +216,8 @@ def _job(cfg, steps, ctx, runner, plan_path, loop=False, max_loops=None):
                         ctx.observe_slurm_job(payload["slurm_job_id"])
                 continue
             if congestion is not None and (congestion["loop"], congestion["step"]) == (rec["loop"], rec["step"]):
-                rec["congestion"] = (congestion, congestion_sources.xmit_wait_tick_ns(cfg))
+                rec["congestion"] = (congestion, congestion_sources.xmit_wait_tick_ns(cfg),
+                                     congestion_lines.rank_hosts(cfg))
             congestion = None
             yield rec
         try:

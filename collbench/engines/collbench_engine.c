@@ -896,7 +896,7 @@ static void print_record(const Step *s, const StepResult *r, int loop, int index
  * immediately before and after each step's timed loop (outside the timed region), and rank 0
  * prints, before the step's CBREC line, one line
  *   CBCONG {"loop":L,"step":S,"t0":wall,"t1":wall,"hosts":{"HOST":{"dt":s,"n":read,"src":sources,
- *           "f":[vanished,unreadable,backwards,garbage],"drop":k,"us":snapshot µs,
+ *           "f":[vanished,unreadable,backwards,garbage],"drop":k,"us":snapshot µs,"r":reader's rank,
  *           "d":{"counter@where":delta,...}},...}}
  * with only the counters that moved (at most CONG_MAX_MOVED per host, the largest; the rest in
  * "drop"). Which counters, and where each host reads them, is the SPEC file Python writes from
@@ -954,7 +954,7 @@ typedef struct {                    /* a netdev's ETH_SS_STATS layout, kept whil
 } CongEth;
 
 typedef struct {
-    int enabled, reader;            /* reader: the lowest rank of this host */
+    int enabled, reader, rank;      /* reader: the lowest rank of this host; rank: in world */
     MPI_Comm leaders;               /* one rank per host; MPI_COMM_NULL on the others */
     char host[CONG_HOST_LEN];
     char sysfs_root[CONG_MAX_PATH], netstat[CONG_MAX_PATH], ethtool_root[CONG_MAX_PATH];
@@ -1576,6 +1576,7 @@ static int cong_setup(const char *spec_path, int rank, int nranks)
         }
     free(all);
     cong.reader = first == rank;
+    cong.rank = rank;
     MPI_Comm_split(MPI_COMM_WORLD, cong.reader ? 0 : MPI_UNDEFINED, rank, &cong.leaders);
     int bad = cong_load_spec(text) < 0, any_bad = 0;
     free(text);
@@ -1662,10 +1663,10 @@ static char *cong_fragment(int *len)
         return NULL;
     }
     json_string(quoted, sizeof(quoted), cong.host);
-    n += (size_t)snprintf(out + n, cap - n, "%s:{\"dt\":%.6f,\"n\":%d,\"src\":%d,\"f\":[%d,%d,%d,%d],\"drop\":%d,\"us\":%.1f,\"d\":{",
+    n += (size_t)snprintf(out + n, cap - n, "%s:{\"dt\":%.6f,\"n\":%d,\"src\":%d,\"f\":[%d,%d,%d,%d],\"drop\":%d,\"us\":%.1f,\"r\":%d,\"d\":{",
                           quoted, a->mono - b->mono, read, b->sources < a->sources ? b->sources : a->sources,
                           faults[CF_VANISHED], faults[CF_UNREADABLE], faults[CF_BACKWARDS], faults[CF_GARBAGE],
-                          nmoved - keep, cong.snap_us);
+                          nmoved - keep, cong.snap_us, cong.rank);
     for (int k = 0; k < keep; k++) {
         json_string(qk, sizeof(qk), moved[k].key);
         n += (size_t)snprintf(out + n, cap - n, "%s%s:%llu", k ? "," : "", qk, moved[k].d);
