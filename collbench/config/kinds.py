@@ -167,6 +167,8 @@ ITERATIONS = _ranged(int, "a positive whole number (at most 10^12, the engine's 
 WARMUP = _ranged(int, "a whole number >= 0 (at most 10^12, the engine's limit)", 0, MAX_ITERATIONS)
 PORT = _ranged(int, "a port number from 1 to 65535", 1, 65535)
 ROTATE_KEEP = _ranged(int, f"a whole number from 0 to {MAX_ROTATE_KEEP}", 0, MAX_ROTATE_KEEP)
+# exporter.congestion_top_k: hosts per op and size (congestion/attribution.MAX_K)
+TOP_K = _ranged(int, "a whole number from 1 to 16", 1, 16)
 STR_LIST = _str_list()
 STR_MAP = _str_map()
 

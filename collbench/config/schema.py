@@ -3,7 +3,7 @@ to (kind, default; None: not set), a section to its own schema; the loader walks
 
 from collbench.config.kinds import (BOOL, FRACTION, HOST_SOURCES, Kind, NONNEG_FLOAT, NONNEG_SECONDS, PATH, PORT, POS_FLOAT,
                                     POS_INT, POS_SECONDS, RANKS, ROTATE_KEEP, SECONDS, SIZE, STR, STR_LIST,
-                                    STR_MAP, choice)
+                                    STR_MAP, TOP_K, choice)
 from collbench.engines import NAMES as ENGINE_NAMES
 from collbench.ops import DATATYPES
 
@@ -38,8 +38,9 @@ EXPORTER_SCHEMA = {
     "netdevs": (STR_LIST, None),             # default: the RDMA devices' netdevs from sysfs
     "device_include": (STR, None),           # regex on RDMA device / netdev names
     "device_exclude": (STR, None),
-    "collectors": (STR_LIST, ["results", "rdma_sysfs", "ethtool", "netstat"]),
+    "collectors": (STR_LIST, ["results", "rdma_sysfs", "ethtool", "netstat", "congestion_top"]),
     "max_series": (POS_INT, 10000),          # result series kept per metric family; more are dropped and counted
+    "congestion_top_k": (TOP_K, 3),          # collbench_step_congestion_top: hosts per op and size
     "baseline": (STR, None),                 # baseline NAME (in state_dir) or PATH.json: collbench_baseline_* series
 }
 # the congestion counters read around every step (collbench/congestion, docs/CONGESTION.md)

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from collbench.exporter.collectors import CollectorSet, DeviceFilter
 from collbench.exporter.collectors.baseline import BaselineCollector
+from collbench.exporter.collectors.congestion_top import CongestionTopCollector
 from collbench.exporter.collectors.ethtool import EthtoolCollector
 from collbench.exporter.collectors.legacy import LegacyCollector
 from collbench.exporter.collectors.netstat import NetstatCollector
@@ -44,6 +45,8 @@ COLLECTORS = {
     "ethtool": lambda ex, dev_filter: EthtoolCollector(ex.settings.ethtool, ex.settings.netdevs,
                                                        ex.settings.sysfs_root, dev_filter),
     "netstat": lambda ex, _: NetstatCollector(ex.settings.procfs_root),
+    "congestion_top": lambda ex, _: CongestionTopCollector(ex.state, getattr(ex.settings, "congestion_top_k", 3),
+                                                           ex.clock),
 }
 BACKFILL_BYTES = 8 << 20    # ~14000 records: 15 min of a busy plan is ~700
 STALL_POLLS = 5             # /health: unhealthy after this many poll intervals without a poll

@@ -21,6 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from collbench.congestion.attribution import MAX_K, ranked
 from collbench.ops import OPS
 from collbench.sizes import format_size
 from collbench.results.record_parser import RECORD_TYPES, ParseError, parse_record
@@ -51,6 +52,9 @@ class Series:
     algbw: float     # bytes/s, None when the op has no bandwidth (barrier)
     busbw: float
     ts: float        # when it was measured (record `ts`)
+    # the hosts whose congestion counters moved most during the step, best first (at most
+    # attribution.MAX_K: bounded whatever the number of hosts); collectors/congestion_top.py
+    congestion_top: tuple = ()
 
     @property
     def key(self):
@@ -73,7 +77,8 @@ def series_from_record(rec):
         max_s=(avg if high is None else float(high)) / 1e6,
         algbw=None if algbw is None else float(algbw),
         busbw=None if busbw is None else float(busbw),
-        ts=float(rec["ts"]))
+        ts=float(rec["ts"]),
+        congestion_top=tuple(ranked(rec.get("congestion"), MAX_K)))
 
 
 def _success(rec):
