@@ -1,22 +1,24 @@
 #!/usr/bin/env python3
-"""Allgather under every algorithm the installed MPI offers, and what the written rules file buys.
+"""What the tuning file `collbench compare --write-rules` buys, over consecutive runs.
 
-Runs `collbench compare --op allgather` at 4 ranks from 1 KB to 16 MB per rank (factor 2),
-sustained timing, with --write-rules and --check-rules on the same file, and prints per size:
-each algorithm's busbw, the fastest, the default's deficit against it, and the gain the rules
-file delivers, measured: default with the file loaded, run after the forced runs, against the
-default run without it (not predicted from the table): after the comparison, --repeats pairs of
-jobs, default without and with the file (`--algorithms default`, the file loaded by MCA
-parameters), in ABBA order; per size the median of the pairs' ratios. Where the file keeps the
-library's own choice the two jobs run the same algorithm: their "gain" there is printed as the
-control, the noise floor of the figure.
+Each of --runs runs (default 3) is `collbench compare --op allgather --write-rules FILE` at --np
+ranks over --min-bytes..--max-bytes (factor --factor), with compare's defaults for the blocks
+(adaptive, within --time-budget) and its own ABBA check of the file. Then the bench measures the
+file itself, independently of compare: --pairs pairs of jobs, default without and with the file
+(`--algorithms default --blocks 1`, the file loaded by MCA parameters), in ABBA order; per size the
+gain median(without) / median(with) with its 95 % rank interval (collbench.compare.stats). Sizes
+where the file keeps the library's choice run the same algorithm both ways: their gain is the
+control, the noise of the figure.
 
-    .venv/bin/python bench/compare_allgather.py [--np 4] [--transport shm] [--iterations 20]
-                                                [--repeats 3] [--min-bytes 1KB] [--max-bytes 16MB]
-                                                [--config FILE]
+Per run it prints: the sizes the file forces (compare's interval), compare's verdict
+(installed-quality or not), and the bench's own gain per size with its interval, the geometric
+mean over all sizes and over the forced ones, the worst size, and the control.
 
-The machine's load average is printed before and after: on a shared machine the figures move
-with it. Every algorithm runs --repeats times in rotated order; the table shows the median run.
+    .venv/bin/python bench/compare_allgather.py [--np 4] [--runs 3] [--min-bytes 1KB] [--max-bytes 16MB]
+                                                [--factor 2] [--time-budget 120] [--pairs 4]
+
+The machine's load average is printed before and after each run: on a shared machine the figures
+move with it.
 """
 
 import argparse
@@ -33,6 +35,9 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from collbench.compare.stats import speedup_interval  # noqa: E402
 
 
 def load():
@@ -40,13 +45,46 @@ def load():
     return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} CPUs"
 
 
-def median_busbw(rows):
-    values = [r["busbw_bytes_per_s"] for r in rows if r["busbw_bytes_per_s"] is not None]
-    return statistics.median(values) if values else None
+def label(size):
+    return f"{size // 1024}KB" if size < 1 << 20 else f"{size >> 20}MB"
 
 
-def gbps(bps):
-    return "-" if bps is None else f"{bps / 1e9:.3f}"
+def pct(x):
+    return "-" if x is None else f"{(x - 1) * 100:+.1f}%"
+
+
+def interval(g, lo, hi):
+    if g is None:
+        return "-"
+    return f"{pct(g)} [{pct(lo)}, {pct(hi)}]" if lo is not None else f"{pct(g)} [no interval]"
+
+
+def geo(values):
+    values = [v for v in values if v]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def measure_file(single, cfg, rules, tmp, pairs):
+    """{size: (without samples, with samples)} from ABBA pairs of default jobs without/with the file."""
+    with open(cfg, encoding="utf-8") as f:
+        data = yaml.safe_load(f) or {}
+    data["launcher_args"] = list(data.get("launcher_args") or []) + [
+        "--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_dynamic_rules_filename", rules]
+    tuned = os.path.join(tmp, "tuned.yaml")
+    with open(tuned, "w", encoding="utf-8") as f:
+        yaml.safe_dump(data, f)
+    runs = {"without": single + ["-c", cfg], "with": single + ["-c", tuned]}
+    out = {}
+    for n in range(2 * pairs):
+        which = "without" if n % 4 in (0, 3) else "with"
+        q = subprocess.run(runs[which], capture_output=True, text=True, cwd=str(REPO))
+        if q.returncode not in (0, 1) or not q.stdout.strip():
+            sys.stderr.write(q.stderr[-2000:])
+            continue
+        for r in json.loads(q.stdout)["rows"]:
+            if r["status"] == "ok" and r["algorithm"] == "default":
+                out.setdefault(r["size_bytes"], {"without": [], "with": []})[which].append(r["avg_us"])
+    return out
 
 
 def main():
@@ -57,121 +95,72 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--min-bytes", default="1KB")
     ap.add_argument("--max-bytes", default="16MB")
+    ap.add_argument("--factor", default="2")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--time-budget", default="120", help="compare's --time-budget per run (default 120 s)")
+    ap.add_argument("--pairs", type=int, default=4, help="the bench's own ABBA pairs per run (default 4)")
     ap.add_argument("--config", help="a collbench config (default: this machine, --transport)")
-    ap.add_argument("--repeats", type=int, default=3,
-                    help="rounds of the comparison (compare --repeats: the median run per algorithm and size) "
-                         "and default-then-rules passes after it (the gain: their median ratio); default 3")
     args = ap.parse_args()
 
+    summary = []
     with tempfile.TemporaryDirectory(prefix="compare-bench-") as tmp:
         cfg = args.config
         if cfg is None:
             cfg = os.path.join(tmp, "bench.yaml")
             with open(cfg, "w", encoding="utf-8") as f:
                 f.write(f"ranks: {args.np}\ntransport: {args.transport}\nstep_timeout: 1200\n")
-        rules = os.path.join(tmp, "allgather-rules.conf")
-        common = [sys.executable, "-m", "collbench", "compare", "--op", "allgather",
-                  "--np", str(args.np), "--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes,
-                  "--factor", "2", "--iterations", str(args.iterations), "--warmup", str(args.warmup),
-                  "--timing", "sustained", "--format", "json", "-q"]
-        argv = common + ["-c", cfg, "--check-rules", rules, "--repeats", str(args.repeats), "--write-rules", rules]
-        single = common + ["--repeats", "1", "--algorithms", "default"]   # one job: default, +/- the file
-        print(f"before: {load()}")
-        t0 = time.monotonic()
-        p = subprocess.run(argv, capture_output=True, text=True, cwd=str(REPO))
-        took = time.monotonic() - t0
-        print(f"after:  {load()}  ({took:.0f}s)")
-        if p.returncode not in (0, 1) or not p.stdout.strip():
-            sys.stderr.write(p.stderr)
-            return p.returncode or 1
-        doc = json.loads(p.stdout)
-        rules_text = open(rules, encoding="utf-8").read() if os.path.exists(rules) else ""
-        # The gain, measured again: default without and with the file, each its own job, in
-        # alternating order (ABBA: without/with, with/without, ...), so neither the machine's
-        # drift nor the position in a pair decides it.
-        paired = {}
-        if rules_text:
-            with open(cfg, encoding="utf-8") as f:
-                data = yaml.safe_load(f) or {}
-            data["launcher_args"] = list(data.get("launcher_args") or []) + [
-                "--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_dynamic_rules_filename", rules]
-            tuned_cfg = os.path.join(tmp, "tuned.yaml")
-            with open(tuned_cfg, "w", encoding="utf-8") as f:
-                yaml.safe_dump(data, f)
-            runs = {"default": single + ["-c", cfg], "rules": single + ["-c", tuned_cfg]}
-            for n in range(2 * args.repeats):
-                order = ("default", "rules") if n % 4 < 2 else ("rules", "default")
-                which = order[n % 2]
-                q = subprocess.run(runs[which], capture_output=True, text=True, cwd=str(REPO))
-                if q.returncode not in (0, 1) or not q.stdout.strip():
-                    sys.stderr.write(q.stderr)
-                    break
-                for r in json.loads(q.stdout)["rows"]:
-                    if r["status"] == "ok":
-                        paired.setdefault(r["size_bytes"], {}).setdefault(which, []).append(r)
-            print(f"after {args.repeats} default/rules pairs: {load()}  ({time.monotonic() - t0:.0f}s)")
-
-    rows = doc["rows"]
-    algorithms = list(dict.fromkeys(r["algorithm"] for r in rows if r["algorithm"] != "rules"))
-    shown = [a for a in algorithms if any(r["algorithm"] == a and r["status"] == "ok" for r in rows)]
-    skipped = {r["algorithm"]: r["reason"] for r in rows if r["status"] != "ok" and r["algorithm"] not in shown}
-    print(f"\nallgather, {doc['ranks']} ranks, {doc['mpi']}, transport {doc['transport']}, "
-          f"{doc['timing']} timing, {doc['iterations']} iterations; busbw in GB/s")
-    for name, reason in skipped.items():
-        print(f"  {name}: not measured: {reason}")
-    width = max(9, *(len(a) for a in shown))
-    header = f"{'size':>7}  " + "  ".join(f"{a[:width]:>{width}}" for a in shown)
-    header += f"  {'fastest':>{width}}  {'default deficit':>15}"
-    header += f"  {'default*':>9}  {'rules*':>9}  {'rules gain':>10}" if paired else f"  {'rules':>9}  {'rules gain':>10}"
-    print(header)
-    gains, deficits, control = [], [], []
-    for size in sorted({r["size_bytes"] for r in rows}):
-        group = {r["algorithm"]: r for r in rows if r["size_bytes"] == size}
-        cells = [gbps(group[a]["busbw_bytes_per_s"]) if a in group and group[a]["status"] == "ok" else "-" for a in shown]
-        best = next((r for r in group.values() if r["fastest"]), None)
-        default, checked = group.get("default"), group.get("rules")
-        deficit = gain = None
-        if best and default and default["status"] == "ok":
-            deficit = 1 - best["avg_us"] / default["avg_us"]
-            deficits.append(deficit)
-        pairs = paired.get(size, {})
-        paired_cells = ["-", "-"]
-        if pairs.get("default") and pairs.get("rules"):
-            gain = statistics.median(d["avg_us"] / r["avg_us"] for d, r in zip(pairs["default"], pairs["rules"])) - 1
-            gains.append(gain)
-            if best is not None and best["algorithm"] == "default":   # the file's rule there: algorithm 0
-                control.append(gain)
-            paired_cells = [gbps(median_busbw(pairs["default"])), gbps(median_busbw(pairs["rules"]))]
-        elif checked and checked["status"] == "ok" and default and default["status"] == "ok":
-            gain = default["avg_us"] / checked["avg_us"] - 1
-            gains.append(gain)
-        label = f"{size // 1024}KB" if size < 1 << 20 else f"{size >> 20}MB"
-        line = f"{label:>7}  " + "  ".join(f"{c:>{width}}" for c in cells)
-        line += f"  {(best['algorithm'] if best else '-')[:width]:>{width}}"
-        line += f"  {'-' if deficit is None else f'{deficit * 100:.0f}%':>15}"
-        if paired:
-            line += f"  {paired_cells[0]:>9}  {paired_cells[1]:>9}"
-        else:
-            line += f"  {gbps(checked['busbw_bytes_per_s']) if checked and checked['status'] == 'ok' else '-':>9}"
-        line += f"  {'-' if gain is None else f'{gain * 100:+.0f}%':>10}"
-        print(line)
-    if paired:
-        print(f"* default and rules: median busbw of {args.repeats} jobs each, run after the comparison in ABBA order")
-    if control:
-        print(f"control: where the file keeps the library's own choice (algorithm 0) the same algorithm runs "
-              f"with and without it, so the measured gain there is noise: "
-              f"{', '.join(f'{g * 100:+.0f}%' for g in control)} ({len(control)} sizes)")
-    if gains:
-        geo = math.exp(sum(math.log(1 + g) for g in gains) / len(gains)) - 1
-        how = f"median of {args.repeats} ABBA-ordered pairs of jobs" if paired else "the comparison's own check"
-        print(f"\nrules gain ({how}) vs default, measured: geometric mean {geo * 100:+.1f}% over {len(gains)} sizes "
-              f"(best {max(gains) * 100:+.0f}%, worst {min(gains) * 100:+.0f}%)")
-    if deficits:
-        print(f"default's deficit against the fastest: median {sorted(deficits)[len(deficits) // 2] * 100:.0f}%, "
-              f"largest {max(deficits) * 100:.0f}%")
-    if rules_text:
-        print("\nthe rules file written:")
-        print("\n".join("  " + ln for ln in rules_text.splitlines() if ln and not ln.startswith("#")))
+        common = [sys.executable, "-m", "collbench", "compare", "--op", "allgather", "--np", str(args.np),
+                  "--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes, "--factor", args.factor,
+                  "--iterations", str(args.iterations), "--warmup", str(args.warmup), "--timing", "sustained",
+                  "--format", "json", "-q"]
+        single = common + ["--algorithms", "default", "--blocks", "1"]
+        for run in range(1, args.runs + 1):
+            rules = os.path.join(tmp, f"allgather-rules-{run}.conf")
+            print(f"\n=== run {run}: before: {load()}")
+            t0 = time.monotonic()
+            p = subprocess.run(common + ["-c", cfg, "--write-rules", rules, "--time-budget", args.time_budget],
+                               capture_output=True, text=True, cwd=str(REPO))
+            took = time.monotonic() - t0
+            if p.returncode not in (0, 1) or not p.stdout.strip():
+                sys.stderr.write(p.stderr[-3000:])
+                return p.returncode or 1
+            doc = json.loads(p.stdout)
+            chk = doc.get("rules_check") or {}
+            print(f"compare: {doc['blocks']} blocks ({doc['blocks_stopped']}), {took:.0f}s; {load()}")
+            forced = {v["size_bytes"]: v for v in chk.get("sizes", []) if v["forced"] and v["verdict"] == "kept"}
+            for v in chk.get("sizes", []):
+                if v["forced"]:
+                    print(f"  compare's check {label(v['size_bytes']):>5} {v['forced']:<20} "
+                          f"{interval(v['gain'], v['ci_low'], v['ci_high'])}  {v['verdict']}")
+            print(f"  file: {'installed-quality' if doc.get('installed_quality') else 'NOT installed-quality'}"
+                  f" ({chk.get('reason') or 'check passed'}); forces {len(forced)} of {len(doc['chosen'])} sizes")
+            t1 = time.monotonic()
+            samples = measure_file(single, cfg, rules, tmp, args.pairs)
+            print(f"bench's own check: {args.pairs} ABBA pairs, {time.monotonic() - t1:.0f}s; {load()}")
+            gains, forced_gains, control = {}, [], []
+            for size in sorted(samples):
+                s = samples[size]
+                g, lo, hi = speedup_interval(s["without"], s["with"])
+                gains[size] = (g, lo, hi)
+                what = forced[size]["forced"] if size in forced else "(library's choice: control)"
+                (forced_gains if size in forced else control).append(g)
+                print(f"  {label(size):>5} {what:<28} {interval(g, lo, hi)}")
+            all_geo = geo([g for g, _, _ in gains.values()])
+            worst = min(gains.items(), key=lambda kv: kv[1][0] or 9) if gains else None
+            print(f"  gain of the file, geometric mean over {len(gains)} sizes: {pct(all_geo)}; over the "
+                  f"{len(forced_gains)} forced: {pct(geo(forced_gains))}; worst "
+                  f"{pct(worst[1][0]) if worst else '-'} ({label(worst[0]) if worst else '-'}); control "
+                  f"{', '.join(pct(g) for g in control) or '-'}")
+            summary.append((run, doc["blocks"], len(forced), all_geo, geo(forced_gains), worst, control,
+                            doc.get("installed_quality")))
+    print("\n| run | blocks | sizes forced | file vs default, geometric mean (all sizes) | forced sizes | worst size | "
+          "control (same algorithm both ways) | installed-quality |")
+    print("|---|---|---|---|---|---|---|---|")
+    for run, blocks, nforced, all_geo, fgeo, worst, control, iq in summary:
+        ctrl = ", ".join(pct(g) for g in control[:4]) + (" ..." if len(control) > 4 else "")
+        print(f"| {run} | {blocks} | {nforced} | {pct(all_geo)} | {pct(fgeo)} | "
+              f"{pct(worst[1][0]) if worst else '-'} ({label(worst[0]) if worst else '-'}) | {ctrl or '-'} | "
+              f"{'yes' if iq else 'no'} |")
     return 0
 
 

@@ -56,7 +56,7 @@ def listed(ops=OPS):
 def test_every_algorithm_runs_or_says_why(tmp_path, engine_bin, transport):
     results, tsv = tmp_path / "r.jsonl", tmp_path / "r.tsv"
     p = compare(tmp_path, ["--ops", ",".join(OPS), "--sizes", "4KB", "--iterations", "2", "--warmup", "1",
-                           "--format", "json", "--results", str(results), "--tsv", str(tsv), "-q"],
+                           "--blocks", "1", "--format", "json", "--results", str(results), "--tsv", str(tsv), "-q"],
                 {"ranks": 4, "transport": transport, "engine_path": engine_bin, "step_timeout": 300})
     assert p.returncode == 0, p.stderr[-3000:]
     doc = json.loads(p.stdout)
@@ -86,37 +86,51 @@ def test_every_algorithm_runs_or_says_why(tmp_path, engine_bin, transport):
     assert len(lines) == len(rows) + 1 and lines[0].split("\t")[2] == "algorithm"
 
 
-def test_table_marks_the_fastest_with_its_speedup(tmp_path, engine_bin):
+def test_table_shows_the_interval_and_marks_only_proven_wins(tmp_path, engine_bin):
     p = compare(tmp_path, ["--op", "allgather", "--sizes", "8KB,32KB", "--algorithms", "ring,bruck",
-                           "--iterations", "3", "--warmup", "1", "-q"],
+                           "--iterations", "3", "--warmup", "1", "--blocks", "5", "-q"],
                 {"ranks": 4, "engine_path": engine_bin})
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     head = next(i for i, ln in enumerate(lines) if ln.startswith("Algorithm"))
     assert lines[head].split() == ["Algorithm", "Size(B)", "Count", "Avg(ms)", "Min(ms)", "Max(ms)",
-                                   "AlgoBW(GB/s)", "BusBW(GB/s)", "Valid", "Fastest"]
+                                   "AlgoBW(GB/s)", "BusBW(GB/s)", "Valid", "Blocks", "vs", "default",
+                                   "[95%", "CI]", "Mark"]
     rows = [ln.split() for ln in lines[head + 2:] if ln.split()[:1] and ln.split()[0] in ("default", "ring", "bruck")]
     assert len(rows) == 6
     for size in ("8192", "32768"):
-        group = [r for r in rows if r[1] == size]
-        assert [r[2] for r in group] == [size] * 3        # count: char elements
-        starred = [r for r in group if len(r) > 9 and r[9] == "*"]
-        assert len(starred) == 1
-        best, default = starred[0], next(r for r in group if r[0] == "default")
-        assert float(best[3]) == min(float(r[3]) for r in group)
-        if best is not default:
-            assert float(best[10].rstrip("x")) == pytest.approx(float(default[3]) / float(best[3]), rel=0.02, abs=0.02)
-    assert "Fastest per size" in p.stdout
+        group = {r[0]: r for r in rows if r[1] == size}
+        assert [r[2] for r in group.values()] == [size] * 3        # count: char elements
+        default = group["default"]
+        assert default[9] == "5"
+        kept = default[10:] == ["keep"]
+        for name in ("ring", "bruck"):
+            r = group[name]
+            assert r[9] == "5"
+            # "1.23x [1.10, 1.35]": the point is default's median over the algorithm's (5 blocks:
+            # the Avg column is the median block's), the interval around it
+            point, lo, hi = float(r[10].rstrip("x")), float(r[11].strip("[,")), float(r[12].rstrip("]"))
+            assert point == pytest.approx(float(default[3]) / float(r[3]), rel=0.05, abs=0.02)
+            assert lo <= hi
+            mark = " ".join(r[13:])
+            assert (mark.startswith("win")) == (lo > 1.0), r
+            if mark == "win, rule":
+                assert lo > 1.05 and not kept, r
+        rules = [r for r in group.values() if " ".join(r[13:]) == "win, rule"]
+        assert len(rules) == (0 if kept else 1)
+    assert "Choice per size" in p.stdout
     c = compare(tmp_path, ["--op", "allgather", "--sizes", "8KB", "--algorithms", "ring", "--iterations", "2",
-                           "--warmup", "1", "--format", "csv", "-q"], {"ranks": 4, "engine_path": engine_bin})
+                           "--warmup", "1", "--blocks", "2", "--format", "csv", "-q"], {"ranks": 4, "engine_path": engine_bin})
     table = list(csv.DictReader(io.StringIO(c.stdout)))
     assert tuple(table[0]) == CSV_FIELDS and [r["algorithm"] for r in table] == ["default", "ring"]
+    # 2 blocks cannot prove anything at 95 %: no interval, no win, the file would keep default
+    assert table[1]["ci_low"] == "" and table[1]["win"] == "" and table[0]["chosen"] == "yes"
 
 
 def test_in_place_datatype_and_osu_timing(tmp_path, engine_bin):
     results = tmp_path / "r.jsonl"
     p = compare(tmp_path, ["--op", "allreduce", "--sizes", "16KB", "--algorithms", "ring,recursive_doubling",
-                           "--in-place", "--datatype", "int", "--timing", "osu", "--iterations", "2", "--warmup", "1",
+                           "--blocks", "1", "--in-place", "--datatype", "int", "--timing", "osu", "--iterations", "2", "--warmup", "1",
                            "--format", "json", "--results", str(results), "-q"],
                 {"ranks": 4, "engine_path": engine_bin})
     assert p.returncode == 0, p.stderr
@@ -131,22 +145,37 @@ def test_in_place_datatype_and_osu_timing(tmp_path, engine_bin):
 def test_rules_file_is_the_measurement_and_open_mpi_runs_it(tmp_path, engine_bin):
     rules = tmp_path / "tuned-rules.conf"
     p = compare(tmp_path, ["--op", "allgather", "--sizes", "4KB,64KB", "--algorithms", "ring,bruck,recursive_doubling",
-                           "--iterations", "3", "--warmup", "1", "--format", "json",
+                           "--iterations", "3", "--warmup", "1", "--blocks", "6", "--format", "json",
                            "--write-rules", str(rules), "--check-rules", str(rules), "-q"],
                 {"ranks": 4, "engine_path": engine_bin})
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
-    assert doc["rules_written"] == str(rules) and doc["rules_checked"] == str(rules)
+    assert doc["rules_written"] == str(rules) and doc["rules_checked"] == str(rules) and doc["blocks"] == 6
     parsed = rules_file.read_ompi_rules(str(rules))
     cfg = engine_cfg(tmp_path, engine_bin, ranks=4)
     cat = algs.catalogue(cfg)
-    for best in doc["fastest"]:
-        want = 0 if best["algorithm"] == "default" else int(cat.find("allgather", best["algorithm"]).value)
-        assert rules_file.rule_for(parsed, rules_file.OMPI_COLLTYPE["allgather"], 4, best["size_bytes"] * 4) == want
+    forced = 0
+    for chosen in doc["chosen"]:
+        row = next(r for r in doc["rows"] if r["size_bytes"] == chosen["size_bytes"] and r["chosen"])
+        assert row["algorithm"] == chosen["algorithm"]
+        if chosen["algorithm"] == "default":
+            want = 0
+        else:
+            forced += 1
+            assert chosen["ci_low"] > 1.05           # forced only where proven above 1 + margin
+            dropped = {d["size_bytes"] for d in doc["rules_check"]["dropped"]}
+            want = 0 if chosen["size_bytes"] in dropped else int(cat.find("allgather", chosen["algorithm"]).value)
+        assert rules_file.rule_for(parsed, rules_file.OMPI_COLLTYPE["allgather"], 4, chosen["size_bytes"] * 4) == want
     # other communicator sizes keep the library's own choice
     assert rules_file.rule_for(parsed, 0, 2, 4096 * 2) == 0 and rules_file.rule_for(parsed, 0, 8, 4096 * 8) == 0
-    checked = [r for r in doc["rows"] if r["algorithm"] == "rules"]
-    assert [r["status"] for r in checked] == ["ok", "ok"] and all(r["speedup_vs_default"] for r in checked)
+    chk = doc["rules_check"]
+    if forced:
+        checked = [r for r in doc["rows"] if r["algorithm"] == "rules"]
+        assert chk["ran"] and [r["status"] for r in checked] == ["ok", "ok"] and chk["pairs"] >= 4
+        assert all(r["speedup"] for r in checked)
+    else:
+        assert not chk["ran"] and "forces nothing" in chk["reason"]
+    assert doc["installed_quality"] == chk["installed_quality"]
 
     # What runs with a rules file: a choice unlike the default's at both sizes, proven by the
     # messages (ring below 32 KB of gathered data, bruck above), and without it the default's.
@@ -195,7 +224,7 @@ def test_mpich_ring_and_recursive_doubling(tmp_path, mpich_engine):
     cfg = {"ranks": 4, "launcher_path": "mpirun.mpich", "engine_path": mpich_engine, "step_timeout": 600}
     env_file = tmp_path / "mpich.env"
     p = compare(tmp_path, ["--ops", "allgather,allreduce", "--sizes", "16KB", "--algorithms",
-                           "ring,recursive_doubling", "--iterations", "2", "--warmup", "1", "--format", "json",
+                           "ring,recursive_doubling", "--blocks", "2", "--iterations", "2", "--warmup", "1", "--format", "json",
                            "--write-rules", str(env_file), "--check-rules", str(env_file), "-q"], cfg)
     assert p.returncode == 0, p.stderr[-3000:]
     doc = json.loads(p.stdout)
@@ -209,12 +238,20 @@ def test_mpich_ring_and_recursive_doubling(tmp_path, mpich_engine):
     env = algs.read_env_file(str(env_file))
     assert set(env) <= {"MPIR_CVAR_ALLGATHER_INTRA_ALGORITHM", "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM",
                         "MPIR_CVAR_DEVICE_COLLECTIVES"}
-    assert [r["status"] for r in doc["rows"] if r["algorithm"] == "rules"] == ["ok", "ok"]
+    chosen = {c["op"]: c["algorithm"] for c in doc["chosen"]}
+    for op, cvar in (("allgather", "MPIR_CVAR_ALLGATHER_INTRA_ALGORITHM"),
+                     ("allreduce", "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM")):
+        dropped = {d["op"] for d in (doc["rules_check"] or {}).get("dropped", [])}
+        want = None if chosen[op] == "default" or op in dropped else chosen[op]
+        assert env.get(cvar) == want, (op, env, chosen)
+    rules_rows = [r["status"] for r in doc["rows"] if r["algorithm"] == "rules"]
+    assert rules_rows == (["ok", "ok"] if doc["rules_check"]["ran"] else [])
     p = compare(tmp_path, ["--op", "allreduce", "--algorithms", "ring", "--sizes", "16KB"], cfg, timeout=300)
     assert p.returncode == 2 and "recursive_doubling" in p.stderr and "'ring'" in p.stderr
 
 
 def test_repeats_report_the_median_run(tmp_path, engine_bin):
+    """--repeats, --blocks' older name: the row shows the median block, and carries every sample."""
     results = tmp_path / "r.jsonl"
     p = compare(tmp_path, ["--op", "allgather", "--sizes", "4KB", "--algorithms", "ring", "--repeats", "3",
                            "--iterations", "2", "--warmup", "1", "--format", "json", "--results", str(results), "-q"],
@@ -226,4 +263,4 @@ def test_repeats_report_the_median_run(tmp_path, engine_bin):
     for row in doc["rows"]:
         runs = sorted(r["latency_avg_us"] for r in recs if r["algorithm"] == row["algorithm"])
         assert row["runs"] == 3 and len(runs) == 3
-        assert row["avg_us"] == runs[1]
+        assert row["avg_us"] == runs[1] and sorted(row["samples_us"]) == runs and row["blocks"] == 3

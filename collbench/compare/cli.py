@@ -5,29 +5,39 @@ and the tuning file that picks the fastest.
                       [--algorithms LIST] [--timing sustained|osu] [--in-place] [--datatype T]
                       [--write-rules FILE] [--check-rules FILE] [--format table|csv|json]
 
+Each algorithm is measured in blocks (compare/blocks.py), its speed-up over default gets a
+interval and the tuning file forces it only where that interval lies above 1 + margin
+(compare/stats.py); the file written is then checked against default in ABBA order
+(compare/check.py), and a size where it is slower is dropped.
+
 Exit codes: 0 every row measured or explained (a documented constraint, or the MPI's own refusal of
 that algorithm); 1 a failure nothing explains, a failed validation, or the default failed; 2 a
-config or flag error (nothing runs, nothing is written); 130/143 interrupted (nothing written).
+config or flag error (nothing runs, nothing is written), or an output file that could not be
+written at the end (the others are written and the table printed, the failed file named);
+130/143 interrupted (nothing written).
 """
 
 import os
-import signal
 import sys
 import time
 
-from collbench.atomic_file import check_writable, write_atomic
-from collbench.compare import rules_file, table
-from collbench.compare.runner import Plan, Progress, measure, median_rows, with_rules
-from collbench.config import ITERATIONS, MESSAGE_SIZE, WARMUP, apply_overrides, check_flag, int_flag, load_config
+from collbench import cli_values, harness
+from collbench.atomic_file import Outputs, OutputError, check_writable, write_output
+from collbench.bounded_repr import bounded_repr
+from collbench.compare import rules_file, stats, table
+from collbench.compare.blocks import Policy, run_blocks
+from collbench.compare.check import MIN_PAIRS, run_check
+from collbench.compare.runner import Plan, Progress, median_rows, with_rules
+from collbench.config import ITERATIONS, WARMUP, apply_overrides, check_flag, int_flag, load_config
 from collbench.engines import algorithms as algs
 from collbench.engines import get_engine, mpi_flavour
 from collbench.errors import UserError
 from collbench.ops import DATATYPES, OPS, get_op
-from collbench.results.records import RunContext, dumps
+from collbench.results.records import dumps
 from collbench.sizes import format_size
 
 MAX_SIZES = 64
-MAX_REPEATS = 100
+MAX_BUDGET_S = 7 * 86400
 TIMINGS = ("sustained", "osu")
 
 
@@ -38,12 +48,14 @@ def register(subparsers):
         description="Run an op once per collective algorithm the installed MPI offers (Open MPI's "
                     "coll/tuned list from ompi_info, MPICH's from mpivars) plus the library's own "
                     "choice ('default'), over a size sweep, and print one row per algorithm and "
-                    "size: latency avg/min/max across ranks, algbw, busbw, validation; the fastest "
-                    "per size is marked with its speed-up over default. Each algorithm runs in its "
-                    "own MPI job. Progress goes to stderr.",
+                    "size: latency avg/min/max across ranks, algbw, busbw, validation, and the "
+                    "speed-up over default with its 95% interval from several blocks of jobs; a win "
+                    "is marked only where the interval lies above 1. Each algorithm runs in its own "
+                    "MPI job. Progress goes to stderr.",
         epilog="--write-rules writes an Open MPI coll/tuned dynamic rules file (for MPICH: an env "
-               "file of MPIR_CVAR_*_INTRA_ALGORITHM settings) selecting the fastest algorithm per "
-               "message size; --check-rules re-runs default with such a file loaded and prints it "
+               "file of MPIR_CVAR_*_INTRA_ALGORITHM settings) forcing an algorithm only where its "
+               "speed-up interval lies above 1 + --margin, checked against default before it is called "
+               "installed-quality; --check-rules re-runs default with such a file loaded and prints it "
                "beside the forced runs (the same path as --write-rules checks the file just "
                "written). docs/ALGORITHMS.md explains the table.")
     add_config_arg(p)
@@ -59,9 +71,16 @@ def register(subparsers):
                    help="only these algorithms (default: every one the MPI offers; default always runs)")
     p.add_argument("--iterations", type=int_flag, metavar="N", default=20, help="timed iterations per size (default 20)")
     p.add_argument("--warmup", type=int_flag, metavar="N", default=5, help="untimed warm-up iterations (default 5)")
-    p.add_argument("--repeats", type=int_flag, metavar="N", default=1,
-                   help="run every algorithm's job N times, in a rotated order each round, and report the "
-                        "run with the median latency (a shared machine's load drifts; default 1)")
+    p.add_argument("--blocks", type=int_flag, metavar="N",
+                   help="run every algorithm's job N times (blocks, a rotated order each block); default: "
+                        f"from the measured spread, at least {stats.MIN_BLOCKS}, more while a speed-up interval "
+                        "is undecided, within --time-budget")
+    p.add_argument("--repeats", type=int_flag, metavar="N", help="the same as --blocks (its older name)")
+    p.add_argument("--time-budget", metavar="SECONDS", default="600",
+                   help="adaptive blocks: stop adding blocks when one more would overrun this (default 600)")
+    p.add_argument("--margin", metavar="PERCENT", default="5",
+                   help="force an algorithm only where its speed-up interval lies above 1 + PERCENT/100 "
+                        "(default 5)")
     p.add_argument("--timing", choices=TIMINGS, default="sustained",
                    help="sustained: iterations back to back, one sync at the end (default); osu: a barrier between iterations")
     p.add_argument("--in-place", action="store_true", help="MPI_IN_PLACE where the op has a receive buffer")
@@ -70,46 +89,26 @@ def register(subparsers):
     p.add_argument("--format", choices=("table", "csv", "json"), default="table", help="stdout format (default table)")
     p.add_argument("--results", metavar="FILE", help="append the JSONL result records (with their algorithm) to FILE")
     p.add_argument("--tsv", metavar="FILE", help="write the rows as TSV to FILE")
-    p.add_argument("--write-rules", metavar="FILE", help="write the tuning file selecting the fastest algorithm per size")
+    p.add_argument("--write-rules", metavar="FILE",
+                   help="write the tuning file forcing an algorithm only where its win is proven, then prove "
+                        "the file against default (ABBA) and drop a size where it is slower")
     p.add_argument("--check-rules", metavar="FILE", help="also run default with this tuning file loaded")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     p.set_defaults(func=run)
 
 
 def parse_ops(args):
-    text = args.op if args.op is not None else args.ops
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    flag = "--op" if args.op is not None else "--ops"
-    if not names or (args.op is not None and len(names) != 1):
-        raise UserError(f"{flag}: expected {'one op' if args.op is not None else 'a comma list of ops'} "
-                        f"of: {', '.join(OPS)}")
-    out = []
-    for n in names:
-        try:
-            out.append(get_op(n).name)
-        except KeyError:
-            raise UserError(f"{flag}: unknown op {n[:40]!r} (expected one of: {', '.join(OPS)})") from None
-    return list(dict.fromkeys(out))
+    if args.op is not None:
+        return cli_values.op_names(args.op, "--op", one=True)
+    return cli_values.op_names(args.ops, "--ops")
 
 
 def parse_sizes(args):
     """The sizes to run: --sizes, or the sweep from --min-bytes by --factor up to --max-bytes."""
     if args.sizes is not None:
-        sizes = [check_flag("--sizes", MESSAGE_SIZE, s.strip()) for s in args.sizes.split(",") if s.strip()]
-        if not sizes:
-            raise UserError("--sizes: expected a comma list of sizes such as 1KB,1MB")
+        sizes = cli_values.size_list(args.sizes, "--sizes")
     else:
-        low = check_flag("--min-bytes", MESSAGE_SIZE, args.min_bytes)
-        high = check_flag("--max-bytes", MESSAGE_SIZE, args.max_bytes)
-        if high < low:
-            raise UserError(f"--max-bytes {args.max_bytes} is below --min-bytes {args.min_bytes}")
-        if args.factor < 2:
-            raise UserError(f"--factor: got {args.factor}, expected a whole number >= 2")
-        sizes, s = [], low
-        while s <= high and len(sizes) <= MAX_SIZES:
-            sizes.append(s)
-            s *= args.factor
-    sizes = sorted(set(sizes))
+        sizes = cli_values.size_range(args.min_bytes, args.max_bytes, args.factor, max_sizes=MAX_SIZES)
     if len(sizes) > MAX_SIZES:
         raise UserError(f"{len(sizes)} sizes: at most {MAX_SIZES} (raise --factor or narrow the range)")
     return sizes
@@ -147,38 +146,74 @@ def _offered(cat, op, name):
         return False
 
 
-def _choices(rows, cat, op):
-    """rules_file.Choice per measured size of op: its fastest algorithm."""
+def _choices(rows, cat, op, dropped=()):
+    """rules_file.Choice per measured size of op: the chosen row's algorithm (default where the
+    file keeps the library's choice, or where the check dropped the size)."""
     out = []
-    for o, size, best, _ in table.fastest(rows):
-        if o != op:
+    for o, size, chosen, _, _ in table.per_size([r for r in rows if r["algorithm"] != algs.RULES]):
+        if o != op or chosen is None:
             continue
-        if best["algorithm"] == algs.DEFAULT:
+        name = chosen["algorithm"]
+        if name == algs.DEFAULT or (op, size) in dropped:
             value = "0" if cat.flavour == mpi_flavour.OPENMPI else algs.DEFAULT
+            name = algs.DEFAULT
         else:
-            value = cat.find(op, best["algorithm"]).value
-        out.append(rules_file.Choice(size, best["algorithm"], value))
+            value = cat.find(op, name).value
+        out.append(rules_file.Choice(size, name, value))
     return out
 
 
-def _check_rules_input(path, flavour):
-    if flavour == mpi_flavour.OPENMPI:
-        rules_file.read_ompi_rules(path)
+def _forced(per_op, flavour):
+    """{(op, size): algorithm} the file forces (MPICH: every size of an op whose CVAR it sets)."""
+    out = {}
+    for op, choices in per_op.items():
+        if flavour == mpi_flavour.MPICH:
+            name = rules_file.mpich_choice(choices)
+            if name and name != algs.DEFAULT:
+                out.update({(op, c.size_bytes): name for c in choices})
+        else:
+            out.update({(op, c.size_bytes): c.name for c in choices if c.name != algs.DEFAULT})
+    return out
+
+
+def _check_rules_input(path, cat):
+    if cat.flavour == mpi_flavour.OPENMPI:
+        rules_file.read_ompi_rules(path, rules_file.catalogue_ids(cat))
     else:
         algs.read_env_file(path)
 
 
+def _float_flag(flag, text, low, high, what):
+    try:
+        value = float(str(text)[:64])
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise UserError(f"{flag}: got {bounded_repr(text)}, expected {what}")
+    return value
+
+
+def _policy(args):
+    if args.blocks is not None and args.repeats is not None and args.blocks != args.repeats:
+        raise UserError("--repeats is the older name of --blocks: give one of them")
+    blocks = args.blocks if args.blocks is not None else args.repeats
+    flag = "--blocks" if args.blocks is not None else "--repeats"
+    if blocks is not None and not 1 <= blocks <= stats.MAX_BLOCKS:
+        raise UserError(f"{flag}: got {blocks}, expected a whole number from 1 to {stats.MAX_BLOCKS}")
+    budget = _float_flag("--time-budget", args.time_budget, 1, MAX_BUDGET_S,
+                         f"a number of seconds from 1 to {MAX_BUDGET_S}")
+    margin = _float_flag("--margin", args.margin, 0, 100, "a percentage from 0 to 100") / 100.0
+    return Policy(blocks=blocks, budget_s=budget, margin=margin, width=max(2 * margin, 0.02))
+
+
 def run(args):
-    from collbench.once.cli import Terminated, raise_terminated
     cfg = load_config(args.config)
     apply_overrides(cfg, np=args.np)
     cfg.validate = not args.no_validate
     ops = parse_ops(args)
     sizes = parse_sizes(args)
     iterations = check_flag("--iterations", ITERATIONS, args.iterations)
-    if not 1 <= args.repeats <= MAX_REPEATS:
-        raise UserError(f"--repeats: got {args.repeats}, expected a whole number from 1 to {MAX_REPEATS}")
-    repeats = args.repeats
+    policy = _policy(args)
     warmup = check_flag("--warmup", WARMUP, args.warmup)
     if args.datatype is not None and args.datatype not in DATATYPES:
         raise UserError(f"--datatype: got {args.datatype[:40]!r}, expected one of: {', '.join(DATATYPES)}")
@@ -195,18 +230,15 @@ def run(args):
 
     cat = algs.catalogue(cfg)
     if check_path and check_path != write_path:
-        _check_rules_input(check_path, cat.flavour)
+        _check_rules_input(check_path, cat)
     plan.algorithms, missing = choose_algorithms(cat, ops, args.algorithms)
     engine = get_engine("builtin")
     every_step = [s for op in ops for a in plan.algorithms[op] for s in plan.steps(op, a)]
     engine.preflight(cfg, every_step)
 
-    from collbench.engines.launcher import mpi_version, resolve_launcher
-    ctx = RunContext(cfg, "builtin", mpi_version(resolve_launcher(cfg)))
-    total = sum(len(plan.steps(op, a)) for op in ops for a in plan.algorithms[op])
-    total += sum(len(plan.steps(op, algs.RULES)) for op in ops) if check_path else 0
-    total *= repeats
-    progress = Progress(total, quiet=args.quiet)
+    ctx = harness.run_context(cfg, "builtin")
+    block_check = (check_path, with_rules(cfg, check_path)) if check_path and check_path != write_path else None
+    progress = Progress(0, quiet=args.quiet)
     rows, records, notes = [], [], []
     for op, names in missing.items():
         for n in names:
@@ -216,66 +248,50 @@ def run(args):
                                                   f"(available: {', '.join(cat.names(op))})"))
                 rows[-1]["runs"] = 0
     started = time.monotonic()
-    previous = signal.signal(signal.SIGTERM, raise_terminated)
-    try:
-        measured = []
-        for round_ in range(repeats):
-            for op in ops:
-                names = plan.algorithms[op]
-                k = round_ % len(names)
-                for name in names[k:] + names[:k]:     # each round starts with another algorithm
-                    r, rec, n = measure(cfg, plan, ctx, cat.flavour, name, op, progress)
-                    measured += r
-                    records += rec
-                    notes += n
-        rows += median_rows(measured, repeats)
-        written = None
+    outs = Outputs()
+    written, chk, blocks_run, stop_why = None, None, 0, ""
+    with harness.Run("compare", progress=progress, on_stop="no result file written") as job:
+        measured, rec, n, blocks_run, stop_why = run_blocks(cfg, plan, ctx, cat.flavour, progress, policy,
+                                                            check=block_check, say=progress.note)
+        records += rec
+        notes += n
+        rows += median_rows(measured)
+        table.annotate(rows, policy.margin, cat.flavour)
+        progress.note(f"collbench compare: measured: {stop_why}")
         if write_path:
-            table.annotate(rows)
-            written = _write_rules(write_path, rows, cat, ops, cfg, ctx, plan)
+            written, chk = _write_and_prove(write_path, rows, cat, cfg, ctx, plan, policy, blocks_run,
+                                            progress, outs)
+            if chk is not None:
+                records += chk.records
+                notes += [x for x in chk.notes if x not in notes]
+                rows += chk.rows
         if check_path and check_path == write_path and written is None:
             notes.append(f"--check-rules {check_path}: not run, no tuning file was written")
-        elif check_path:
-            job_cfg = with_rules(cfg, check_path)
-            checked = []
-            for _ in range(repeats):
-                for op in ops:
-                    r, rec, n = measure(cfg, plan, ctx, cat.flavour, algs.RULES, op, progress, job_cfg=job_cfg)
-                    for x in rec:
-                        x["rules_file"] = check_path
-                    checked += r
-                    records += rec
-                    notes += n
-            rows += median_rows(checked, repeats)
-    except (KeyboardInterrupt, Terminated) as e:
-        print(f"collbench compare: {'terminated' if isinstance(e, Terminated) else 'interrupted'}; "
-              f"no result file written", file=sys.stderr)
-        return 143 if isinstance(e, Terminated) else 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    if job.stopped:
+        return job.exit_code
 
     order = {op: i for i, op in enumerate(ops)}
     alg_order = {(op, a): i for op in ops for i, a in enumerate(plan.algorithms[op] + [algs.RULES])}
     rows.sort(key=lambda r: (order[r["op"]], r["size_bytes"], alg_order.get((r["op"], r["algorithm"]), 999)))
-    table.annotate(rows)
+    table.annotate(rows, policy.margin, cat.flavour)
     if not args.quiet:
         print(f"collbench compare: {len(rows)} rows in {time.monotonic() - started:.1f}s", file=sys.stderr)
-    try:
-        if results_path:
-            write_atomic(results_path, (dumps(r) + "\n" for r in records), keep_existing=True)
-            print(f"collbench compare: {len(records)} records appended to {results_path}", file=sys.stderr)
-        if tsv_path:
-            write_atomic(tsv_path, table.tsv_lines(rows, ctx.run_id, cfg.ranks, plan.timing))
-            print(f"collbench compare: table written to {tsv_path}", file=sys.stderr)
-    except OSError as e:
-        print(f"collbench compare: cannot write {e.filename or 'a result file'}: {e.strerror or e}", file=sys.stderr)
-        return 1
+    if results_path and outs.append(results_path, [dumps(r) + "\n" for r in records], "--results") \
+            and not args.quiet:
+        print(f"collbench compare: {len(records)} records appended to {results_path}", file=sys.stderr)
+    if tsv_path and outs.write(tsv_path, "".join(table.tsv_lines(rows, ctx.run_id, cfg.ranks, plan.timing)),
+                               "--tsv") and not args.quiet:
+        print(f"collbench compare: table written to {tsv_path}", file=sys.stderr)
 
     meta = {"run_id": ctx.run_id, "mpi": cat.version, "flavour": cat.flavour,
             "algorithms_source": cat.source, "ranks": cfg.ranks, "nodes": ctx.nodes,
             "hosts": list(ctx.hosts), "transport": cfg.transport, "timing": plan.timing,
-            "iterations": iterations, "warmup": warmup, "repeats": repeats, "inplace": plan.inplace,
-            "validate": cfg.validate, "rules_written": written, "rules_checked": check_path, "notes": notes}
+            "iterations": iterations, "warmup": warmup, "blocks": blocks_run, "repeats": blocks_run,
+            "blocks_stopped": stop_why, "margin": policy.margin, "inplace": plan.inplace,
+            "validate": cfg.validate, "rules_written": written, "rules_checked": check_path,
+            "rules_check": chk.to_json() if chk is not None else None,
+            "installed_quality": chk.installed_quality if chk is not None else None,
+            "output_errors": [str(e) for e in outs.failed], "notes": notes}
     if args.format == "json":
         sys.stdout.write(table.render_json(rows, meta))
     elif args.format == "csv":
@@ -283,37 +299,109 @@ def run(args):
     else:
         title = [f"{cfg.ranks} ranks on {ctx.nodes} node{'s' if ctx.nodes != 1 else ''}, {plan.timing} timing "
                  f"({iterations} iterations, {warmup} warm-up{', in place' if plan.inplace else ''}), "
-                 f"{cat.version}, transport {cfg.transport}",
-                 f"algorithms from {cat.source}; * = fastest per size, with its speed-up over default"]
-        sys.stdout.write(table.render_table(rows, title, os.path.basename(check_path) if check_path else None))
+                 f"{cat.version}, transport {cfg.transport}; {blocks_run} block{'s' if blocks_run != 1 else ''}",
+                 f"algorithms from {cat.source}; speed-up over default: median of the blocks with its 95% "
+                 f"interval; win = interval above 1; rule = the tuning file forces it (interval above "
+                 f"{1 + policy.margin:.2f}); keep = the file keeps the library's choice"]
+        sys.stdout.write(table.render_table(rows, title, os.path.basename(check_path) if check_path else None,
+                                            policy.margin))
+        for line in _check_lines(chk, written):
+            print(line)
         for note in notes:
             print(f"note: {note}")
         if written:
             print(f"tuning file written: {written}")
     sys.stdout.flush()
+    outs.raise_if_failed()
     return _exit_code(rows)
 
 
-def _write_rules(path, rows, cat, ops, cfg, ctx, plan):
-    per_op = {op: _choices(rows, cat, op) for op in ops}
+def _render(path, rows, cat, cfg, ctx, plan, policy, blocks, dropped=(), verdict=None):
+    per_op = {op: _choices(rows, cat, op, dropped) for op in plan.ops}
     per_op = {op: c for op, c in per_op.items() if c}
     if not per_op:
-        print("collbench compare: nothing measured, no tuning file written", file=sys.stderr)
-        return None
+        return None, per_op
     header = [f"collbench compare, run {ctx.run_id}: {cat.version}, {cfg.ranks} ranks on "
               f"{ctx.nodes} node(s) ({', '.join(ctx.hosts)}), transport {cfg.transport}",
-              f"{plan.timing} timing, {plan.iterations} iterations; sizes "
-              f"{', '.join(format_size(s) for s in plan.sizes)}"]
+              f"{plan.timing} timing, {plan.iterations} iterations, {blocks} blocks; sizes "
+              f"{', '.join(format_size(s) for s in plan.sizes)}",
+              f"an algorithm is forced only where its speed-up interval (95%) lies above {1 + policy.margin:.2f}x; "
+              "elsewhere the library's own choice"]
+    if verdict:
+        header += verdict
     if cat.flavour == mpi_flavour.OPENMPI:
         text = rules_file.render_ompi_rules(per_op, cfg.ranks, header)
     else:
         text = rules_file.render_mpich_env(per_op, algs.MPICH_INFIX, header)
+    return text, per_op
+
+
+def _write_and_prove(path, rows, cat, cfg, ctx, plan, policy, blocks, progress, outs):
+    """Write the tuning file, check it against default (ABBA), drop the sizes where it is slower
+    and write it again with the check's verdict; (path written or None, Check or None)."""
+    text, per_op = _render(path, rows, cat, cfg, ctx, plan, policy, blocks)
+    if text is None:
+        progress.note("collbench compare: nothing measured, no tuning file written")
+        return None, None
+    if not outs.write(path, text, "--write-rules"):
+        progress.note(f"collbench compare: {outs.failed[-1]}; the file is not checked")
+        return None, None
+    progress.note(f"collbench compare: tuning file written to {path}")
+    forced = _forced(per_op, cat.flavour)
+    if not forced:
+        from collbench.compare.check import Check
+        chk = Check(path, ran=False, installed_quality=True,
+                    reason="the file forces nothing (the library's own choice at every size): nothing to prove")
+        return path, chk
+    if not os.path.isfile(path):
+        from collbench.compare.check import Check
+        return path, Check(path, reason=f"{path} is not a regular file: not checked")
+    pairs = max(MIN_PAIRS, min(blocks, stats.MAX_BLOCKS))
+    jobs = 2 * pairs * len(plan.ops)
+    progress.note(f"collbench compare: checking the file against default: {jobs} MPI jobs in ABBA order")
+    progress.total += jobs * len(plan.sizes)
+    chk = run_check(cfg, plan, ctx, cat.flavour, path, forced, pairs, progress, policy.margin)
+    dropped = {(v.op, v.size_bytes) for v in chk.dropped}
+    if cat.flavour == mpi_flavour.MPICH:       # one CVAR for every size: a dropped size drops the op
+        ops = {op for op, _ in dropped}
+        dropped = {k for k in forced if k[0] in ops}
+    verdict = [f"check: default without and with this file, {pairs} jobs each in ABBA order: "
+               + ("installed-quality" if chk.installed_quality else f"NOT installed-quality ({chk.reason})")]
+    verdict += [f"dropped {v.op} {format_size(v.size_bytes)} ({v.forced}): {v.reason}" for v in chk.dropped]
+    text, _ = _render(path, rows, cat, cfg, ctx, plan, policy, blocks, dropped, verdict)
     try:
-        write_atomic(path, [text])
-    except OSError as e:
-        raise UserError(f"--write-rules {path}: cannot write: {e.strerror or e}") from None
-    print(f"collbench compare: tuning file written to {path}", file=sys.stderr)
-    return path
+        write_output(path, text, "--write-rules")
+    except OutputError as e:
+        outs.failed.append(e)
+        chk.installed_quality = False
+        chk.reason = f"the file could not be rewritten after its check: {e}"
+    return path, chk
+
+
+def _check_lines(chk, written):
+    if chk is None:
+        return []
+    if not chk.ran:
+        return [f"tuning file check: {chk.reason}"] + (
+            ["the file is installed-quality (it cannot make a collective slower)"] if chk.installed_quality else [])
+    lines = [f"tuning file check ({chk.pairs} jobs without and {chk.pairs} with it, ABBA order): gain per size"]
+    for v in chk.sizes:
+        gain = "-" if v.gain is None else f"{v.gain:.3f}x"
+        ci = "" if v.ci_low is None else f" [{v.ci_low:.3f}, {v.ci_high:.3f}]"
+        what = v.forced or "library's choice"
+        lines.append(f"  {v.op} {format_size(v.size_bytes):>6}  {what:<22} {gain}{ci}  {v.verdict}"
+                     + (f": {v.reason}" if v.verdict == "dropped" else ""))
+    if chk.noise is not None:
+        lines.append(f"  control noise (sizes the file leaves alone): {chk.noise * 100:.1f} %")
+    g = chk.gain()
+    if g is not None:
+        lines.append(f"  geometric mean gain where the file forces an algorithm: {(g - 1) * 100:+.1f} %")
+    for v in chk.dropped:
+        lines.append(f"dropped from the file: {v.op} {format_size(v.size_bytes)} ({v.forced}): back to the "
+                     f"library's choice")
+    lines.append("the file is installed-quality" if chk.installed_quality
+                 else f"the file is NOT installed-quality: {chk.reason}")
+    return lines
 
 
 def _exit_code(rows):

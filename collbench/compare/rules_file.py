@@ -22,7 +22,8 @@ collbench's size for the first group and reduce_scatter, size x ranks for allgat
 (ops.Op.data_bytes).
 
 MPICH: an environment file of MPIR_CVAR_<OP>_INTRA_ALGORITHM settings. A CVAR forces one
-algorithm for every size, so the file names, per op, the algorithm fastest at the most sizes;
+algorithm for every size, so the file names, per op, the one algorithm chosen for all sizes
+(compare/stats.py: proven at some size, never proven slower by more than the margin at any);
 size-dependent selection needs MPICH's JSON tuning file (MPIR_CVAR_COLL_SELECTION_TUNING_JSON_FILE,
 see docs/ALGORITHMS.md).
 """
@@ -40,6 +41,7 @@ OMPI_COLLTYPE = {"allgather": 0, "allreduce": 2, "alltoall": 3, "barrier": 6, "b
                  "reduce": 11, "reduce_scatter": 12}
 COLLCOUNT = 22                 # coll_base_functions.h: COLLTYPE's end marker in 4.1
 MAX_RULES_FILE = 1 << 20
+LONG_MAX = (1 << 63) - 1       # fscanf("%li") on a 64-bit long: a larger number is out of range
 
 
 @dataclass(frozen=True)
@@ -111,13 +113,22 @@ def _numbers(text, path):
             if not re.fullmatch(r"[0-9]+", tok):
                 raise UserError(f"{path}: line {n}: {tok[:40]!r} is not a whole number "
                                 f"(expected the classic coll/tuned rules format)")
-            out.append((int(tok), n))
+            digits = tok.lstrip("0") or "0"
+            if len(digits) > 19 or int(digits) > LONG_MAX:
+                shown = tok if len(tok) <= 24 else f"{tok[:12]}...({len(tok)} digits)"
+                raise UserError(f"{path}: line {n}: {shown} is out of range (Open MPI reads a long: "
+                                f"at most {LONG_MAX})")
+            out.append((int(digits), n))
     return out
 
 
-def parse_ompi_rules(text, path="rules file"):
+def parse_ompi_rules(text, path="rules file", algorithm_ids=None):
     """{collective id: [(comm size, [(message size, algorithm, faninout, segsize)])]} from a
-    classic rules file; UserError naming the file and line for what Open MPI would refuse."""
+    classic rules file; UserError naming the file and line for what Open MPI would refuse.
+
+    algorithm_ids: {collective id: {valid algorithm ids}} (the installed MPI's list, 0 always
+    valid): an algorithm outside it is refused naming the line (Open MPI would accept the file
+    and fail inside the job)."""
     nums = _numbers(text, path)
     pos = 0
 
@@ -152,6 +163,10 @@ def parse_ompi_rules(text, path="rules file"):
                                     f"(Open MPI ignores the whole file otherwise)")
                 if rules and msg <= rules[-1][0]:
                     raise UserError(f"{path}: line {line}: message sizes must increase")
+                valid = (algorithm_ids or {}).get(cid)
+                if valid is not None and alg != 0 and alg not in valid:
+                    raise UserError(f"{path}: line {line}: algorithm {alg} is not one of this MPI's for "
+                                    f"collective {cid} (0, {', '.join(str(v) for v in sorted(valid))})")
                 rules.append((msg, alg, fan, seg))
             comms.append((comm, rules))
         out[cid] = comms
@@ -160,7 +175,7 @@ def parse_ompi_rules(text, path="rules file"):
     return out
 
 
-def read_ompi_rules(path):
+def read_ompi_rules(path, algorithm_ids=None):
     """parse_ompi_rules of a file (UserError if unreadable or malformed)."""
     try:
         with open(path, encoding="utf-8") as f:
@@ -169,7 +184,21 @@ def read_ompi_rules(path):
         raise UserError(f"{path}: cannot read the rules file: {e}") from None
     if len(text) > MAX_RULES_FILE:
         raise UserError(f"{path}: over {MAX_RULES_FILE >> 10} KB: not a rules file")
-    return parse_ompi_rules(text, path)
+    return parse_ompi_rules(text, path, algorithm_ids)
+
+
+def catalogue_ids(cat):
+    """{collective id: {algorithm ids}} of an Open MPI catalogue, for parse_ompi_rules."""
+    out = {}
+    for op, cid in OMPI_COLLTYPE.items():
+        ids = set()
+        for name in cat.names(op):
+            value = cat.find(op, name).value
+            if value.isdigit():
+                ids.add(int(value))
+        if ids:
+            out[cid] = ids
+    return out
 
 
 def rule_for(rules, coll_id, comm_size, msg_size):
@@ -210,9 +239,9 @@ def render_mpich_env(per_op, infix, header=()):
         choices = per_op[op]
         name = mpich_choice(choices)
         wins = ", ".join(f"{format_size(c.size_bytes)} {c.name}" for c in sorted(choices, key=lambda c: c.size_bytes))
-        lines.append(f"# {op}: fastest per size: {wins}")
+        lines.append(f"# {op}: chosen per size: {wins}")
         if name is None or name == "default":
-            lines.append(f"# {op}: the library's own choice wins: nothing to set")
+            lines.append(f"# {op}: no algorithm proven faster at every size: the library's own choice, nothing to set")
             continue
         forced = True
         lines.append(f"MPIR_CVAR_{infix[op]}_INTRA_ALGORITHM={name}")

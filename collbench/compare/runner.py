@@ -10,10 +10,11 @@ algorithm's remaining sizes are not tried (each would cost another failing job).
 import copy
 import sys
 
+from collbench import harness
 from collbench.compare.table import FAILED, OK, SKIPPED, make_row
 from collbench.config import Step
 from collbench.engines import algorithms as algs
-from collbench.engines import get_engine
+from collbench.engines import get_engine, launcher
 from collbench.ops import DATATYPES, get_op
 from collbench.sizes import format_size
 
@@ -51,29 +52,22 @@ class Plan:
 def with_rules(cfg, rules_file):
     """A copy of cfg whose jobs load the tuning file (Open MPI rules or MPICH env file)."""
     settings = algs.launch_settings(cfg, rules_file=rules_file)
+    options, mca_env = launcher.mca_arguments(cfg, settings.mca)   # the launcher's own mapping
     out = copy.copy(cfg)
     out.env = dict(cfg.env)
     out.env.update(settings.env)
-    if cfg.launcher == "srun":
-        out.env.update({f"OMPI_MCA_{k}": v for k, v in settings.mca})
-        out.launcher_args = list(cfg.launcher_args)
-    else:
-        extra = []
-        for k, v in settings.mca:
-            extra += ["--mca", k, v]
-        out.launcher_args = extra + list(cfg.launcher_args)
+    out.env.update(mca_env)
+    out.launcher_args = options + list(cfg.launcher_args)
     return out
 
 
-class Progress:
+class Progress(harness.Progress):
+    """A line per measured or skipped row, with the time left (collbench.harness)."""
+
     def __init__(self, total, quiet=False, stream=None):
-        self.total, self.done, self.quiet = total, 0, quiet
-        self.stream = stream or sys.stderr
+        super().__init__(stream or sys.stderr, total, quiet=quiet)
 
     def row(self, row):
-        self.done += 1
-        if self.quiet:
-            return
         what = f"{row['op']} {row['algorithm']} {format_size(row['size_bytes']) if row['size_bytes'] else ''}".rstrip()
         if row["status"] == OK:
             text = f"avg {row['avg_us'] / 1000:.3f} ms" if row["avg_us"] is not None else "measured"
@@ -81,8 +75,7 @@ class Progress:
                 text += " VALIDATION FAILED"
         else:
             text = f"{row['status'].upper()}: {row['reason']}"
-        self.stream.write(f"[{min(self.done, self.total)}/{self.total}] {what}: {text}\n")
-        self.stream.flush()
+        self.finished(f"{what}: {text}")
 
 
 def measure(cfg, plan, ctx, flavour, algorithm, op, progress=None, job_cfg=None):
@@ -141,22 +134,25 @@ def measure(cfg, plan, ctx, flavour, algorithm, op, progress=None, job_cfg=None)
     return rows, records, notes
 
 
-def median_rows(rows, repeats):
-    """One row per (op, algorithm, size) from `repeats` rounds: the run with the median average
-    latency when every round measured it; else the first round that did not, its reason saying
-    how many rounds failed."""
+def median_rows(rows, repeats=None):
+    """One row per (op, algorithm, size) from its blocks (one row per block): the block with the
+    median average latency when every block measured it, carrying every block's sample
+    (`samples_us`) and their count (`blocks`); else the first block that did not, its reason
+    saying how many blocks failed (such a row is never chosen)."""
     groups = {}
     for r in rows:
         groups.setdefault((r["op"], r["algorithm"], r["size_bytes"]), []).append(r)
     out = []
     for group in groups.values():
-        ok = sorted((r for r in group if r["status"] == OK), key=lambda r: r["avg_us"])
+        ok = sorted((r for r in group if r["status"] == OK), key=lambda r: r["avg_us"] or 0)
         if len(ok) == len(group):
             row = dict(ok[(len(ok) - 1) // 2])
         else:
             row = dict(next(r for r in group if r["status"] != OK))
             if ok:
-                row["reason"] = f"in {len(group) - len(ok)} of {len(group)} runs: {row['reason']}"
+                row["reason"] = f"in {len(group) - len(ok)} of {len(group)} blocks: {row['reason']}"
+        row["samples_us"] = [r["avg_us"] for r in ok if r["avg_us"]]
+        row["blocks"] = len(ok)
         row["runs"] = len(group)
         out.append(row)
     return out
