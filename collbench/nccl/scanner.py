@@ -38,15 +38,16 @@ from collbench.nccl.log_parser import (COLL_MARK, CONTINUATION, FIELD_MAX, INFO_
 
 # the bounds of every table (see the module doc); what exceeds one is counted in Scanner.overflow
 MEMBERS_MAX = 8192          # rank handles (host, pid, comm pointer): lines of more are counted, not checked
-RECS_MAX = 20_000           # distinct call configurations per rank (lines of more: counted as untracked)
+RECS_MAX = 10_000           # distinct call configurations per rank (lines of more: counted as untracked)
 INIT_PENDING_MAX = 20_000   # INIT lines whose handle has not logged a collective yet (oldest dropped)
 TUNING_KEYS_MAX = 10_000    # (host, pid, op, bytes) of TUNING lines
-COUNTERS_MAX = 400_000      # (handle, configuration) call counters
+COUNTERS_MAX = 250_000      # (handle, configuration) call counters
 PAIRS_MAX = 20_000          # (rank, direction, peer) p2p digests; beyond, p2p lines are only counted
 REASONS_MAX = 64            # distinct malformed-line reasons (more are counted under one)
 CONFLICTS_MAX = 50          # inconsistencies kept with their message (all are counted)
-CACHE_MAX = 50_000          # normalized lines cached; cleared when full (timestamped lines never repeat)
-CACHE_BYTES = 16 << 20      # ... or when their bytes reach this
+CACHE_MAX = 40_000          # lines cached in all line caches; cleared when full (timestamped lines never repeat)
+CACHE_BYTES = 8 << 20       # ... or when their bytes reach this
+SHAPES_MAX = 4096           # parsed lines kept by shape (each a whole CollLine: the largest entries)
 RECENT_MAX = 1024           # per-rank opCount -> call map for kernel-trace attribution
 SAMPLES_MAX = 50            # malformed lines kept for -v / JSON
 WRAPS_MAX = 2               # continuation lines of one wrapped COLL line (after `comm` and after `stream`)
@@ -360,7 +361,11 @@ class Scanner:
                                      "text": clip_text(raw)})
 
     def _cache(self, table, key, value):
-        if len(table) >= CACHE_MAX or self.cache_bytes >= CACHE_BYTES:
+        if table is self.shapes:
+            if len(table) >= SHAPES_MAX:
+                table.clear()
+        elif (len(self.cache) + len(self.dcache) + len(self.tail_cache) >= CACHE_MAX
+              or self.cache_bytes >= CACHE_BYTES):
             self.clear_caches()
         table[key] = value
         self.cache_bytes += len(key)
@@ -491,6 +496,12 @@ class Scanner:
         if self._pending_wrap is not None:
             self._finish_wrap(b"")
         self.flush()
+
+    def done(self):
+        """After the last source: the caches are of no more use (their memory goes before the
+        census is built)."""
+        self.clear_caches()
+        self._scratch_recent.clear()
 
     def _place(self, c, m):
         """(list, record id) where a call of this configuration on handle m (None: beyond the
@@ -734,3 +745,4 @@ def scan(sources, scanner, stats, warnings, block):
         scanner.end_source()
         st.lines = lineno - 1
         st.joined = scanner.joined - joined
+    scanner.done()
