@@ -418,3 +418,27 @@ def test_replay_results_fifo_sigterm_leaves_no_temporary_file(tmp_path, engine_b
             p.wait()
     assert rc in (-signal.SIGTERM, 143), rc
     assert os.listdir(out) == ["r.fifo"] and stat.S_ISFIFO(os.lstat(out / "r.fifo").st_mode)
+
+
+def test_census_fifo_whose_writer_comes_late_is_read(tmp_path):
+    """The FIFO is opened without blocking, but a writer that opens it a second later (within the
+    wait) is still read to its end, as <(ssh node cat log) gives it."""
+    import threading
+    import time
+    fifo = tmp_path / "in.fifo"
+    os.mkfifo(fifo)
+    data = pair_log(tmp_path / "a.log", calls=50).read_bytes()
+
+    def feed():
+        time.sleep(1.0)
+        with open(fifo, "wb") as f:
+            for k in range(0, len(data), 1000):     # in pieces, with pauses
+                f.write(data[k:k + 1000])
+                f.flush()
+                time.sleep(0.01)
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    p = run_case(Run([str(fifo), "--format", "json"]), tmp_path)
+    writer.join(timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert b'"collective_lines": 100' in p.stdout
