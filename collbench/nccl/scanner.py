@@ -11,9 +11,11 @@ other subsystems, INIT/TUNING lines, garbage) take the slow path: `log_parser` p
 the result is cached when it is a COLL line. After each block the per-rank lists are folded into
 counts and desync digests, then cleared. A COLL line wrapped after `comm` or `stream` (a terminal's
 or an issue tracker's wrap) is malformed on its own; only then is the next line looked at, and
-joined when it completes the record, so unwrapped logs pay nothing for it.
+joined when it completes the record, so unwrapped logs pay nothing for it. A line that is new
+only by its comm and stream pointers (a job that makes a communicator per step) is not parsed
+again: a parsed line of the same shape (`coll_shape`) gives it.
 
-Every table is bounded (LIMITS), whatever the log: distinct rank handles (comm pointers),
+Every table is bounded (the *_MAX constants below), whatever the log: distinct rank handles (comm pointers),
 configurations, pending INIT lines, TUNING keys, (handle, configuration) counters, p2p pairs,
 malformed reasons, the line cache. What does not fit is counted in `overflow` and reported, so
 memory stays under 100 MB. In RCCL kernel-trace input the opCount matters (it ties a kernel
@@ -364,8 +366,10 @@ class Scanner:
         if table is self.shapes:
             if len(table) >= SHAPES_MAX:
                 table.clear()
-        elif (len(self.cache) + len(self.dcache) + len(self.tail_cache) >= CACHE_MAX
-              or self.cache_bytes >= CACHE_BYTES):
+            table[key] = value
+            return
+        if (len(self.cache) + len(self.dcache) + len(self.tail_cache) >= CACHE_MAX
+                or self.cache_bytes >= CACHE_BYTES):
             self.clear_caches()
         table[key] = value
         self.cache_bytes += len(key)
