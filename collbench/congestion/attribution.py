@@ -88,3 +88,25 @@ def label(field):
     """Short text for a table cell: "h2 TCPDeliveredCE=3021", "" when nothing moved."""
     row = top(field)
     return "" if row is None else f"{row.host} {split(row.counter)[0]}={row.delta}"
+
+
+# ------------------------------------------------------------- the tables' column (once, sweep)
+
+COLUMN_KEY = "congested"
+COLUMN_NOTE = ("congested: the host whose congestion counters moved most during the step, its leading "
+               "counter and delta (docs/CONGESTION.md, reading the views)")
+
+
+def table_column(records):
+    """The once/sweep tables' column naming, per step, the host whose counters moved most
+    (collbench/tables.py Column, row key COLUMN_KEY: cell(record)); None when no step of
+    `records` moved a congestion signal, so a quiet run's table stays as it was."""
+    from collbench.tables import Column
+    if not any(top(r.get("congestion")) for r in records if isinstance(r, dict)):
+        return None
+    return Column(COLUMN_KEY, "congested (most moved)", align="left")
+
+
+def cell(record):
+    """The column's cell of one record: label() of its congestion field, "-" when none moved."""
+    return label(record.get("congestion")) or "-"

@@ -6,6 +6,7 @@ the rank whose mean time was the max (unknown, "-", with OSU). A failed step is 
 with its error; a planned step that produced no record at all is NOT RUN.
 """
 
+from collbench.congestion import attribution
 from collbench.ops import get_op
 from collbench.sizes import format_size
 from collbench.tables import Column, Span, format_gb_per_s, format_us, table_lines
@@ -29,12 +30,13 @@ def _row(rec):
             "max": rec.get("latency_max_us"),
             "slowest": "-" if rec.get("straggler_rank") is None else f"rank {rec['straggler_rank']}",
             "algbw": rec.get("algbw_bytes_per_s"), "busbw": rec.get("busbw_bytes_per_s"),
-            "valid": rec.get("validation") or "off", "verdict": rec.get("verdict") or "-"}
+            "valid": rec.get("validation") or "off", "verdict": rec.get("verdict") or "-",
+            attribution.COLUMN_KEY: attribution.cell(rec)}
 
 
-def _render(title, rows):
+def _render(title, rows, columns=COLUMNS):
     """Aligned text; a FAILED or NOT RUN row spans the columns after its size."""
-    return "\n".join([title] + table_lines(COLUMNS, rows, indent="  "))
+    return "\n".join([title] + table_lines(columns, rows, indent="  "))
 
 
 def render_tables(records, steps=(), ranks=None, nodes=None):
@@ -44,6 +46,8 @@ def render_tables(records, steps=(), ranks=None, nodes=None):
         if rec.get("type") in ("result", "failure") and rec.get("op"):
             by_op.setdefault(get_op(rec["op"]).name, []).append((rec.get("size_bytes") or 0, rec))
     tables = []
+    congested = attribution.table_column(records)   # the host whose counters moved most, when any did
+    columns = COLUMNS + (congested,) if congested else COLUMNS
     for op_name, recs in by_op.items():
         op = get_op(op_name)
         rows = [(size, _row(rec)) for size, rec in recs]
@@ -56,7 +60,7 @@ def render_tables(records, steps=(), ranks=None, nodes=None):
         where = f", {ranks} ranks" if ranks else ""
         where += f" on {nodes} node{'s' if nodes != 1 else ''}" if nodes else ""
         title = f"{op.title} ({'/'.join(datatypes) or '-'}{where})"
-        tables.append(_render(title, [r for _, r in rows]))
+        tables.append(_render(title, [r for _, r in rows], columns))
     return "\n\n".join(tables)
 
 

@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from collbench.ops import OPS
+from collbench.report.congestion import CongestionAcc
 from collbench.stats import median, quantile
 
 # What makes two records belong to different lines, in the order labels show them.
@@ -156,6 +157,7 @@ class Aggregate:
         self._failures = {}    # (run key, op, size_bytes) -> _FailureAcc
         self._events = {}      # run_id -> Counter(event)
         self.types = Counter()
+        self.congestion = CongestionAcc()   # the congestion section's host x step map
 
     def add(self, rec):
         rtype = rec.get("type")
@@ -173,6 +175,7 @@ class Aggregate:
             if p is None:
                 p = self._points[pkey] = _PointAcc()
             p.add(rec)
+            self.congestion.add(rec)
         elif rtype == "failure":
             key = series_key(rec)
             s = self._series.get(key)
@@ -200,6 +203,7 @@ class Aggregate:
         for run_id, events in other._events.items():
             self._events.setdefault(run_id, Counter()).update(events)
         self.types.update(other.types)
+        self.congestion.merge(other.congestion)
 
     @property
     def run_count(self):
@@ -254,7 +258,7 @@ class Aggregate:
                                          exit_codes=dict(acc.exit_codes)))
         failures.sort(key=lambda f: (-f.count, f.series.index, _op_index(f.op), f.size_bytes or 0))
         return ReportData(group_by=group_by, series=list(series.values()), points=points, failures=failures,
-                          types=dict(self.types))
+                          types=dict(self.types), congestion=self.congestion)
 
 
 def _op_index(name):
@@ -390,6 +394,7 @@ class ReportData:
     points: list
     failures: list
     types: dict = field(default_factory=dict)
+    congestion: object = None     # report/congestion.py CongestionAcc
 
     def ops(self):
         """Ops with results or failures, in op-table order."""

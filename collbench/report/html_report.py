@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from collbench import __version__
 from collbench.ops import get_op
 from collbench.report.chart import figure_svg, format_us
+from collbench.report.congestion import section as congestion_section
 from collbench.report.figures import line_labels
 from collbench.sizes import format_size
 
@@ -345,6 +346,7 @@ def render(data, figures, peak, stats, title, sources, build_seconds=None):
     parts.append(_runs_section(data))
     for op in data.ops():
         parts.append(_op_section(data, op, figs.get(op)))
+    parts.append(congestion_section(data.congestion))   # "" when no record carried the counters
     parts.append(_failures_section(data))
     parts.append(_input_section(stats))
     took = f" in {build_seconds:.1f}s" if build_seconds is not None else ""

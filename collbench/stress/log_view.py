@@ -7,6 +7,7 @@ import re
 import sys
 import time
 
+from collbench.congestion import attribution
 from collbench.errors import UserError
 from collbench.results.follower import LogFollower
 from collbench.results.results_log import tail_records
@@ -73,12 +74,19 @@ def format_record(r):
         return (f"{head} it={r.get('iteration', '-')} {r.get('op', '?'):<14} {r.get('size', '?'):>6} "
                 f"avg {format_us(r.get('latency_avg_us')):>10}  max {format_us(r.get('latency_max_us')):>10}  "
                 f"busbw {bw:>11}  {r.get('verdict') or '-'}"
-                + (f"  validation {r['validation']}" if r.get("validation") not in (None, "off") else ""))
+                + (f"  validation {r['validation']}" if r.get("validation") not in (None, "off") else "")
+                + _congested(r))
     if t == "failure":
         return f"{head} it={r.get('iteration', '-')} FAILED (exit {r.get('exit_code')}): {printable(r.get('error'))}"
     if t == "event":
         return f"{head} event {r.get('event')} pid {r.get('pid')}: {printable(r.get('detail') or '')}"
     return f"{head} {json.dumps(r)}"
+
+
+def _congested(r):
+    """The host whose congestion counters moved most during the step (docs/CONGESTION.md)."""
+    text = attribution.label(r.get("congestion"))
+    return f"  congested {printable(text)}" if text else ""
 
 
 class BadLines:

@@ -6,6 +6,7 @@ p50 / p90 / p99 / pmax are percentiles of the per-iteration time of the slowest 
 when the engine has no per-iteration samples (`--engine osu`).
 """
 
+from collbench.congestion import attribution
 from collbench.ops import get_op
 from collbench.sizes import format_size
 from collbench.sweep.metrics_report import TSV_COLUMNS, table_row
@@ -44,16 +45,19 @@ def _result_row(rec):
             "p90": rec.get("latency_p90_us"), "p99": rec.get("latency_p99_us"), "pmax": rec.get("latency_pmax_us"),
             "min": rec.get("latency_min_us"), "max": rec.get("latency_max_us"),
             "algbw": rec.get("algbw_bytes_per_s"), "busbw": rec.get("busbw_bytes_per_s"),
-            "valid": rec.get("validation") or "off", "verdict": rec.get("verdict") or "-"}
+            "valid": rec.get("validation") or "off", "verdict": rec.get("verdict") or "-",
+            attribution.COLUMN_KEY: attribution.cell(rec)}
 
 
-def _render(title, rows):
-    return "\n".join([title] + table_lines(COLUMNS, rows, indent="  "))
+def _render(title, rows, columns=COLUMNS):
+    return "\n".join([title] + table_lines(columns, rows, indent="  "))
 
 
 def render_table(records, steps, ranks, nodes, engine):
     """One table per op (ops in plan order, sizes ascending), then the columns' meaning."""
     tables = []
+    congested = attribution.table_column(records)   # the host whose counters moved most, when any did
+    columns = COLUMNS + (congested,) if congested else COLUMNS
     for op_name in dict.fromkeys(s.op for s in steps):
         op = get_op(op_name)
         recs = [r for r in records if r.get("type") in ("result", "failure") and r.get("op") == op_name]
@@ -72,8 +76,9 @@ def render_table(records, steps, ranks, nodes, engine):
         rows.sort(key=lambda r: r[0])
         datatypes = "/".join(sorted({s.datatype for s in steps if s.op == op_name}))
         title = f"{op.title} ({datatypes}, {ranks} ranks on {nodes} node{'s' if nodes != 1 else ''})"
-        tables.append(_render(title, [r for _, r in rows]))
+        tables.append(_render(title, [r for _, r in rows], columns))
     notes = [NOTE] + ([no_samples_note(engine)] if without_samples(records) else [])
+    notes += [attribution.COLUMN_NOTE] if congested else []
     job_failures = [f"FAILED: {r.get('error')}" for r in records if r.get("type") == "failure" and not r.get("op")]
     return "\n\n".join(tables + ["\n".join(job_failures)] * bool(job_failures) + ["\n".join(notes)]) + "\n"
 
