@@ -76,6 +76,7 @@ def test_counters_only_exporter_serves_the_congestion_counters_and_no_results(tm
     (["--baseline", "b.json"], "--baseline reads the results log"),
     (["--legacy-metrics"], "--legacy-metrics reads the results log"),
     (["--collectors", "results,netstat"], "--collectors: 'results' reads the results log"),
+    (["--collectors", "netstat,congestion_top"], "--collectors: 'congestion_top' reads the results log"),
     (["--collectors", "netstat,bogus"], "unknown collector 'bogus'"),
 ])
 def test_counters_only_refuses_what_needs_the_results_log(flags, expected):

@@ -151,9 +151,12 @@ def _counters_only(ex, args):
             raise UserError(f"{flag} reads the results log: it does not go with --counters-only")
     if args.collectors is None:
         ex["collectors"] = [c for c in ex["collectors"] if c in COUNTERS_COLLECTORS] or list(COUNTERS_COLLECTORS)
-    elif "results" in ex["collectors"]:
-        raise UserError(f"--collectors: 'results' reads the results log; with --counters-only expected some "
-                        f"of: {', '.join(COUNTERS_COLLECTORS)}")
+    else:
+        from collbench.exporter.app import COLLECTORS
+        for name in ex["collectors"]:
+            if name in COLLECTORS and name not in COUNTERS_COLLECTORS:
+                raise UserError(f"--collectors: {name!r} reads the results log; with --counters-only expected "
+                                f"some of: {', '.join(COUNTERS_COLLECTORS)}")
     if args.listen is None:
         ex["listen"] = COUNTERS_LISTEN
     ex["legacy_metrics"] = False
