@@ -178,6 +178,20 @@ def _desync(sources, scanner, block, warnings):
     return desync.resolve(pending, pairs, collected_coll, collected_p2p, scanner.describe)
 
 
+def _group(groups, rec, n):
+    """The accumulators of rec's configuration group, with n more rank lines of rec counted."""
+    key = (rec.op, rec.count, rec.datatype, rec.redop, rec.nranks, rec.inplace)
+    g = groups.get(key)
+    if g is None:
+        g = groups[key] = {"rank_calls": 0, "calls": 0, "roots": set(), "names": set(), "ranks": 0,
+                           "hosts": set(), "rids": set(), "tuning": set()}
+    g["rank_calls"] += n
+    if len(g["roots"]) < ROOTS_MAX:
+        g["roots"].add(rec.root)
+    g["names"].add(rec.op_name)
+    return key, g
+
+
 def _build(scanner, sources, stats, findings, warnings):
     recs = scanner.recs
     groups = {}         # key -> accumulators
@@ -185,16 +199,8 @@ def _build(scanner, sources, stats, findings, warnings):
         per_group = {}
         for rid, n in m.counts.items():
             rec = recs[rid]
-            key = (rec.op, rec.count, rec.datatype, rec.redop, rec.nranks, rec.inplace)
-            g = groups.get(key)
-            if g is None:
-                g = groups[key] = {"rank_calls": 0, "calls": 0, "roots": set(), "names": set(), "ranks": 0,
-                                   "hosts": set(), "rids": set(), "tuning": set()}
-            g["rank_calls"] += n
+            key, g = _group(groups, rec, n)
             per_group[key] = per_group.get(key, 0) + n
-            if len(g["roots"]) < ROOTS_MAX:
-                g["roots"].add(rec.root)
-            g["names"].add(rec.op_name)
             g["rids"].add(rid)
             if scanner.tuning:
                 nbytes = OPS[rec.op].bytes_per_call(rec.count, DATATYPE_SIZES[rec.datatype], rec.nranks)
@@ -207,16 +213,7 @@ def _build(scanner, sources, stats, findings, warnings):
             g["ranks"] += 1
             g["hosts"].add(m.host)
     for rid, n in scanner.spill_counts.items():     # lines outside the handle tables: rank lines only
-        rec = recs[rid]
-        key = (rec.op, rec.count, rec.datatype, rec.redop, rec.nranks, rec.inplace)
-        g = groups.get(key)
-        if g is None:
-            g = groups[key] = {"rank_calls": 0, "calls": 0, "roots": set(), "names": set(), "ranks": 0,
-                               "hosts": set(), "rids": set(), "tuning": set()}
-        g["rank_calls"] += n
-        if len(g["roots"]) < ROOTS_MAX:
-            g["roots"].add(rec.root)
-        g["names"].add(rec.op_name)
+        _group(groups, recs[rid], n)
     out = []
     for key, g in groups.items():
         op, count, datatype, redop, nranks, inplace = key

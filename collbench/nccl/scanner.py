@@ -114,6 +114,9 @@ class Member:
         return f"{self.host or '?'}:{self.pid if self.pid is not None else '?'} comm {self.comm}"
 
 
+_NEXT = object()       # OffsetCall.take's "the next pointer difference of the block"
+
+
 class OffsetCall:
     """The cache entry of an AllGather/ReduceScatter line whose buffers differ: whether a call is
     in place (sendbuff and recvbuff rank*count*size apart, NCCL's definition) is decided per call
@@ -128,8 +131,12 @@ class OffsetCall:
         self.negate = call.op.inplace_offset < 0        # ReduceScatter: recvbuff = sendbuff + rank*count*size
         self.targets = [None, None]     # out of place, in place: bound appends
 
-    def take(self, diff):
-        """diff: sendbuff - recvbuff, or None when a pointer is not a number."""
+    def take(self, diff=_NEXT):
+        """One call: diff is sendbuff - recvbuff (None when a pointer is not a number); called
+        without it (from the line cache), the next difference of the block."""
+        if diff is _NEXT:
+            diffs = self.scanner.diffs
+            diff = next(diffs, None) if diffs is not None else None
         if diff is None:
             inplace = False
         else:
@@ -143,20 +150,7 @@ class OffsetCall:
             f = self.targets[inplace] = partial(lst.append, rid)
         f()
 
-    def __call__(self):
-        """The next call of this line in the block (the cache's hot path: take() inlined)."""
-        diffs = self.scanner.diffs
-        diff = next(diffs, None) if diffs is not None else None
-        if diff is None:
-            return self.take(None)
-        if self.negate:
-            diff = -diff
-        unit = self.unit
-        inplace = (0 <= diff < self.span and diff % unit == 0) if unit else diff == 0
-        f = self.targets[inplace]
-        if f is None:
-            return self.take(-diff if self.negate else diff)
-        f()
+    __call__ = take
 
 
 _POINTER_FIELD = re.compile(rb"[^\s]{1,%d}\Z" % FIELD_MAX)
