@@ -1,0 +1,140 @@
+"""`collbench diagnose [RESULTS...] [--state-dir DIR] [--since DURATION] [--baseline NAME]
+[--format table|csv|json]`: what regressed, and the host, port or link that explains it.
+
+Exit codes: 0 nothing regressed; 1 a regression was found (its suspects named, or `unexplained`
+when nothing explains it); 2 bad input (no usable result record, a malformed or foreign baseline,
+a bad flag).
+"""
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+from collbench.cli import IntermixedArgumentParser, add_config_arg
+from collbench.errors import UserError
+from collbench.results.file_reader import ResultsInput, parse_since
+
+EXIT_NONE, EXIT_FOUND, EXIT_BAD = 0, 1, 2
+
+
+def register(subparsers):
+    p = subparsers.add_parser(
+        "diagnose", help="what regressed, and which host, port or link explains it (congestion, pfc, "
+                         "link errors, a slow host)",
+        description="Find the series (op, size, ranks, transport) that regressed, against a saved baseline or "
+                    "as a persistent shift within the series itself, and explain it from the steps' congestion "
+                    "counters and per-rank timings: ranked suspects (a host, a link between two hosts, or a "
+                    "port and priority of a host) with a cause (congestion, pfc, link_errors, slow_host, "
+                    "unexplained) and the evidence. Exit 1 when a regression is found, 0 when nothing "
+                    "regressed, 2 on bad input. docs/DIAGNOSIS.md says what each cause means.")
+    p.__class__ = IntermixedArgumentParser   # options between RESULTS (as `baseline compare`)
+    add_config_arg(p)
+    p.add_argument("results", nargs="*", metavar="RESULTS",
+                   help="results files or stress state directories (default: the state directory's results.jsonl)")
+    p.add_argument("--state-dir", metavar="DIR",
+                   help="the stress state directory: its results.jsonl when no RESULTS are given, and its "
+                        "baselines/ (default: state_dir in the config)")
+    p.add_argument("--since", metavar="DURATION", help="only records from then on (30m, 2h, 7d or a time)")
+    p.add_argument("--baseline", metavar="NAME",
+                   help="compare against this saved baseline (a name in <state-dir>/baselines or a .json path); "
+                        "without it, a regression is a persistent shift within each series")
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table",
+                   help="output format (csv: the suspects)")
+    p.set_defaults(func=cmd_diagnose)
+
+
+@dataclass
+class Diagnosis:
+    method: str
+    baseline_name: str
+    regressions: list
+    suspects: list
+    notes: list = field(default_factory=list)
+    input: dict = field(default_factory=dict)
+
+    def method_text(self):
+        return f"against baseline {self.baseline_name}" if self.baseline_name else "persistent shifts within each series"
+
+
+def _state_dir(args):
+    if args.state_dir:
+        return os.path.abspath(os.path.expanduser(args.state_dir))
+    from collbench.config import load_config
+    return os.path.abspath(os.path.expanduser(load_config(args.config).state_dir))
+
+
+def diagnose(paths, baseline=None, since=None):
+    """(Diagnosis, ResultsInput) of the results files (the verb without its flags and output)."""
+    from collbench.diagnose import evidence, ranking, regression
+    from collbench.diagnose.load import load
+    from collbench.diagnose.output import label
+    source = ResultsInput(paths, since=since)
+    loaded = load(source)
+    bad = source.bad_lines
+    where = ", ".join(source.paths[:3]) + (" ..." if len(source.paths) > 3 else "")
+    if not loaded.series:
+        extra = f" ({bad} bad line(s) skipped)" if bad else ""
+        raise UserError(f"{where}: no usable result record{extra}: nothing to diagnose")
+    notes = []
+    if baseline is not None:
+        _check_same_cluster(baseline, loaded)
+    regs, det_notes = regression.detect(loaded.series, baseline)
+    notes += det_notes
+    if len(loaded.clusters) > 1:
+        shapes = ", ".join(f"{n} nodes/{r} ranks/{t}" for (n, r, t) in sorted(loaded.clusters, key=str)[:4])
+        notes.append(f"the results mix {len(loaded.clusters)} cluster shapes ({shapes}); each series is judged on its own")
+    per = []
+    for r in regs:
+        ev = evidence.gather(loaded.series[r.key], r.slow, r.good, r.key.nodes)
+        per.append((label(r.key), ranking.suspects_of(ev, r.key.nodes)))
+    suspects = ranking.rank(per)
+    if regs and loaded.no_congestion:
+        notes.append(f"{loaded.no_congestion} of {loaded.results} result(s) carry no congestion counters "
+                     "(older logs, congestion.enabled false, or the OSU/nccl-tests engines): the diagnosis "
+                     "could not use counters there")
+    if bad:
+        notes.append(f"{bad} bad line(s) skipped in the input")
+    d = Diagnosis("baseline" if baseline is not None else "shift", baseline.name if baseline is not None else None,
+                  regs, suspects, notes,
+                  {"files": list(source.paths), "results": loaded.results, "failures": loaded.failures,
+                   "bad_lines": bad, "series": len(loaded.series)})
+    return d, source
+
+
+def _check_same_cluster(baseline, loaded):
+    """A baseline of another cluster (other ranks, nodes, transport or engine) matches no series:
+    exit 2 saying what differs, rather than an empty "no regression"."""
+    if any(k in baseline.entries for k in loaded.series):
+        return
+    def shapes(keys):
+        return sorted({f"{k.ranks} ranks/{k.nodes} nodes/{k.transport}/{k.engine}" for k in keys})
+    b, c = shapes(baseline.entries), shapes(loaded.series)
+    raise UserError(f"baseline {baseline.path or baseline.name}: no series of the results matches it: the baseline "
+                    f"has {', '.join(b[:4])}; the results have {', '.join(c[:4])} (a baseline of another "
+                    "cluster or configuration: save one from these results with `collbench baseline save`)")
+
+
+def cmd_diagnose(args):
+    from collbench.atomic_file import write_output
+    from collbench.diagnose import output
+    since = parse_since(args.since, time.time()) if args.since else None
+    paths = args.results
+    need_state = not paths or args.baseline
+    state = _state_dir(args) if need_state else None
+    if not paths:
+        paths = [state]
+    baseline = None
+    if args.baseline:
+        from collbench.baseline import baseline_file
+        baseline = baseline_file.load(args.baseline, state)
+    d, source = diagnose(paths, baseline, since)
+    print(f"collbench: {source.summary_line()}", file=sys.stderr)
+    if args.format == "json":
+        text = output.json_text(d)
+    elif args.format == "csv":
+        text = output.csv_text(d)
+    else:
+        text = output.table_text(d)
+    write_output(None, text)
+    return EXIT_FOUND if d.regressions else EXIT_NONE

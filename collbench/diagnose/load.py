@@ -1,0 +1,97 @@
+"""Read results files into per-series lists of compact steps: only what the diagnosis uses
+(latency, the straggler's host, the congestion signals that moved), so 10,000 steps of 1024
+hosts stay a few MB. Records come through the project's one reader (results.file_reader:
+untrusted lines are counted, never fatal); the counter side of a record is congestion.attribution's.
+"""
+
+import sys
+from collections import Counter
+from typing import NamedTuple
+
+from collbench.baseline.baseline_file import key_of
+from collbench.congestion.attribution import signals
+
+
+class Step(NamedTuple):
+    ts: float
+    seq: int
+    latency_us: float
+    straggler: str        # the straggler rank's host; None when unknown (OSU, uneven ranks per host)
+    window_s: float       # the congestion window's length; None without a congestion field
+    moved: tuple          # ((host, "<counter>@<where>", delta), ...) of the signals that moved
+    source: str           # the congestion field's source ("engine", "osu-run") or None
+
+
+def straggler_host(rec):
+    """The host of the straggler rank: ranks are placed in blocks of ranks/nodes per host, in the
+    order of `hosts` (mpirun's by-slot fill); None when that cannot be told."""
+    rank, hosts, ranks = rec.get("straggler_rank"), rec.get("hosts"), rec.get("ranks")
+    if rank is None or not hosts or not ranks or ranks % len(hosts) or rank >= ranks:
+        return None
+    return hosts[rank // (ranks // len(hosts))]
+
+
+class Loaded:
+    """The consumer ResultsInput.consume fills (add, merge): series by BaselineKey, plus what the
+    records said about the cluster (hosts, transports) and how many lacked evidence."""
+
+    def __init__(self):
+        self.series = {}              # BaselineKey -> [Step]
+        self.hosts = Counter()        # host -> results naming it
+        self.clusters = Counter()     # (nodes, ranks, transport) -> results
+        self.failures = 0
+        self.results = 0
+        self.no_congestion = 0        # results without a congestion field
+        self.osu_run = 0              # results whose counters are the launching host's only
+        self.no_straggler = 0         # results whose straggler host cannot be told
+
+    def add(self, rec):
+        t = rec.get("type")
+        if t == "failure":
+            self.failures += 1
+            return
+        if t != "result":
+            return
+        self.results += 1
+        hosts = rec.get("hosts") or ()
+        for h in hosts:
+            self.hosts[h] += 1
+        self.clusters[(rec.get("nodes"), rec.get("ranks"), rec.get("transport"))] += 1
+        field = rec.get("congestion")
+        window, moved, source = None, (), None
+        if isinstance(field, dict):
+            source = field.get("source")
+            window = max(float(field["t_end"]) - float(field["t_start"]), 1e-6)
+            moved = tuple((sys.intern(h), sys.intern(k), d)
+                          for h, per in signals(field).items() for k, d in per.items())
+            if source == "osu-run":
+                self.osu_run += 1
+        else:
+            self.no_congestion += 1
+        straggler = straggler_host(rec)
+        if straggler is None:
+            self.no_straggler += 1
+        else:
+            straggler = sys.intern(straggler)
+        step = Step(float(rec.get("ts") or 0.0), int(rec.get("seq") or 0), float(rec["latency_avg_us"]),
+                    straggler, window, moved, source)
+        self.series.setdefault(key_of(rec), []).append(step)
+
+    def merge(self, other):
+        for k, steps in other.series.items():
+            self.series.setdefault(k, []).extend(steps)
+        self.hosts.update(other.hosts)
+        self.clusters.update(other.clusters)
+        for name in ("failures", "results", "no_congestion", "osu_run", "no_straggler"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def finish(self):
+        """Each series in time order (files and parallel parts arrive in any order)."""
+        for steps in self.series.values():
+            steps.sort(key=lambda s: (s.ts, s.seq))
+        return self
+
+
+def load(results_input):
+    """A Loaded of every usable result in the inputs (a ResultsInput)."""
+    return results_input.consume(Loaded).finish()

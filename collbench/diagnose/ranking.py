@@ -1,0 +1,180 @@
+"""Suspects from the evidence: a host (or a link between two hosts, or a port and priority of a
+host), a cause class and a score in 0..1, ranked over every regression.
+
+Scores: a counter suspect scores (slow steps it moved in / slow steps with counters) x (its share
+of that counter's movement over hosts) x (1 - good rate / slow rate): moving in every slow step,
+on this host alone, and never in the good ones is 1. A slow host scores by how much more often
+its rank was the slowest in the slow steps than in the good ones (or than chance, 1 / hosts).
+"""
+
+from dataclasses import dataclass, field
+
+from collbench.congestion.counters import NP, RP
+from collbench.congestion.keys import priority
+from collbench.diagnose.evidence import (CONGESTION, LINK_ERRORS, PFC, SLOW_HOST, STORM, UNEXPLAINED,
+                                         MIN_STEP_SHARE)
+
+CONCENTRATED = 0.5          # a host holding at least half of a counter's movement
+STRAGGLER_MARGIN = 0.25     # the straggler share in slow steps above that in good steps
+
+
+@dataclass
+class Suspect:
+    cause: str
+    host: str = None
+    link: tuple = None          # (sender host, receiver host)
+    port: str = None
+    priority: int = None
+    detail: str = ""
+    score: float = 0.0
+    counters: list = field(default_factory=list)     # CounterEvidence
+    straggler: dict = None
+    lacking: list = field(default_factory=list)
+    regressions: list = field(default_factory=list)  # labels of the regressions it explains
+
+    def identity(self):
+        return (self.cause, self.host, self.link, self.port, self.priority)
+
+
+def _score(c):
+    contrast = 1.0 if c.contrast is None or c.contrast == float("inf") else max(0.0, 1.0 - 1.0 / c.contrast)
+    return c.step_share * c.share * contrast
+
+
+def _best(cs):
+    return max(cs, key=lambda c: (_score(c), c.slow_delta)) if cs else None
+
+
+def _congestion(cs):
+    """The congested path from which side counted what."""
+    np_best, rp_best = _best([c for c in cs if c.side == NP]), _best([c for c in cs if c.side == RP])
+    np_conc = np_best is not None and np_best.share >= CONCENTRATED
+    rp_conc = rp_best is not None and rp_best.share >= CONCENTRATED
+    if np_conc and rp_conc and np_best.host != rp_best.host:
+        return Suspect(CONGESTION, link=(rp_best.host, np_best.host), score=min(_score(np_best), _score(rp_best)),
+                       counters=[rp_best, np_best],
+                       detail=f"the path {rp_best.host} -> {np_best.host}: {rp_best.host}'s sender-side "
+                              f"{rp_best.name} and {np_best.host}'s receiver-side {np_best.name} both concentrate "
+                              "on it")
+    if rp_conc and (not np_conc or _score(rp_best) >= _score(np_best)):
+        return Suspect(CONGESTION, host=rp_best.host, port=_port(rp_best), score=_score(rp_best),
+                       counters=[rp_best] + ([np_best] if np_best else []),   # the receivers' side beside it
+                       detail=f"{rp_best.host}'s outgoing path: the sender-side reaction ({rp_best.name}) concentrates "
+                              f"on it ({rp_best.share:.0%} of all hosts')")
+    if np_conc:
+        return Suspect(CONGESTION, host=np_best.host, port=_port(np_best), score=_score(np_best),
+                       counters=[np_best] + ([rp_best] if rp_best else []),   # the senders' side beside it
+                       detail=f"incast into {np_best.host}: the receiver-side marks ({np_best.name}) concentrate on "
+                              f"it ({np_best.share:.0%} of all hosts')")
+    best = _best(cs)
+    return Suspect(CONGESTION, host=best.host, port=_port(best), score=_score(best), counters=[best],
+                   detail=f"congestion spread over several hosts; the most on {best.host} ({best.name}, "
+                          f"{best.share:.0%} of all hosts')")
+
+
+def _port(c):
+    return None if c.where == "netstat" else c.where
+
+
+def _pfc(cs):
+    best = _best(cs)
+    p = priority(best.name)
+    s = Suspect(PFC, host=best.host, port=_port(best), priority=p[1] if p else None, score=_score(best),
+                counters=[best])
+    if best.name in STORM:
+        s.detail = f"pause storm on {best.host} ({best.name} at {best.where})"
+    elif p and p[0] == "tx":
+        s.detail = (f"{best.host} paused its peer on priority {p[1]} ({best.where}): its receive side cannot drain, "
+                    "and no ECN marks moved (ECN thresholds above PFC's?)")
+    elif p:
+        s.detail = (f"{best.host} was paused by its peer on priority {p[1]} ({best.where}): congestion beyond its "
+                    "port, with no ECN marks (ECN thresholds above PFC's?)")
+    else:
+        s.detail = f"{best.host}'s port {best.where} was blocked or dropped ({best.name}) with no ECN marks"
+    return s
+
+
+def _link_errors(cs):
+    best = _best(cs)
+    return Suspect(LINK_ERRORS, host=best.host, port=_port(best), score=_score(best), counters=[best],
+                   detail=f"{best.host}'s {best.name} at {best.where} (cable, optics or a flapping link: "
+                          "errors, losses and the retransmissions they cost)")
+
+
+def _straggler(ev, nodes):
+    """(host, share in slow steps, share in good steps or chance, score) of a host whose rank was
+    the slowest markedly more often during the slow steps; None."""
+    if not ev.slow_with_straggler or not nodes or nodes < 2 or not ev.stragglers_slow:
+        return None
+    host, times = ev.stragglers_slow.most_common(1)[0]
+    share = times / ev.slow_with_straggler
+    chance = 1.0 / nodes
+    ref = ev.stragglers_good[host] / ev.good_with_straggler if ev.good_with_straggler else chance
+    if share < max(MIN_STEP_SHARE, 2 * chance) or share < ref + STRAGGLER_MARGIN or ev.slow_with_straggler < 3:
+        return None
+    return host, share, ref, times, min(1.0, (share - ref) / (1.0 - ref)) if ref < 1 else 0.0
+
+
+def suspects_of(ev, nodes):
+    """The suspects of one regression (its Evidence), best first; an `unexplained` one when none."""
+    by_family = {}
+    for c in ev.counters:
+        by_family.setdefault(c.family, []).append(c)
+    out = []
+    if CONGESTION in by_family:
+        out.append(_congestion(by_family[CONGESTION]))
+        # pauses with ECN marks: the same congestion, seen at the link layer too
+        for c in by_family.get(PFC, ()):
+            if c.host in (out[0].host,) + (out[0].link or ()):
+                out[0].counters.append(c)
+    if PFC in by_family:
+        pfc = _pfc(by_family[PFC])
+        if CONGESTION in by_family:
+            pfc.score *= 0.5     # pauses beside ECN marks are less likely the cause than the marks
+        if not any(pfc.host == s.host for s in out):
+            out.append(pfc)
+    if LINK_ERRORS in by_family:
+        out.append(_link_errors(by_family[LINK_ERRORS]))
+    strag = _straggler(ev, nodes)
+    if strag:
+        host, share, ref, times, score = strag
+        info = {"host": host, "slow_steps_slowest": times, "slow_steps": ev.slow_with_straggler,
+                "share_slow": round(share, 4), "share_good_or_chance": round(ref, 4)}
+        named = [s for s in out if s.host == host or host in (s.link or ())]
+        if named:
+            named[0].straggler = info
+            named[0].score = min(1.0, named[0].score + 0.1 * score)
+        else:
+            s = Suspect(SLOW_HOST, host=host, score=score, straggler=info,
+                        detail=f"{host}'s rank was the slowest in {times} of {ev.slow_with_straggler} slow steps "
+                               f"({share:.0%}; {ref:.0%} otherwise)"
+                               + (" with no congestion counter moving on it" if host not in ev.moved_hosts
+                                  else "; its counters moved, but no more than in the good steps"))
+            out.append(s)
+    if not out:
+        out.append(Suspect(UNEXPLAINED, lacking=list(ev.lacking),
+                           detail="a regression with no evidence: no counter moved more during the slow steps than "
+                                  "in the good ones or on the peers, and no host's rank was the slowest more often "
+                                  "than chance" + (" (lacking: " + "; ".join(x.split(":")[0] for x in ev.lacking) + ")"
+                                                   if ev.lacking else "")))
+    for s in out:
+        s.lacking = s.lacking or list(ev.lacking)
+    out.sort(key=lambda s: -s.score)
+    return out
+
+
+def rank(per_regression):
+    """Merge [(regression label, [Suspect])] into one list: the same suspect (cause, host, link,
+    port, priority) named by several regressions keeps its best score and lists them all."""
+    merged = {}
+    for label, suspects in per_regression:
+        for s in suspects:
+            m = merged.get(s.identity())
+            if m is None:
+                merged[s.identity()] = m = s
+            elif s.score > m.score:
+                s.regressions = m.regressions
+                merged[s.identity()] = m = s
+            m.regressions.append(label)
+    return sorted(merged.values(), key=lambda s: (s.cause == UNEXPLAINED, -s.score, -len(s.regressions),
+                                                  s.host or "", s.link or ()))

@@ -1,0 +1,105 @@
+"""Which series regressed, and which of their steps were the slow ones.
+
+With a baseline: a series regressed when its median latency is above the baseline's bound
+(baseline.comparison.regression_bound_us: the same bound as `baseline compare` and the
+CollbenchLatencyRegression alert); its slow steps are those above the bound, the good ones the rest.
+Without one: a persistent shift within the series itself (change_point.ShiftDetector: a spike is
+not a shift); the slow steps are those of the excursions that fired, the good ones all others,
+and the shift must also be at least `threshold` times the good steps' median.
+"""
+
+import statistics
+from dataclasses import dataclass, field
+
+from collbench.baseline.comparison import DEFAULT_K, DEFAULT_THRESHOLD, regression_bound_us
+from collbench.change_point import DRIFT, H, WARMUP, ShiftDetector
+
+MIN_SHIFT_STEPS = WARMUP + 4      # a shift needs the warm-up and four steps to show
+
+
+@dataclass
+class Regression:
+    key: object                    # BaselineKey
+    method: str                    # "baseline" or "shift"
+    reference_us: float            # the baseline median, or the good steps' median
+    current_us: float              # the slow steps' median
+    bound_us: float                # what "slow" meant
+    slow: list                     # indices of the slow steps
+    good: list                     # indices of the good steps
+    steps: int
+    first_slow_ts: float = None
+    notes: list = field(default_factory=list)
+
+    @property
+    def ratio(self):
+        return self.current_us / self.reference_us if self.reference_us > 0 else float("inf")
+
+
+def against_baseline(key, steps, entry, threshold=DEFAULT_THRESHOLD, k=DEFAULT_K):
+    """A Regression when the series' median is above the baseline entry's bound, else None."""
+    bound = regression_bound_us(entry.median_us, entry.sigma_us, threshold, k)
+    lat = [s.latency_us for s in steps]
+    if not lat or statistics.median(lat) <= bound:
+        return None
+    slow = [i for i, x in enumerate(lat) if x > bound]
+    good = [i for i, x in enumerate(lat) if x <= bound]
+    return Regression(key, "baseline", entry.median_us, statistics.median(lat[i] for i in slow), bound,
+                      slow, good, len(steps), steps[slow[0]].ts)
+
+
+def shift(key, steps, threshold=DEFAULT_THRESHOLD):
+    """A Regression when the series holds a persistent shift upward, else None."""
+    det = ShiftDetector()
+    slow, excursion, fired, in_fired = [], [], False, set()
+    for i, s in enumerate(steps):
+        z = det.add(s.latency_us)
+        if z is None:
+            continue
+        if det.statistic > 0:
+            if z > DRIFT:              # the steps that pushed the statistic up
+                excursion.append(i)
+            fired = fired or det.statistic > H
+        if det.statistic == 0 or i == len(steps) - 1:
+            if fired:
+                slow += excursion
+            excursion, fired = [], False
+    if not slow:
+        return None
+    in_fired = set(slow)
+    good = [i for i in range(len(steps)) if i not in in_fired]
+    if not good:
+        return None
+    ref = statistics.median(steps[i].latency_us for i in good)
+    cur = statistics.median(steps[i].latency_us for i in slow)
+    if cur < threshold * ref:
+        return None
+    return Regression(key, "shift", ref, cur, det.median + DRIFT * det.sigma, slow, good, len(steps),
+                      steps[slow[0]].ts)
+
+
+def detect(series, baseline=None, threshold=DEFAULT_THRESHOLD, k=DEFAULT_K):
+    """(regressions, notes): every series checked against the baseline (a key it lacks is noted),
+    or for a shift when there is none (a series too short for one is noted)."""
+    found, short, unmatched = [], 0, 0
+    for key in sorted(series, key=lambda k: k.sort_key()):
+        steps = series[key]
+        if baseline is not None:
+            entry = baseline.entries.get(key)
+            if entry is None:
+                unmatched += 1
+                continue
+            r = against_baseline(key, steps, entry, threshold, k)
+        elif len(steps) < MIN_SHIFT_STEPS:
+            short += 1
+            continue
+        else:
+            r = shift(key, steps, threshold)
+        if r is not None:
+            found.append(r)
+    notes = []
+    if short:
+        notes.append(f"{short} series had fewer than {MIN_SHIFT_STEPS} steps: too few for a shift test "
+                     "without a baseline (--baseline NAME)")
+    if unmatched:
+        notes.append(f"{unmatched} series have no entry in the baseline (new op, size, ranks or transport)")
+    return found, notes
