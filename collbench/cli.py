@@ -23,6 +23,7 @@ COMMAND_MODULES = {
     "scrape-config": "collbench.monitoring.scrape_config_cli",
     "report": "collbench.report.cli",
     "baseline": "collbench.baseline.cli",
+    "diagnose": "collbench.diagnose.cli",
     "topo": "collbench.topo.cli",
     "nccl": "collbench.nccl.cli",
     "sweep": "collbench.sweep.cli",
