@@ -151,3 +151,49 @@ def test_ecn_marks_on_one_host_are_attributed_to_its_path(bed, free_port):
     finally:
         _collbench("stress", "stop", "--config", cfg)
         ex.stop()
+
+
+def _nft_table(desc, alias):
+    h = [x for x in desc["hosts"] if x["alias"] == alias][0]
+    r = subprocess.run(["ip", "netns", "exec", h["netns"], "nft", "list", "table", "ip", testbed.ECN_TABLE],
+                       capture_output=True, text=True)
+    return r.stdout if r.returncode == 0 else None
+
+
+def test_ecn_marking_applied_replaced_and_removed_on_a_running_testbed(tmp_path):
+    script = str(REPO / "scripts" / "testbed.sh")
+    before = set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
+    # a bad rate or host is refused before anything is built
+    for bad in (["--ecn-mark", "h2=fast"], ["--ecn-mark", "h2=2mbit"], ["--ecn-mark", "h2"]):
+        r = subprocess.run([script, "up", "2", "--dir", str(tmp_path / "bad"), *bad], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode != 0 and ("bytes per second" in r.stderr or "expected hI=RATE" in r.stderr), r.stderr
+    with pytest.raises(testbed.TestbedError, match="no host 'h9'"):
+        testbed.up(2, str(tmp_path / "bad9"), python=sys.executable, ecn_marks={"h9": "1mbytes"})
+    new = set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()) - before
+    assert not [n for n in new if n.startswith("cbtb")] and not (tmp_path / "bad9" / "testbed.json").exists()
+
+    desc = testbed.up(2, str(tmp_path / "tb"), python=sys.executable)
+    try:
+        assert _nft_table(desc, "h1") is None and _nft_table(desc, "h2") is None
+        r = subprocess.run([script, "ecn-mark", desc["dir"], "h2=512kbytes"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "h2: ECN CE marked on its egress beyond 512 kbytes/second" in r.stderr, r.stderr
+        table = _nft_table(desc, "h2")
+        assert 'oifname "eth0"' in table and "limit rate over 512 kbytes/second" in table and "ip ecn set ce" in table
+        assert _nft_table(desc, "h1") is None
+        assert testbed.load(desc["dir"])["hosts"][1]["ecn_mark"] == "512 kbytes/second"
+        # marking again replaces the rate (one rule), a host by address works too
+        r = subprocess.run([script, "ecn-mark", desc["dir"], f"{desc['hosts'][1]['addr']}=3mbytes/second"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        table = _nft_table(desc, "h2")
+        assert table.count("ip ecn set ce") == 1 and "3 mbytes/second" in table
+        r = subprocess.run([script, "ecn-mark", desc["dir"], "h7=1mbytes"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and "no host 'h7'" in r.stderr and "3 mbytes/second" in _nft_table(desc, "h2")
+        r = subprocess.run([script, "ecn-clear", desc["dir"]], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "ECN marking removed: h2" in r.stderr, r.stderr
+        assert _nft_table(desc, "h2") is None and "ecn_mark" not in testbed.load(desc["dir"])["hosts"][1]
+        r = subprocess.run([script, "ecn-clear", desc["dir"]], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "no ECN marking to remove" in r.stderr
+    finally:
+        testbed.down(desc["dir"])
