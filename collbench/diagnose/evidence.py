@@ -10,6 +10,7 @@ The side of each counter (congestion.counters: np receiver, rp sender, link) say
 """
 
 from collections import Counter, defaultdict
+from functools import lru_cache
 from dataclasses import dataclass, field
 
 from collbench.congestion import counters
@@ -28,6 +29,7 @@ MIN_STEP_SHARE = 0.5       # a counter must move in at least half of the slow st
 MIN_CONTRAST = 3.0         # ... at least this many times its rate in the same host's good steps
 
 
+@lru_cache(maxsize=4096)
 def family(name):
     """The cause a counter points at (CONGESTION, PFC, LINK_ERRORS), or None (not a signal)."""
     if name in _CONGESTION:
@@ -40,6 +42,7 @@ def family(name):
     return None
 
 
+@lru_cache(maxsize=4096)
 def side(name):
     for source in counters.SOURCES:
         row = counters.lookup(source, name)
@@ -134,7 +137,7 @@ def gather(steps, slow, good, nodes):
                 ev.good_with_counters += 1
                 good_secs += s.window_s
             for host, key, d in s.moved:
-                name = split(key)[0]
+                name = key.partition("@")[0]
                 fam = family(name)
                 if fam is None:
                     continue

@@ -33,11 +33,10 @@ def straggler_host(rec):
 
 class Loaded:
     """The consumer ResultsInput.consume fills (add, merge): series by BaselineKey, plus what the
-    records said about the cluster (hosts, transports) and how many lacked evidence."""
+    records said about the cluster (nodes, ranks, transports) and how many lacked evidence."""
 
     def __init__(self):
         self.series = {}              # BaselineKey -> [Step]
-        self.hosts = Counter()        # host -> results naming it
         self.clusters = Counter()     # (nodes, ranks, transport) -> results
         self.failures = 0
         self.results = 0
@@ -53,9 +52,6 @@ class Loaded:
         if t != "result":
             return
         self.results += 1
-        hosts = rec.get("hosts") or ()
-        for h in hosts:
-            self.hosts[h] += 1
         self.clusters[(rec.get("nodes"), rec.get("ranks"), rec.get("transport"))] += 1
         field = rec.get("congestion")
         window, moved, source = None, (), None
@@ -80,7 +76,6 @@ class Loaded:
     def merge(self, other):
         for k, steps in other.series.items():
             self.series.setdefault(k, []).extend(steps)
-        self.hosts.update(other.hosts)
         self.clusters.update(other.clusters)
         for name in ("failures", "results", "no_congestion", "osu_run", "no_straggler"):
             setattr(self, name, getattr(self, name) + getattr(other, name))

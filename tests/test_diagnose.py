@@ -1,0 +1,216 @@
+"""`collbench diagnose` on step records whose counters a test sets: each cause class named with
+its host (or link, or port and priority) and evidence, a spike that is not a regression, a quiet
+series with no suspect, and bad input (hostile lines, a foreign baseline, records without
+counters). The real-run side (real mpirun ranks, a CPU-throttled host, fixture counters driven
+while the ranks run) is tests/test_diagnose_real.py."""
+
+import json
+import random
+import subprocess
+import sys
+
+HOSTS = [f"h{i}" for i in range(8)]
+T0 = 1795400000.0
+
+
+def rec(i, lat, moved=None, straggler=None, congestion=True, hosts=HOSTS, ranks=16, transport="ucx",
+        op="allreduce", size=("4MB", 4194304), engine="builtin"):
+    ts = T0 + i
+    r = {"schema": 1, "time": "2026-11-23T10:00:00.000Z", "ts": ts, "type": "result", "run_id": "20261123T100000-0badcafe",
+         "hosts": hosts, "nodes": len(hosts), "ranks": ranks, "engine": engine, "mpi": "mpirun (Open MPI) 4.1.4",
+         "transport": transport, "op": op, "datatype": "float", "size": size[0], "size_bytes": size[1],
+         "latency_avg_us": lat, "latency_min_us": lat * 0.95, "latency_max_us": lat * 1.05, "iterations": 100,
+         "warmup": 10, "algbw_bytes_per_s": 1e9, "busbw_bytes_per_s": 1e9, "validation": "off",
+         "straggler_rank": straggler, "verdict": None, "status": "ok", "iteration": i + 1, "t_start": ts - 0.5,
+         "t_end": ts, "seq": i + 1}
+    if congestion:
+        moved = dict(moved or {})
+        totals = {}
+        for k, d in moved.items():
+            name = k.split("|", 1)[1].split("@", 1)[0]
+            totals[name] = totals.get(name, 0) + d
+        r["congestion"] = {"source": "engine", "t_start": ts - 0.5, "t_end": ts, "hosts_read": len(hosts),
+                           "moved": moved, "totals": totals}
+    return r
+
+
+def series(n=120, onset=70, factor=1.6, slow_moved=None, noise=True, seed=3, slow_straggler=None, **kw):
+    """n steps, the latency `factor` times higher from `onset` on, with `slow_moved` (host -> {key: delta})
+    in those steps and a little background ECN on random hosts in every step."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        slow = i >= onset
+        moved = {}
+        if noise:
+            moved[f"h{rng.randrange(8)}|InCEPkts@netstat"] = rng.randint(1, 5)
+        if slow and slow_moved:
+            moved.update(slow_moved)
+        strag = slow_straggler if slow and slow_straggler is not None else rng.randrange(16)
+        out.append(rec(i, 1000 * rng.gauss(1, 0.02) * (factor if slow else 1), moved, strag, **kw))
+    return out
+
+
+def write(path, records, extra_lines=()):
+    with open(path, "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+        for line in extra_lines:
+            f.write(line + "\n")
+    return str(path)
+
+
+def diagnose(*args):
+    p = subprocess.run([sys.executable, "-m", "collbench", "diagnose", *map(str, args), "--format", "json"],
+                       capture_output=True, text=True, timeout=120)
+    doc = json.loads(p.stdout) if p.stdout.strip() else None
+    return p.returncode, doc, p.stderr
+
+
+def test_ecn_marks_echoed_to_one_sender_name_its_outgoing_path(tmp_path):
+    # TCP: h5's egress is marked: it alone counts TCPDeliveredCE; every receiver counts some InCEPkts
+    slow = {"h5|TCPDeliveredCE@netstat": 3000, **{f"h{p}|InCEPkts@netstat": 430 for p in range(8) if p != 5}}
+    rc, doc, err = diagnose(write(tmp_path / "r.jsonl", series(slow_moved=slow)))
+    assert rc == 1, err
+    assert doc["verdict"] == "culprit" and len(doc["regressions"]) == 1
+    reg = doc["regressions"][0]
+    assert reg["method"] == "shift" and reg["slow_steps"] >= 40 and 1.4 < reg["ratio"] < 1.8
+    top = doc["suspects"][0]
+    assert (top["host"], top["cause"], top["link"]) == ("h5", "congestion", None)
+    assert "outgoing path" in top["detail"]
+    ev = top["evidence"]["counters"][0]
+    assert (ev["counter"], ev["side"], ev["share_of_hosts"]) == ("TCPDeliveredCE", "rp", 1.0)
+    assert ev["rate_good_per_s"] == 0 and ev["rate_slow_per_s"] == 6000 and ev["slow_step_share"] == 1.0
+
+
+def test_receiver_side_marks_on_one_host_are_incast_into_it(tmp_path):
+    slow = {"h2|np_ecn_marked_roce_packets@mlx5_0/1": 12000,
+            **{f"h{p}|rp_cnp_handled@mlx5_0/1": 900 for p in range(8) if p != 2}}
+    rc, doc, _ = diagnose(write(tmp_path / "r.jsonl", series(slow_moved=slow)))
+    top = doc["suspects"][0]
+    assert rc == 1 and (top["host"], top["cause"], top["port"]) == ("h2", "congestion", "mlx5_0/1")
+    assert top["detail"].startswith("incast into h2")
+
+
+def test_one_sender_and_one_receiver_name_the_link_between_them(tmp_path):
+    slow = {"h1|rp_cnp_handled@mlx5_0/1": 5000, "h6|np_ecn_marked_roce_packets@mlx5_1/1": 9000}
+    rc, doc, _ = diagnose(write(tmp_path / "r.jsonl", series(slow_moved=slow)))
+    top = doc["suspects"][0]
+    assert rc == 1 and top["cause"] == "congestion" and top["link"] == ["h1", "h6"] and top["host"] is None
+
+
+def test_pauses_without_ecn_are_pfc_with_port_and_priority(tmp_path):
+    slow = {"h3|tx_prio3_pause@ens1f0np0": 310, "h3|tx_prio3_pause_duration@ens1f0np0": 240000}
+    rc, doc, _ = diagnose(write(tmp_path / "r.jsonl", series(slow_moved=slow, noise=False)))
+    top = doc["suspects"][0]
+    assert rc == 1 and (top["host"], top["cause"], top["port"], top["priority"]) == ("h3", "pfc", "ens1f0np0", 3)
+    assert "cannot drain" in top["detail"]
+    assert top["evidence"]["counters"][0]["direction"] == "tx"
+
+
+def test_a_pause_storm_is_named(tmp_path):
+    slow = {"h4|tx_pause_storm_warning_events@ens1f0np0": 12}
+    rc, doc, _ = diagnose(write(tmp_path / "r.jsonl", series(slow_moved=slow, noise=False)))
+    top = doc["suspects"][0]
+    assert rc == 1 and (top["host"], top["cause"]) == ("h4", "pfc") and "pause storm" in top["detail"]
+
+
+def test_symbol_errors_and_retransmissions_are_link_errors(tmp_path):
+    slow = {"h7|symbol_error@mlx5_0/1": 40, "h7|roce_adp_retrans@mlx5_0/1": 80}
+    rc, doc, _ = diagnose(write(tmp_path / "r.jsonl", series(slow_moved=slow)))
+    top = doc["suspects"][0]
+    assert rc == 1 and (top["host"], top["cause"], top["port"]) == ("h7", "link_errors", "mlx5_0/1")
+
+
+def test_a_counter_that_moves_as_much_in_good_steps_is_no_evidence(tmp_path):
+    recs = series(slow_moved={"h3|symbol_error@mlx5_0/1": 40})
+    for r in recs[:70]:           # the same errors before the shift: they do not explain it
+        r["congestion"]["moved"]["h3|symbol_error@mlx5_0/1"] = 40
+        r["congestion"]["totals"]["symbol_error"] = 40
+    rc, doc, _ = diagnose(write(tmp_path / "r.jsonl", recs))
+    assert rc == 1 and [s["cause"] for s in doc["suspects"]] == ["unexplained"]
+    assert doc["verdict"] == "unexplained" and doc["suspects"][0]["host"] is None
+
+
+def test_a_straggler_host_with_no_counter_moving_is_a_slow_host(tmp_path):
+    # 16 ranks on 8 hosts, two per host: rank 9 is on h4
+    rc, doc, _ = diagnose(write(tmp_path / "r.jsonl", series(slow_straggler=9, noise=False)))
+    top = doc["suspects"][0]
+    assert rc == 1 and (top["host"], top["cause"]) == ("h4", "slow_host")
+    assert top["evidence"]["straggler"]["slow_steps_slowest"] == 50
+    assert "no congestion counter moving" in top["detail"]
+
+
+def test_records_without_counters_say_what_evidence_was_lacking(tmp_path):
+    rc, doc, _ = diagnose(write(tmp_path / "r.jsonl", series(congestion=False)))
+    assert rc == 1 and doc["verdict"] == "unexplained"
+    top = doc["suspects"][0]
+    assert top["cause"] == "unexplained" and top["host"] is None
+    assert any("congestion counters" in x for x in top["evidence"]["lacking"])
+    assert any("carry no congestion counters" in n for n in doc["notes"])
+
+
+def test_osu_records_lack_per_rank_timings_and_per_host_counters(tmp_path):
+    recs = series(congestion=False, engine="osu")
+    for r in recs:
+        r["straggler_rank"] = None
+    rc, doc, _ = diagnose(write(tmp_path / "r.jsonl", recs))
+    lacking = doc["suspects"][0]["evidence"]["lacking"]
+    assert rc == 1 and any("per-rank timings" in x for x in lacking) and any("congestion" in x for x in lacking)
+
+
+def test_a_quiet_series_and_a_spike_are_no_regression(tmp_path):
+    recs = series(factor=1.0, slow_moved={"h2|np_ecn_marked_roce_packets@mlx5_0/1": 50})
+    recs[90]["latency_avg_us"] *= 20            # one step 20x slower: a spike, not a shift
+    recs[91]["latency_avg_us"] *= 5
+    rc, doc, err = diagnose(write(tmp_path / "r.jsonl", recs))
+    assert rc == 0, err
+    assert doc["verdict"] == "no regression" and doc["regressions"] == [] and doc["suspects"] == []
+    p = subprocess.run([sys.executable, "-m", "collbench", "diagnose", str(tmp_path / "r.jsonl")],
+                       capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.startswith("no regression")
+
+
+def test_against_a_baseline_the_slow_steps_are_those_above_its_bound(tmp_path):
+    quiet = write(tmp_path / "quiet.jsonl", series(n=20, factor=1.0))
+    p = subprocess.run([sys.executable, "-m", "collbench", "baseline", "save", "b1", "--from", quiet, "--state-dir",
+                        str(tmp_path / "state")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    slow = {"h5|TCPDeliveredCE@netstat": 3000}
+    cur = write(tmp_path / "cur.jsonl", series(n=12, onset=4, slow_moved=slow))
+    rc, doc, err = diagnose(cur, "--baseline", "b1", "--state-dir", tmp_path / "state")
+    assert rc == 1, err
+    assert doc["method"] == "baseline" and doc["baseline"] == "b1"
+    assert doc["regressions"][0]["slow_steps"] == 8 and doc["regressions"][0]["good_steps"] == 4
+    assert (doc["suspects"][0]["host"], doc["suspects"][0]["cause"]) == ("h5", "congestion")
+    # a baseline of another cluster (other ranks and transport) matches nothing: exit 2 saying so
+    other = write(tmp_path / "other.jsonl", series(n=12, ranks=8, transport="ob1-tcp",
+                                                   hosts=["x1", "x2", "x3", "x4"]))
+    rc, doc, err = diagnose(other, "--baseline", "b1", "--state-dir", tmp_path / "state")
+    assert rc == 2 and doc is None
+    assert "no series of the results matches it" in err and "16 ranks/8 nodes/ucx" in err and "ob1-tcp" in err
+
+
+def test_hostile_and_mixed_lines_are_counted_and_the_rest_diagnosed(tmp_path):
+    slow = {"h5|TCPDeliveredCE@netstat": 3000}
+    hostile = ["not json", "[" * 5000, '{"type":"result","latency_avg_us":"fast"}',
+               json.dumps({**rec(0, 1000.0), "congestion": {"source": "engine", "moved": {"h1|x@y": -5}}}),
+               json.dumps(rec(1, 1e300, hosts=["\x1b[31mevil"], ranks=1)).replace("1e+300", "1e400"),
+               "\xff\xfe"]
+    recs = series(slow_moved=slow) + series(n=30, factor=1.0, op="bcast", size=("1KB", 1024), seed=9)
+    rc, doc, err = diagnose(write(tmp_path / "r.jsonl", recs, hostile))
+    assert rc == 1, err
+    assert doc["input"]["bad_lines"] == len(hostile) and doc["input"]["results"] == 150
+    assert (doc["suspects"][0]["host"], doc["suspects"][0]["cause"]) == ("h5", "congestion")
+    assert any("6 bad line(s)" in n for n in doc["notes"])
+    assert not any("fewer than 16 steps" in n for n in doc["notes"])   # 30 bcast steps: judged
+
+
+def test_nothing_usable_is_exit_2_naming_the_file(tmp_path):
+    path = write(tmp_path / "junk.jsonl", [], ["garbage", "{}"])
+    rc, doc, err = diagnose(path)
+    assert rc == 2 and doc is None and "junk.jsonl" in err and "no usable result record" in err
+    rc, _, err = diagnose(tmp_path / "missing.jsonl")
+    assert rc == 2 and "missing.jsonl" in err
+    rc, _, err = diagnose(path, "--since", "yesterday-ish")
+    assert rc == 2 and "--since" in err
