@@ -196,3 +196,11 @@ def test_engine_names_become_the_records_hosts_through_each_readers_rank(tmp_pat
     for bad in ('CBCONG {"loop":0}', 'CBCONG [1]', "CBCONG {", line.replace('"r":2', '"r":-2'),
                 line.replace('"n":3', '"n":"3"'), line.replace('"InCEPkts@netstat":4', '"InCEPkts@netstat":-4')):
         assert engine_lines.parse_line(bad) is None, bad
+
+
+def test_netstat_is_read_only_for_tcp_transports(tmp_path):
+    from collbench.config import build_config
+    spec = {t: sources.spec_text(build_config({"transport": t, "congestion": {"enabled": True}}, "<test>",
+                                              str(tmp_path))) for t in ("shm", "ucx", "ob1-tcp", "ucx-tcp")}
+    assert [t for t, text in spec.items() if "\nnetstat TcpExt TCPDeliveredCE" in text] == ["ob1-tcp", "ucx-tcp"]
+    assert all("\nrdma_hw np_ecn_marked_roce_packets" in text for text in spec.values())

@@ -13,7 +13,8 @@ class AroundRun:
     def __init__(self, cfg):
         self.cfg = cfg
         self.host = socket.gethostname()
-        self.reader = HostReader(sources.host_sources(cfg, self.host)) if sources.enabled(cfg) else None
+        self.reader = (HostReader(sources.host_sources(cfg, self.host), netstat=sources.reads_netstat(cfg))
+                       if sources.enabled(cfg) else None)
 
     def run(self, fn, record_hosts=None):
         """fn() -> a record; that record with `congestion` when the config asks for it."""

@@ -51,8 +51,9 @@ class HostReader:
     """Reads one host's counters (HostSources). Which directories exist is worked out on the
     first snapshot and again whenever a directory has vanished."""
 
-    def __init__(self, sources, ethtool_reader=None):
+    def __init__(self, sources, ethtool_reader=None, netstat=True):
         self.sources = sources
+        self.read_netstat = netstat
         self._ethtool_reader = ethtool_reader
         self._hw = counters.names("rdma_hw")
         self._port = counters.names("rdma_port")
@@ -121,7 +122,7 @@ class HostReader:
         for netdev in netdevs:
             if self._read_ethtool(netdev, values, faults):
                 read += 1
-        if self._read_netstat(values, faults):
+        if self.read_netstat and self._read_netstat(values, faults):
             read += 1
         if vanished_dir:
             self._layout = None

@@ -4,7 +4,8 @@ from here, never its own list).
 
 Per host (config `congestion`, docs/CONGESTION.md):
   sysfs_root    RDMA counters under <sysfs_root>/class/infiniband (default /sys)
-  netstat       the netstat file (default /proc/net/netstat: the reader's network namespace)
+  netstat       the netstat file (default /proc/net/netstat: the reader's network namespace),
+                read only for TCP transports (ob1-tcp, ucx-tcp: TCP_TRANSPORTS)
   ethtool_root  unset: ethtool statistics by the SIOCETHTOOL ioctl; set: a directory holding one
                 file per netdev with `ethtool -S` output (a fixture tree, or a capture)
   netdevs       the netdevs whose ethtool statistics are read (default: the files in ethtool_root,
@@ -59,6 +60,16 @@ def host_sources(cfg, host=None):
                             if k in HostSources._fields and v is not None})
 
 
+# transports whose traffic goes through the kernel's TCP stack: only their steps move netstat's
+# counters (RoCE and shared memory bypass it), so only they pay for reading it (~25-60 µs a read)
+TCP_TRANSPORTS = ("ob1-tcp", "ucx-tcp")
+
+
+def reads_netstat(cfg):
+    """Whether a run of cfg reads /proc/net/netstat around its steps (None: the whole table)."""
+    return cfg is None or getattr(cfg, "transport", None) in TCP_TRANSPORTS
+
+
 def xmit_wait_tick_ns(cfg):
     sec = _section(cfg)
     return float(getattr(sec, "xmit_wait_tick_ns", 8.0) or 8.0) if sec is not None else 8.0
@@ -96,7 +107,7 @@ def spec_text(cfg):
         lines.append(_host_line(f"host {host}", host_sources(cfg, host)))
     for source in ("rdma_hw", "rdma_port", "ethtool"):
         lines.append(" ".join([source] + counters.names(source)))
-    for section in ("IpExt", "TcpExt"):
+    for section in ("IpExt", "TcpExt") if reads_netstat(cfg) else ():
         lines.append(" ".join(["netstat", section] + counters.names("netstat", section)))
     return "\n".join(lines) + "\n"
 

@@ -901,6 +901,7 @@ static void print_record(const Step *s, const StepResult *r, int loop, int index
  * with only the counters that moved (at most CONG_MAX_MOVED per host, the largest; the rest in
  * "drop"). Which counters, and where each host reads them, is the SPEC file Python writes from
  * its one table (collbench/congestion/sources.py spec_text): this code knows no counter names.
+ * Without --validate a step's after-snapshot is the next step's before (cong_before_step).
  * Faults follow collbench/congestion/deltas.py: a counter that vanished, cannot be read, went
  * backwards or holds garbage is skipped and counted, never a negative delta, never a failed step.
  * Test hook: COLLBENCH_ENGINE_HOST_OF_RANK="hA,hA,hB,hB" names each world rank's host (several
@@ -967,6 +968,7 @@ typedef struct {
     CongEth eth[CONG_MAX_NETDEVS];
     int neth;
     double snap_us;                 /* what the last snapshot cost (bench/congestion_overhead.py) */
+    int have_after;                 /* the last after-snapshot can be the next step's before */
     struct { int fd; char where[CONG_MAX_KEY]; int set; int *held; } dirs[CONG_MAX_DIRS];
     int ndirs, layout_stale;        /* the counter directories, open */
     double layout_at;
@@ -1489,6 +1491,8 @@ static void cong_netstat_section(CongSnap *sn, char *text, const char *section, 
 static int cong_read_netstat(CongSnap *sn)
 {
     size_t len = 0;
+    if (!cong.nnames[CS_IPEXT] && !cong.nnames[CS_TCPEXT])
+        return 0;                        /* not a TCP transport: the spec names none */
     char *text = cong_read_file(cong.netstat, &len);
     if (!text)
         return 0;
@@ -1595,10 +1599,20 @@ static int cong_setup(const char *spec_path, int rank, int nranks)
     return 0;
 }
 
-static void cong_before_step(void)
+/* The step's before-snapshot. After a step whose only untimed work was bookkeeping (its record,
+ * the stop check: no validation calls), its after-snapshot serves as the next step's before: one
+ * snapshot per step instead of two, and the window still holds only the steps' own traffic. */
+static void cong_before_step(int fresh)
 {
-    if (cong.enabled && cong.reader)
+    if (!cong.enabled || !cong.reader)
+        return;
+    if (cong.have_after && !fresh) {
+        CongSnap t = cong.before;
+        cong.before = cong.after;
+        cong.after = t;
+    } else
         cong_snapshot(&cong.before);
+    cong.have_after = 0;
 }
 
 typedef struct { const char *key; unsigned long long d; } CongMoved;
@@ -1685,6 +1699,7 @@ static void cong_after_step(int rank, int loop, int index)
     double started = cong_mono();
     cong_snapshot(&cong.after);
     cong.snap_us = (cong_mono() - started) * 1e6;
+    cong.have_after = 1;
     int len = 0, nreaders = 0, leader_rank = 0;
     char *frag = cong_fragment(&len);
     MPI_Comm_size(cong.leaders, &nreaders);
@@ -2085,7 +2100,7 @@ int main(int argc, char **argv)
             const OpDef *op = &OPS[s->op];
             StepResult r;
             setup_coll(&c, s);
-            cong_before_step();          /* the host's counters, outside the timed region */
+            cong_before_step(validate);  /* the host's counters, outside the timed region */
             run_timed(&c, &r);
             cong_after_step(rank, loop, i);
             r.validation = "off";
