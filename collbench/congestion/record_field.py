@@ -121,16 +121,10 @@ def host_of(record_key):
 
 
 def top_host(field):
-    """The host whose counters moved most in a valid field (the most moved counters, then the
-    largest sum), or None: what a table names beside a step."""
-    score = {}
-    for rk, v in (field.get("moved") or {}).items():
-        host, _ = host_of(rk)
-        n, s = score.get(host, (0, 0))
-        score[host] = (n + 1, s + v)
-    if not score:
-        return None
-    return max(sorted(score), key=lambda h: score[h])
+    """The host whose counters moved most in a valid field, or None: the one choice every view
+    makes, attribution.top_host (congestion signals only, ranked by their share)."""
+    from collbench.congestion import attribution   # attribution reads this module's host_of
+    return attribution.top_host(field)
 
 
 # ---------------------------------------------------------------- validation (every reader)
