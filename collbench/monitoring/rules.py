@@ -13,6 +13,7 @@ import yaml
 
 from collbench.congestion.sources import xmit_wait_tick_ns
 from collbench.errors import ConfigError
+from collbench.monitoring.scrape_config import COUNTERS_JOB
 from collbench.ops import get_op
 from collbench.sizes import format_size
 
@@ -117,6 +118,14 @@ def health_rules(alerts, for_, failure_window):
          "for": for_,
          "labels": {"severity": "critical"},
          "annotations": {"summary": "collbench exporter {{ $labels.instance }} is not answering scrapes",
+                         "runbook_url": RUNBOOK}},
+        {"alert": "CollbenchCountersExporterDown",
+         # the per-host counters exporters (scrape_config.py): a host whose counters nobody sees
+         "expr": f'up{{job="{COUNTERS_JOB}"}} == 0',
+         "for": for_,
+         "labels": {"severity": "warning"},
+         "annotations": {"summary": ("collbench counters exporter on {{ $labels.host }} ({{ $labels.instance }}) "
+                                     "is not answering scrapes: that host's congestion counters are not seen"),
                          "runbook_url": RUNBOOK}},
         {"alert": "CollbenchResultsStale",
          "expr": f"collbench_results_age_seconds > {float(alerts.stale_after)!r}",
