@@ -5,7 +5,6 @@ machine with the systemctl stand-in. tests/test_counters_fleet_e2e.py runs it on
 namespace testbed, scraped by a real Prometheus."""
 
 import json
-import os
 import subprocess
 import sys
 import urllib.request

@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 import urllib.parse
 import urllib.request
 
@@ -119,7 +118,6 @@ def test_counters_exporters_on_every_testbed_host_scraped_by_prometheus(tmp_path
                          f"--unit-dir {units} \"$@\"\n")
     systemctl.chmod(0o755)
 
-    t0 = time.monotonic()
     bed = testbed.up(4, str(tmp_path / "tb"), python=sys.executable)
     prom, bumper = None, None
     try:
@@ -215,4 +213,3 @@ def test_counters_exporters_on_every_testbed_host_scraped_by_prometheus(tmp_path
     # nothing left: the exporters died with their namespaces
     left = subprocess.run(["pgrep", "-af", str(tmp_path)], capture_output=True, text=True).stdout
     assert left == "", left
-    assert time.monotonic() - t0 < 120
