@@ -140,3 +140,20 @@ def test_report_congestion_section_is_bounded_and_escaped(tmp_path):
     assert "232 more host(s)" in sec and "3076 less involved host entries left out (at most 256 per step)" in sec
     assert re.findall(r"<th>(.*?)</th>", sec)[6] == "&lt;script&gt;x"
     assert "<script>" not in text and "&lt;script&gt;x" in sec          # the most moved host, escaped
+
+
+def test_report_section_is_the_same_read_in_parallel_parts(tmp_path):
+    """A big log is read by a process per core over byte ranges (results/file_reader.py): the
+    parts' congestion maps merge into the one a single reader builds."""
+    from collbench.report.aggregate import Aggregate
+    from collbench.report.congestion import section
+    from collbench.results.file_reader import ResultsInput
+    recs = []
+    for i in range(400):
+        cong = field(MARKED_H2) if i % 3 else field(UNMARKED)
+        recs.append(_result(("alltoall", "allreduce")[i % 2], 1 << (16 + i % 5), 1000.0 + i, cong, seq=i + 1))
+    _write(tmp_path / "r.jsonl", recs)
+    one = ResultsInput([str(tmp_path / "r.jsonl")]).consume(Aggregate, workers=1)
+    parts = ResultsInput([str(tmp_path / "r.jsonl")]).consume(Aggregate, workers=4, min_bytes=0)
+    assert section(one.congestion) == section(parts.congestion) != ""
+    assert sum(st.records for st in parts.congestion.steps.values()) == 400
