@@ -58,7 +58,9 @@ def test_traffic_counters_alone_name_nobody():
     f = field(UNMARKED)
     assert f["moved"]                                   # the volume counters did move ...
     assert attribution.ranked(f) == [] and attribution.top_host(f) is None and attribution.label(f) == ""
-    for nothing in (None, {}, {"moved": {}}, "garbage", {"moved": None}):
+    for nothing in (None, {}, {"moved": {}}, "garbage", {"moved": None}, {"moved": ["h1|InCEPkts@netstat"]},
+                    {"moved": {"h1|InCEPkts@netstat": 0}}, {"moved": {"h1|InCEPkts@netstat": "9"}},
+                    {"moved": {"h1|InCEPkts@netstat": True, 3: 4}}):
         assert attribution.ranked(nothing) == [] and attribution.top(nothing) is None
 
 

@@ -47,7 +47,10 @@ def signals(field):
     (None or a field without moved counters: {})."""
     out = {}
     moved = field.get("moved") if isinstance(field, dict) else None
-    for rk, delta in (moved or {}).items():
+    for rk, delta in (moved.items() if isinstance(moved, dict) else ()):
+        # record_parser validated the field; a caller's unchecked dict is still no traceback
+        if not isinstance(rk, str) or not isinstance(delta, int) or isinstance(delta, bool) or delta <= 0:
+            continue
         host, k = host_of(rk)
         if split(k)[0] in VOLUME:
             continue
