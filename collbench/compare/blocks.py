@@ -5,8 +5,9 @@ algorithm, size) one sample.
 
 How many blocks: a fixed number (--blocks), or, by default, from the spread measured: at least
 stats.MIN_BLOCKS, then one more block while some row's speed-up interval is still undecided (it
-straddles 1 + margin and is wider than `width`), until the time budget would be overrun by one
-more block or stats.MAX_BLOCKS is reached. The time is estimated before the first block (a rough
+straddles 1 + margin and is wider than `width`), until stats.MAX_BLOCKS; never a block that the
+time budget cannot pay for (judged from the blocks' mean time), even below the minimum (then the
+reason says that no win can be proven). The time is estimated before the first block (a rough
 model: a launch per job plus the data at 1 GB/s) and again from the first block's own time.
 """
 
@@ -112,21 +113,24 @@ def run_blocks(cfg, plan, ctx, flavour, progress, policy, check=None, say=None):
             say(f"block 1 took {format_duration(block_s)}: {policy.min_blocks} blocks ~"
                 f"{format_duration(block_s * policy.min_blocks)}; the budget allows about "
                 f"{min(affordable, policy.max_blocks)}")
-        if done < policy.min_blocks:
-            continue
-        rows = median_rows(measured)
-        table.annotate(rows, policy.margin, flavour)
-        open_rows = undecided(rows, policy)
         mean_block = elapsed / done
-        if not open_rows:
-            why = f"every interval settled after {done} blocks"
-            break
+        open_rows = None
+        if done >= policy.min_blocks:
+            rows = median_rows(measured)
+            table.annotate(rows, policy.margin, flavour)
+            open_rows = undecided(rows, policy)
+            if not open_rows:
+                why = f"every interval settled after {done} blocks"
+                break
+        still = f" ({len(open_rows)} interval(s) still undecided)" if open_rows else ""
         if done >= policy.max_blocks:
-            why = f"{done} blocks, the most ({len(open_rows)} interval(s) still undecided)"
+            why = f"{done} blocks, the most{still}"
             break
         if elapsed + mean_block > policy.budget_s:
-            why = (f"time budget {format_duration(policy.budget_s)} spent after {done} blocks "
-                   f"({len(open_rows)} interval(s) still undecided)")
+            why = f"time budget {format_duration(policy.budget_s)} spent after {done} blocks{still}"
+            if done < policy.min_blocks:
+                why += (f"; fewer than {policy.min_blocks} blocks rarely prove a win at 95 %: "
+                        "raise --time-budget")
             break
         progress.total = (done + 1) * per_block
     return measured, records, notes, done, why

@@ -30,7 +30,7 @@ BOOTSTRAP_SAMPLES = 2000
 BOOTSTRAP_SEED = 13
 CONFIDENCE = 0.95
 DEFAULT_MARGIN = 0.05
-MIN_BLOCKS = 4           # adaptive: never stop before this many blocks
+MIN_BLOCKS = 5           # adaptive: never stop before this many blocks (fewer rarely reach 95 %)
 MAX_BLOCKS = 100
 
 
