@@ -206,6 +206,45 @@ def _host_sources():
 
 
 HOST_SOURCES = _host_sources()
+
+
+def _doctor_hosts():
+    """doctor.hosts: {hostname: {sysfs_root, qos_dir: absolute paths}} (a host's trees read here)."""
+    expected = "a mapping of hostname: {sysfs_root, qos_dir: absolute paths without spaces}"
+
+    def check(v):
+        if not isinstance(v, dict) or len(v) > 65536:
+            raise ValueError(expected)
+        out = {}
+        for host, over in v.items():
+            if (not isinstance(host, str) or not host or len(host) > 255 or any(c.isspace() for c in host)
+                    or not isinstance(over, dict) or any(k not in ("sysfs_root", "qos_dir") for k in over)):
+                raise ValueError(expected)
+            for x in over.values():
+                if (not isinstance(x, str) or not x.startswith("/") or len(x) >= 1024
+                        or any(c.isspace() for c in x) or "\0" in x):
+                    raise ValueError(expected)
+            out[host] = dict(over)
+        return out
+    return Kind(check, expected)
+
+
+def _priorities():
+    """A list of 802.1p priorities 0..7 (doctor.pfc_priorities, doctor.ecn_priorities)."""
+    expected = "a list of priorities 0..7, e.g. [3]"
+
+    def check(v):
+        if (not isinstance(v, list) or len(v) > 8
+                or not all(isinstance(p, int) and not isinstance(p, bool) and 0 <= p <= 7 for p in v)):
+            raise ValueError(expected)
+        return sorted(set(v))
+    return Kind(check, expected)
+
+
+DOCTOR_HOSTS = _doctor_hosts()
+PRIORITIES = _priorities()
+PRIORITY = _ranged(int, "a priority 0..7", 0, 7)
+DSCP = _ranged(int, "a DSCP value 0..63", 0, 63)
 SIZE = _size_kind(parse_size, "a size such as 1024, 64KB, 4MB")
 # one rank's message in a plan or --sizes: the engine's 2 GB limit (2147483647 B)
 MESSAGE_SIZE = _size_kind(parse_message_size, "a size such as 1024, 64KB, 4MB (below 2GB)")

@@ -388,6 +388,7 @@ def build_config(data, source, base_dir):
         master=section("master"),
         alerts=section("alerts"),
         congestion=section("congestion"),
+        doctor=section("doctor"),
         implicit_hosts=local,
         slurm=section("slurm"),
         hosts_order=hosts_order,

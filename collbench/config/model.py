@@ -84,6 +84,7 @@ class Config:
     mpicc: str = None                # the MPI's C compiler wrapper for the engine (default: beside launcher_path, or mpicc)
     nccl_tests_dir: str = None       # engine nccl-tests: where <op>_perf are (None: $PATH)
     congestion: SimpleNamespace = None   # CONGESTION_SCHEMA's keys
+    doctor: SimpleNamespace = None       # DOCTOR_SCHEMA's keys
     base_dir: str = None             # what relative paths in the config are relative to (its directory)
 
     @property

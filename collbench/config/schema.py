@@ -1,9 +1,9 @@
 """The config's schema: every top-level key and section, declared once (SCHEMA). A plain key maps
 to (kind, default; None: not set), a section to its own schema; the loader walks this table."""
 
-from collbench.config.kinds import (BOOL, FRACTION, HOST_SOURCES, Kind, NONNEG_FLOAT, NONNEG_SECONDS, PATH, PORT, POS_FLOAT,
+from collbench.config.kinds import (BOOL, DOCTOR_HOSTS, DSCP, FRACTION, HOST_SOURCES, Kind, NONNEG_FLOAT, NONNEG_SECONDS, PATH, PORT, POS_FLOAT,
                                     POS_INT, POS_SECONDS, RANKS, ROTATE_KEEP, SECONDS, SIZE, STR, STR_LIST,
-                                    STR_MAP, TOP_K, choice)
+                                    STR_MAP, TOP_K, NONNEG_INT, PRIORITIES, PRIORITY, choice)
 from collbench.engines import NAMES as ENGINE_NAMES
 from collbench.ops import DATATYPES
 
@@ -52,6 +52,25 @@ CONGESTION_SCHEMA = {
     "netdevs": (STR_LIST, None),             # default: the files in ethtool_root, else the RDMA devices' netdevs
     "xmit_wait_tick_ns": (POS_FLOAT, 8.0),   # port_xmit_wait's tick (NIC generation dependent: docs/METRICS.md)
     "hosts": (HOST_SOURCES, {}),             # per-host sysfs_root / netstat / ethtool_root / netdevs
+}
+# `collbench doctor`: where each host's RoCE settings are read, and what they must be (unset: only
+# compared between hosts); docs/DOCTOR.md
+DOCTOR_SCHEMA = {
+    "sysfs_root": (PATH, "/sys"),            # /sys/class/net and /sys/class/infiniband under it
+    "qos_dir": (PATH, None),                 # files <netdev> holding `mlnx_qos -i <netdev>`; unset: run mlnx_qos
+    "netdevs": (STR_LIST, None),             # default: the RDMA ports' netdevs, else every netdev but lo
+    "hosts": (DOCTOR_HOSTS, {}),             # per-host sysfs_root / qos_dir read here (fixture trees)
+    "remote": (BOOL, False),                 # read each host over SSH (master.hosts_ssh_config, remote_dir, python)
+    "mtu": (POS_INT, None),
+    "link_gbps": (POS_FLOAT, None),          # an RDMA port's rate, e.g. 100
+    "link_width": (STR, None),               # e.g. 4X
+    "pfc_priorities": (PRIORITIES, None),    # PFC-enabled priorities, e.g. [3]
+    "ecn_priorities": (PRIORITIES, None),    # ECN enabled (roce_np and roce_rp) on these
+    "trust": (choice("pcp", "dscp"), None),
+    "cnp_802p_prio": (PRIORITY, None),
+    "cnp_dscp": (DSCP, None),
+    "gid_index": (NONNEG_INT, None),         # the RoCE v2 GID index the jobs use
+    "results_records": (POS_INT, 200),       # the latest records of the results log looked at
 }
 MASTER_SCHEMA = {
     "host": (STR, None),                     # address or ~/.ssh/config alias; unset = act locally
@@ -130,5 +149,6 @@ SCHEMA = {
     "hosts_order": (HOSTS_ORDER, None),      # one config host per rank
     "mpicc": (STR, None),                    # the MPI C compiler wrapper for the built-in engine
     "congestion": CONGESTION_SCHEMA,
+    "doctor": DOCTOR_SCHEMA,
 }
 TOP_KEYS = tuple(SCHEMA)
