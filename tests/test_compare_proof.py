@@ -101,3 +101,40 @@ def test_written_file_is_never_slower_beyond_the_controls_noise(tmp_path, engine
     g, lo, hi = gain("bad", ("bcast", BAD_SIZE))
     _, c_lo, c_hi = gain("control", ("bcast", BAD_SIZE))
     assert hi < c_lo, (g, lo, hi, c_lo, c_hi)
+
+
+def test_a_forced_size_that_fails_with_the_file_is_dropped(tmp_path, engine_bin):
+    """The check's drop, for real: rows claiming Open MPI's two_proc proven at 4 ranks (it aborts
+    there), written, checked in ABBA jobs with the file loaded: the size is dropped, the file is
+    written again forcing nothing there, and it says so."""
+    import io
+    from collbench.atomic_file import Outputs
+    from collbench.compare import cli, table
+    from collbench.compare.blocks import Policy
+    from collbench.compare.runner import Plan, Progress
+
+    cfg = engine_cfg(tmp_path, engine_bin, ranks=4)
+    cat = algs.catalogue(cfg)
+    plan = Plan(["allgather"], {"allgather": ["default", "two_proc"]}, [4096], 5, 1, None, "sustained", False)
+    ctx = RunContext(cfg, "builtin", "test")
+    rows = []
+    for name, us in (("default", 100.0), ("two_proc", 50.0)):
+        r = table.make_row("allgather", name, 4096, 4096, "char", table.OK,
+                           {"latency_avg_us": us, "validation": "pass"})
+        r["samples_us"], r["blocks"] = [us * (1 + i / 100) for i in range(8)], 8
+        rows.append(r)
+    table.annotate(rows)
+    assert [r["algorithm"] for r in rows if r["chosen"]] == ["two_proc"]
+    path = tmp_path / "rules.conf"
+    outs = Outputs()
+    progress = Progress(0, quiet=True, stream=io.StringIO())
+    written, chk = cli._write_and_prove(str(path), rows, cat, cfg, ctx, plan, Policy(), 4, progress, outs)
+    assert written == str(path) and not outs.failed
+    assert chk.ran and chk.pairs == 4
+    assert [(v.size_bytes, v.forced, v.verdict) for v in chk.sizes] == [(4096, "two_proc", "dropped")]
+    assert "failed" in chk.sizes[0].reason
+    text = path.read_text(encoding="utf-8")
+    assert "dropped allgather 4KB (two_proc)" in text
+    assert rules_file.rule_for(rules_file.parse_ompi_rules(text), 0, 4, 4096 * 4) == 0
+    # the rules rows: the file's job failed at that size, said so
+    assert [r["status"] for r in chk.rows] == ["failed"]

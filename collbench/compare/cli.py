@@ -1,5 +1,5 @@
 """`collbench compare`: one collective under every algorithm the installed MPI offers, side by side,
-and the tuning file that picks the fastest.
+and the tuning file that forces an algorithm only where its win is proven.
 
     collbench compare --op allgather [--min-bytes 32KB --max-bytes 256MB --factor 2 | --sizes LIST]
                       [--algorithms LIST] [--timing sustained|osu] [--in-place] [--datatype T]
@@ -59,6 +59,9 @@ def register(subparsers):
                "beside the forced runs (the same path as --write-rules checks the file just "
                "written). docs/ALGORITHMS.md explains the table.")
     add_config_arg(p)
+    p.add_argument("--engine", choices=("builtin", "nccl-tests"), default="builtin",
+                   help="builtin: the MPI's collective algorithms (default); nccl-tests: NCCL's "
+                        "algorithms/protocols (NCCL_ALGO/NCCL_PROTO) through nccl-tests on GPUs")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--op", metavar="OP", help=f"the collective ({', '.join(OPS)})")
     which.add_argument("--ops", metavar="LIST", help="several collectives, e.g. allgather,allreduce")
@@ -207,6 +210,9 @@ def _policy(args):
 
 
 def run(args):
+    if args.engine == "nccl-tests":
+        from collbench.compare import nccl_compare
+        return nccl_compare.run(args)
     cfg = load_config(args.config)
     apply_overrides(cfg, np=args.np)
     cfg.validate = not args.no_validate
