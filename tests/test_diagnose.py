@@ -214,3 +214,14 @@ def test_nothing_usable_is_exit_2_naming_the_file(tmp_path):
     assert rc == 2 and "missing.jsonl" in err
     rc, _, err = diagnose(path, "--since", "yesterday-ish")
     assert rc == 2 and "--since" in err
+
+
+def test_routine_tcp_retransmissions_beside_delivered_packets_are_no_evidence(tmp_path):
+    # 40 fast retransmissions beside 48,000 delivered packets: loss recovery, not a bad link
+    slow = {"h3|TCPFastRetrans@netstat": 40, "h3|TCPDelivered@netstat": 48000}
+    rc, doc, _ = diagnose(write(tmp_path / "r.jsonl", series(slow_moved=slow, noise=False)))
+    assert rc == 1 and [s["cause"] for s in doc["suspects"]] == ["unexplained"], doc["suspects"]
+    # 4,000 of them (8 %) are
+    slow["h3|TCPFastRetrans@netstat"] = 4000
+    rc, doc, _ = diagnose(write(tmp_path / "r2.jsonl", series(slow_moved=slow, noise=False)))
+    assert rc == 1 and (doc["suspects"][0]["host"], doc["suspects"][0]["cause"]) == ("h3", "link_errors")

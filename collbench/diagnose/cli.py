@@ -87,7 +87,8 @@ def diagnose(paths, baseline=None, since=None):
     per = []
     for r in regs:
         ev = evidence.gather(loaded.series[r.key], r.slow, r.good, r.key.nodes)
-        per.append((label(r.key), ranking.suspects_of(ev, r.key.nodes)))
+        per.append(([label(r.key)], ranking.suspects_of(ev, r.key.nodes)))
+    per += _pooled(loaded, regs, evidence, ranking, label)
     suspects = ranking.rank(per)
     if regs and loaded.no_congestion:
         notes.append(f"{loaded.no_congestion} of {loaded.results} result(s) carry no congestion counters "
@@ -100,6 +101,33 @@ def diagnose(paths, baseline=None, since=None):
                   {"files": list(source.paths), "results": loaded.results, "failures": loaded.failures,
                    "bad_lines": bad, "series": len(loaded.series)})
     return d, source
+
+
+def _pooled(loaded, regs, evidence, ranking, label):
+    """Suspects from the slow steps of every regression of one cluster shape taken together (a
+    `once` run against a baseline has one step per series: alone, none shows a pattern); the
+    good steps are the regressed series' others and every step of the series that did not regress."""
+    out = []
+    shapes = {}
+    for r in regs:
+        shapes.setdefault((r.key.nodes, r.key.ranks), []).append(r)
+    for (nodes, ranks), group in shapes.items():
+        if len(group) < 2:
+            continue
+        steps, slow, good = [], [], []
+        regressed = {r.key for r in group}
+        for r in group:
+            base = len(steps)
+            steps += loaded.series[r.key]
+            slow += [base + i for i in r.slow]
+            good += [base + i for i in r.good]
+        for key, series in loaded.series.items():
+            if key not in regressed and (key.nodes, key.ranks) == (nodes, ranks):
+                good += range(len(steps), len(steps) + len(series))
+                steps += series
+        ev = evidence.gather(steps, slow, good, nodes)
+        out.append(([label(r.key) for r in group], ranking.suspects_of(ev, nodes)))
+    return out
 
 
 def _check_same_cluster(baseline, loaded):

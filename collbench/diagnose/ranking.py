@@ -15,6 +15,7 @@ from collbench.diagnose.evidence import (CONGESTION, LINK_ERRORS, PFC, SLOW_HOST
                                          MIN_STEP_SHARE)
 
 CONCENTRATED = 0.5          # a host holding at least half of a counter's movement
+LINK_CONCENTRATED = 0.75    # a link: both ends hold most of their side's movement
 STRAGGLER_MARGIN = 0.25     # the straggler share in slow steps above that in good steps
 
 
@@ -50,7 +51,8 @@ def _congestion(cs):
     np_best, rp_best = _best([c for c in cs if c.side == NP]), _best([c for c in cs if c.side == RP])
     np_conc = np_best is not None and np_best.share >= CONCENTRATED
     rp_conc = rp_best is not None and rp_best.share >= CONCENTRATED
-    if np_conc and rp_conc and np_best.host != rp_best.host:
+    if (np_conc and rp_conc and np_best.host != rp_best.host
+            and min(np_best.share, rp_best.share) >= LINK_CONCENTRATED):
         return Suspect(CONGESTION, link=(rp_best.host, np_best.host), score=min(_score(np_best), _score(rp_best)),
                        counters=[rp_best, np_best],
                        detail=f"the path {rp_best.host} -> {np_best.host}: {rp_best.host}'s sender-side "
@@ -164,10 +166,10 @@ def suspects_of(ev, nodes):
 
 
 def rank(per_regression):
-    """Merge [(regression label, [Suspect])] into one list: the same suspect (cause, host, link,
+    """Merge [([regression labels], [Suspect])] into one list: the same suspect (cause, host, link,
     port, priority) named by several regressions keeps its best score and lists them all."""
     merged = {}
-    for label, suspects in per_regression:
+    for labels, suspects in per_regression:
         for s in suspects:
             m = merged.get(s.identity())
             if m is None:
@@ -175,6 +177,12 @@ def rank(per_regression):
             elif s.score > m.score:
                 s.regressions = m.regressions
                 merged[s.identity()] = m = s
-            m.regressions.append(label)
-    return sorted(merged.values(), key=lambda s: (s.cause == UNEXPLAINED, -s.score, -len(s.regressions),
+            m.regressions += [x for x in labels if x not in m.regressions]
+    # an `unexplained` is only a suspect where nothing else explains anything
+    if any(s.cause != UNEXPLAINED for s in merged.values()):
+        merged = {k: s for k, s in merged.items() if s.cause != UNEXPLAINED}
+    # equal scores (every slow step, one host alone, no good steps to compare): the larger movement
+    # first (tens of TCP retransmissions beside tens of thousands of CE echoes are not the cause)
+    return sorted(merged.values(), key=lambda s: (s.cause == UNEXPLAINED, -round(s.score, 2), -len(s.regressions),
+                                                  -max((c.slow_delta for c in s.counters), default=0),
                                                   s.host or "", s.link or ()))
