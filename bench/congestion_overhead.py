@@ -140,7 +140,8 @@ def main():
               f"statistics, /proc/net/netstat); {os.cpu_count()} CPUs, {cfg.ranks} ranks, transport {cfg.transport}")
 
         cfg.congestion.enabled, cfg.congestion.sysfs_root, cfg.congestion.ethtool_root = True, sysfs, eth
-        transport = cfg.transport
+        transport, ranks = cfg.transport, cfg.ranks
+        cfg.ranks = 1                 # the snapshot's cost does not depend on the ranks; one keeps TCP idle
         cfg.transport = "ob1-tcp"     # a TCP transport: the snapshot includes /proc/net/netstat
         print("snapshot cost, µs (with netstat: TCP transports):")
         print(f"  engine, fixture files       {spread(engine_snapshot_us(cfg, args.snapshots, work))}")
@@ -157,7 +158,7 @@ def main():
             cfg.congestion.sysfs_root = backed
             print(f"  engine, sysfs-backed        {spread(engine_snapshot_us(cfg, args.snapshots, work))}")
         cfg.congestion.sysfs_root = sysfs
-        cfg.transport = transport
+        cfg.transport, cfg.ranks = transport, ranks
         fixture_us = engine_snapshot_us(cfg, args.snapshots, work)   # what the duty-cycle runs read
         print(f"  Python reader (OSU runs)    {spread(python_snapshot_us(src, args.snapshots))}")
         counter = os.path.join(sysfs, "class/infiniband/mlx5_0/ports/1/hw_counters/np_ecn_marked_roce_packets")
