@@ -107,6 +107,7 @@ class ResultsState:
         self._logged_bad = 0
         self._logged_dropped = False
         self._last_prune = float("-inf")
+        self.observers = []          # called with each new result's Series, in log order (latency_shift)
 
     # -------------------------------------------------------------- writing
 
@@ -139,6 +140,8 @@ class ResultsState:
                 op = rec.get("op") or NO_OP
                 self.failures[op] += 1
             self._apply(rec, ser, newest_first=False)
+            for observe in self.observers if ser is not None else ():
+                observe(ser)
 
     def backfill(self, lines, now=None):
         """Recover latest values from lines given newest first (the end of the log, read

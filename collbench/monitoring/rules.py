@@ -31,6 +31,7 @@ RUNBOOK = "docs/METRICS.md#alerts"
 LOST_TIME_WINDOW = "1m"
 PAUSE_LOST_TIME = "collbench:pause_lost_link_time:ratio"
 XMIT_WAIT_LOST_TIME = "collbench:xmit_wait_lost_link_time:ratio"
+SHIFT_TOP_HOST = "collbench:latency_shift:top_host"   # the shift joined with its top congested host
 _PROM_DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
 
 HEADER = """\
@@ -267,6 +268,30 @@ def regression_rules(alerts, source):
     }]
 
 
+def shift_rules(for_):
+    """CollbenchLatencyShift: the exporter's online change-point test (collbench_latency_shift, a
+    CUSUM: a spike never sets it) says an op and size shifted up and stayed up. A recording rule
+    joins the flag with collbench_step_congestion_top{rank="1"} (the host whose counters moved most
+    in that op and size's latest step), so the alert's labels and annotation name the top suspect;
+    without moved counters the alert fires with no host and says to run `collbench diagnose`."""
+    shifted = "max by (op, size) (collbench_latency_shift) == 1"
+    return [
+        {"record": SHIFT_TOP_HOST,
+         "expr": f'max by (op, size, host, counter) (0 * collbench_step_congestion_top{{rank="1"}} '
+                 f"+ on (op, size) group_left () ({shifted}))"},
+        {"alert": "CollbenchLatencyShift",
+         "expr": f"(({shifted}) + on (op, size) group_right () (0 * {SHIFT_TOP_HOST})) or on (op, size) ({shifted})",
+         "for": for_,
+         "labels": {"severity": "warning"},
+         "annotations": {
+             "summary": ("{{ $labels.op }} {{ $labels.size }} latency shifted up and stayed up; top suspect host: "
+                         "{{ if $labels.host }}{{ $labels.host }} ({{ $labels.counter }} moved most){{ else }}none "
+                         "(no congestion counter moved){{ end }}; run `collbench diagnose` for the cause"),
+             "runbook_url": RUNBOOK,
+         }},
+    ]
+
+
 def build_rules(cfg, to_nodes=None, to_gbps=None):
     """The rules document (a dict) for a loaded config."""
     alerts = cfg.alerts
@@ -283,6 +308,7 @@ def build_rules(cfg, to_nodes=None, to_gbps=None):
         {"name": "collbench-congestion", "rules": congestion_rules(cfg.thresholds)},
         {"name": "collbench-lost-link-time", "rules": lost_link_time_rules(cfg)},
         {"name": "collbench-baseline", "rules": regression_rules(alerts, cfg.source)},
+        {"name": "collbench-shift", "rules": shift_rules(for_)},
     ]}
 
 

@@ -1,0 +1,75 @@
+"""A persistent latency shift per op and size, tested online as results arrive (change_point:
+a one-sided CUSUM on a robust scale; a one-step spike is not a shift, a shift that persists is).
+
+    collbench_latency_shift{op,size}                1 while a persistent upward shift is on, else 0
+    collbench_latency_shift_cusum{op,size}          the CUSUM statistic (fires above ..._threshold)
+    collbench_latency_shift_threshold               the statistic's threshold (change_point.H)
+    collbench_latency_shift_reference_seconds{op,size}  the in-control median the test compares with
+
+The results state feeds each new result (tailing, oldest first) to `observe`; records the exporter
+reads back at start-up are not replayed (the test needs them in order), so a series is judged
+after WARMUP new steps. Several node/rank counts of one op and size are tested apart and exported
+as one series (the largest statistic). The table of series is bounded (MAX_SERIES).
+The alert CollbenchLatencyShift (monitoring/rules.py) joins the flag with
+collbench_step_congestion_top to name the top suspect host.
+"""
+
+import threading
+
+from prometheus_client.core import GaugeMetricFamily
+
+from collbench.change_point import H, ShiftDetector
+from collbench.exporter.collectors import Collector
+
+MAX_SERIES = 4096
+
+
+class LatencyShiftCollector(Collector):
+    name = "latency_shift"
+
+    def __init__(self, state=None):
+        self._lock = threading.Lock()
+        self._detectors = {}      # Series.key -> (op, size, ShiftDetector)
+        self.dropped = 0
+        if state is not None:
+            state.observers.append(self.observe)
+
+    def observe(self, ser):
+        """One new result (results_state.Series), in log order."""
+        with self._lock:
+            entry = self._detectors.get(ser.key)
+            if entry is None:
+                if len(self._detectors) >= MAX_SERIES:
+                    self.dropped += 1
+                    return
+                entry = self._detectors[ser.key] = (ser.op, ser.size, ShiftDetector())
+            entry[2].add(ser.avg_s)
+
+    def collect(self):
+        with self._lock:
+            rows = {}
+            for op, size, det in self._detectors.values():
+                if not det.ready:
+                    continue
+                cur = rows.get((op, size))
+                if cur is None or det.statistic > cur[0]:
+                    rows[(op, size)] = (det.statistic, det.shift, det.median)
+        shift = GaugeMetricFamily("collbench_latency_shift",
+                                  "1 while the latency of this op and size has shifted up and stayed up (a CUSUM "
+                                  "over robust z-scores above its threshold: a one-step spike never sets it), else 0.",
+                                  labels=["op", "size"])
+        stat = GaugeMetricFamily("collbench_latency_shift_cusum",
+                                 "The CUSUM statistic of the latency shift test (0 in control; the flag is set above "
+                                 "collbench_latency_shift_threshold).", labels=["op", "size"])
+        ref = GaugeMetricFamily("collbench_latency_shift_reference_seconds",
+                                "The in-control median latency the shift test compares each new step with.",
+                                labels=["op", "size"])
+        for (op, size), (s, on, median) in sorted(rows.items()):
+            shift.add_metric([op, size], 1.0 if on else 0.0)
+            stat.add_metric([op, size], s)
+            ref.add_metric([op, size], median)
+        yield shift
+        yield stat
+        yield ref
+        yield GaugeMetricFamily("collbench_latency_shift_threshold",
+                                "The CUSUM statistic above which collbench_latency_shift is 1.", value=H)

@@ -1,0 +1,91 @@
+"""The exporter's online change-point test (collectors/latency_shift.py, change_point.py): a real
+`collbench exporter` tails a results log the test appends to; a one-step spike (even 50x) does not
+set collbench_latency_shift, a shift that persists does, and the flag clears when the latency comes
+back. Then the test itself: its statistic on sequences (spike, short burst, shift, slow drift)."""
+
+import random
+import time
+
+from collbench.change_point import DRIFT, H, WARMUP, Z_CAP, ShiftDetector
+from conftest import wait_for
+from exporter_helpers import ExporterProcess, append, result_line, sample
+
+OP, SIZE = "allreduce", "4MB"
+
+
+def _scrape_after(ex, seq):
+    """The metrics once the exporter has read record `seq`."""
+    def read():
+        m = ex.metrics()
+        n = sample(m, "collbench_results_records_total", type="result")
+        return m if n is not None and n >= seq else None
+    m = wait_for(read, 30, interval=0.1)
+    assert m is not None, "the exporter did not read the appended records"
+    return m
+
+
+def test_exporter_flags_a_persistent_shift_and_not_a_spike(tmp_path, free_port):
+    log = tmp_path / "results.jsonl"
+    log.write_text("")
+    rng = random.Random(5)
+    seq = 0
+
+    def add(values):
+        nonlocal seq
+        text = ""
+        for v in values:
+            seq += 1
+            text += result_line(seq, op=OP, avg_us=v, ts=time.time())
+        append(log, text)
+
+    with ExporterProcess(["--results-log", str(log), "--state-dir", str(tmp_path), "--poll-interval", "0.1",
+                          "--collectors", "results,congestion_top,latency_shift"], free_port) as ex:
+        ex.wait_ready(timeout=60)
+        add([100 * rng.gauss(1, 0.02) for _ in range(WARMUP + 8)])
+        m = _scrape_after(ex, seq)
+        assert sample(m, "collbench_latency_shift", op=OP, size=SIZE) == 0
+        assert sample(m, "collbench_latency_shift_threshold") == H
+        assert 95 < sample(m, "collbench_latency_shift_reference_seconds", op=OP, size=SIZE) * 1e6 < 105
+        add([5000.0] + [100 * rng.gauss(1, 0.02) for _ in range(3)])      # a 50x spike: one step
+        m = _scrape_after(ex, seq)
+        assert sample(m, "collbench_latency_shift", op=OP, size=SIZE) == 0
+        assert sample(m, "collbench_latency_shift_cusum", op=OP, size=SIZE) < H
+        add([160 * rng.gauss(1, 0.02) for _ in range(6)])                  # 1.6x, and it stays
+        m = _scrape_after(ex, seq)
+        assert sample(m, "collbench_latency_shift", op=OP, size=SIZE) == 1
+        assert sample(m, "collbench_latency_shift_cusum", op=OP, size=SIZE) > H
+        add([100 * rng.gauss(1, 0.02) for _ in range(25)])                 # back to normal: it clears
+        m = _scrape_after(ex, seq)
+        assert sample(m, "collbench_latency_shift", op=OP, size=SIZE) == 0
+        assert sample(m, "collbench_collector_success", collector="latency_shift") == 1
+
+
+def _run(values):
+    d = ShiftDetector()
+    fired = []
+    for v in values:
+        d.add(v)
+        fired.append(d.shift)
+    return d, fired
+
+
+def test_one_spike_or_a_three_step_burst_never_fires_four_steps_do():
+    base = [100.0 + (i % 3) for i in range(WARMUP)]
+    for burst in (1, 2, 3):
+        _, fired = _run(base + [1e6] * burst + [100.0] * 30)
+        assert not any(fired), burst
+    d, fired = _run(base + [1e6] * 4)
+    assert fired[-1] and not any(fired[:-1])
+    # each capped step adds Z_CAP - DRIFT: the arithmetic the docs promise
+    assert d.statistic == 4 * (Z_CAP - DRIFT) > H >= 3 * (Z_CAP - DRIFT)
+
+
+def test_a_shift_fires_and_clears_a_slow_drift_and_noise_do_not():
+    rng = random.Random(7)
+    noise = [100 * rng.gauss(1, 0.03) for _ in range(2000)]
+    assert not any(_run(noise)[1])
+    drift = [100 * (1 + i / 4000) * rng.gauss(1, 0.01) for i in range(2000)]   # +50 % over 2000 steps
+    assert not any(_run(drift)[1])
+    shifted = noise[:100] + [x * 1.3 for x in noise[100:130]] + noise[130:200]
+    d, fired = _run(shifted)
+    assert any(fired[100:110]) and not any(fired[:100]) and not fired[-1]
