@@ -80,7 +80,9 @@ class Progress(harness.Progress):
 
 def measure(cfg, plan, ctx, flavour, algorithm, op, progress=None, job_cfg=None):
     """Rows and records of one (op, algorithm); job_cfg: the config its jobs use (rules check)."""
-    engine = get_engine("builtin")
+    engine = get_engine(getattr(plan, "engine", "builtin"))
+    if job_cfg is None and hasattr(plan, "job_config"):   # nccl-tests: NCCL_ALGO/NCCL_PROTO in the env
+        job_cfg = plan.job_config(cfg, algorithm)
     rows, records, notes = [], [], []
     runnable = []
     for step in plan.steps(op, algorithm):

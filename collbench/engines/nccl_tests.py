@@ -204,6 +204,8 @@ def run_job(cfg, ctx, op_name, binary, args, members, runner, iteration=None):
         rows = {}
     if failures:
         reason = failures[0].message()
+        if warnings:    # NCCL's own words (e.g. which NCCL_ALGO name it refused) beside nccl-tests' code
+            reason += f" (NCCL WARN {warnings[-1]})"
     elif why:
         reason = why
     else:

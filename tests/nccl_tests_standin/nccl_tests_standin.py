@@ -21,6 +21,18 @@ Test hooks (environment):
   NCCL_STANDIN_HANG=1         print the header, then hang (bounded: 120 s)
   NCCL_STANDIN_PRINT=FILE     rank 0 prints FILE as it is (a published output from
                               tests/fixtures/nccl_tests) and exits with NCCL_STANDIN_RC (default 0)
+
+NCCL's own settings, as NCCL 2.28 reads them (src/graph/tuning.cc, src/enqueue.cc):
+  NCCL_ALGO / NCCL_PROTO      parsed as NCCL's parseList does ("Ring", "^LL128",
+                              "allreduce:tree;allgather:ring", names case-insensitive); an unknown
+                              name: NCCL's WARN "Unrecognized element token" and nccl-tests'
+                              "invalid usage" failure at init; an enabled set the stand-in's tuner
+                              gives no bandwidth (CollNet*, NVLS*: no NVSwitch, one node): NCCL's
+                              WARN "No algorithm/protocol available" at the first call. The time
+                              of a row is scaled per algorithm/protocol and size (SPEED below), so
+                              a comparison has a known winner: Ring/LL at <= 64 KB (2x faster).
+  NCCL_DEBUG=INFO with NCCL_DEBUG_SUBSYS naming TUNING (or ALL): rank 0 prints NCCL's tuning
+                              table (the INFO lines of ncclTopoTuneModel, their exact format).
 """
 
 import math
@@ -41,6 +53,86 @@ OPS = {"all_reduce_perf": (lambda n: 2 * (n - 1) / n, True, False),
        "reduce_scatter_perf": (lambda n: (n - 1) / n, True, False),
        "broadcast_perf": (lambda n: 1.0, False, True),
        "reduce_perf": (lambda n: 1.0, True, True)}
+
+
+NCCL_FUNCS = ["Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce"]     # ncclFuncStr
+NCCL_ALGOS = ["Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT"]  # ncclAlgoStr
+NCCL_PROTOS = ["LL", "LL128", "Simple"]                                              # ncclProtoStr
+FUNC_OF = {"all_reduce_perf": "AllReduce", "all_gather_perf": "AllGather", "alltoall_perf": None,
+           "reduce_scatter_perf": "ReduceScatter", "broadcast_perf": "Broadcast", "reduce_perf": "Reduce"}
+
+
+def tuner_bw(func, algo, proto):
+    """The stand-in tuner's bandwidth (0: NCCL disables it here: no NVSwitch, no CollNet, one node)."""
+    if algo in ("CollNetDirect", "CollNetChain", "NVLS", "NVLSTree"):
+        return 0.0
+    if algo == "Tree" and func != "AllReduce":
+        return 0.0
+    if algo == "PAT" and (func not in ("AllGather", "ReduceScatter") or proto != "Simple"):
+        return 0.0
+    return {"LL": 12.0, "LL128": 90.0, "Simple": 120.0}[proto] * (0.8 if algo == "Tree" else 1.0)
+
+
+def speed(algo, proto, size):
+    """Time factor of a forced algorithm/protocol against NCCL's own choice (1.0)."""
+    if algo == "Ring" and proto == "LL":
+        return 0.5 if size <= 65536 else 3.0
+    if algo == "Tree":
+        return 1.4
+    if proto == "LL128":
+        return 1.2
+    return 1.0
+
+
+def parse_list(text, elems, enabled, host, pid):
+    """NCCL's parseList: returns an error message (NCCL's WARN text) or None."""
+    for i, token in enumerate(text.split(";")):
+        if not token:
+            continue
+        prefix, _, elem_list = token.partition(":")
+        if not _:
+            if i:
+                return f'All entries except the first must have a prefix: "{text}"'
+            prefix, elem_list = None, token
+        unset = elem_list.startswith("^")
+        names = [e for e in elem_list.lstrip("^").split(",") if e]
+        funcs = [f for f in NCCL_FUNCS if prefix is None or f.lower() == prefix.lower()]
+        if not funcs:
+            return f'Unrecognized prefix token "{prefix}" when parsing "{text}"'
+        for f in funcs:
+            for e in elems:
+                enabled[(f, e)] = unset
+            for n in names:
+                match = [e for e in elems if e.lower() == n.lower()]
+                if not match:
+                    return f'Unrecognized element token "{n}" when parsing "{text}"'
+                enabled[(f, match[0])] = not unset
+    return None
+
+
+def nccl_settings(host, pid):
+    """({(func, algo): on}, {(func, proto): on}, error text or None) from NCCL_ALGO/NCCL_PROTO."""
+    algos = {(f, a): True for f in NCCL_FUNCS for a in NCCL_ALGOS}
+    protos = {(f, p): True for f in NCCL_FUNCS for p in NCCL_PROTOS}
+    for var, elems, table in (("NCCL_PROTO", NCCL_PROTOS, protos), ("NCCL_ALGO", NCCL_ALGOS, algos)):
+        if os.environ.get(var) is not None:
+            err = parse_list(os.environ[var], elems, table, host, pid)
+            if err:
+                return algos, protos, err
+    return algos, protos, None
+
+
+def print_tuning(prefix):
+    """ncclTopoTuneModel's INFO lines (tuning.cc), blocks of 3 algorithms."""
+    for block in range(0, len(NCCL_ALGOS), 3):
+        algos = NCCL_ALGOS[block:block + 3]
+        line = "  Algorithm   |" + "".join(f" {'':>14s}   {a:>14s}   {'':>14s} |" for a in algos)
+        print(prefix + line)
+        print(prefix + "  Protocol    |" + "".join(f" {p:>14s} |" for _ in range(3) for p in NCCL_PROTOS))
+        print(prefix + " Max NThreads |" + "".join(f" {512:14d} |" for _ in algos for _p in NCCL_PROTOS))
+        for f in NCCL_FUNCS:
+            print(prefix + f"{f:>13s} |" + "".join(f"{6.8:8.1f}/{tuner_bw(f, a, p):6.1f} |"
+                                                   for a in algos for p in NCCL_PROTOS))
 
 
 def source_times():
@@ -103,6 +195,31 @@ def main():
     for r in range(nprocs):
         print(f"#  Rank {r:2d} Group  0 Pid {os.getpid():6d} on {host:>10s} device {r:2d} [0000:{r:02x}:00] "
               f"NVIDIA H100 80GB HBM3 (stand-in)")
+    func = FUNC_OF[name]
+    info = f"{host}:{os.getpid()}:{os.getpid()} [0] NCCL INFO "
+    debug = os.environ.get("NCCL_DEBUG", "").upper()
+    subsys = os.environ.get("NCCL_DEBUG_SUBSYS", "").upper().split(",")
+    if debug in ("INFO", "TRACE") and ("TUNING" in subsys or "ALL" in subsys):
+        print_tuning(info)
+    algos, protos, err = nccl_settings(host, os.getpid())
+    warn = f"{host}:{os.getpid()}:{os.getpid()} [0] NCCL WARN "
+    if err is None and func is not None and not any(
+            algos[(func, a)] and protos[(func, p)] and tuner_bw(func, a, p) > 0
+            for a in NCCL_ALGOS for p in NCCL_PROTOS):
+        err = (f"No algorithm/protocol available for function {func} with datatype ncclFloat32."
+               + (f" NCCL_ALGO was set to {os.environ['NCCL_ALGO']}." if "NCCL_ALGO" in os.environ else "")
+               + (f" NCCL_PROTO was set to {os.environ['NCCL_PROTO']}." if "NCCL_PROTO" in os.environ else ""))
+    if err:
+        if debug in ("WARN", "INFO", "TRACE"):
+            print(warn + err)
+        print(f"{host}: Test NCCL failure common.cu:1204 'invalid usage (run with NCCL_DEBUG=WARN for details) / '")
+        print(f" .. {host} pid {os.getpid()}: Test failure common.cu:915")
+        sys.stdout.flush()
+        return 3
+    # the forced pair: NCCL picks among the enabled ones; one pair enabled is that pair
+    on = [(a, p) for a in NCCL_ALGOS for p in NCCL_PROTOS
+          if func and algos[(func, a)] and protos[(func, p)] and tuner_bw(func, a, p) > 0]
+    forced = on[0] if len(on) == 1 else None
     print("#\n#                                                              out-of-place"
           "                       in-place          ")
     print("#       size         count      type   redop    root     time   algbw   busbw  #wrong"
@@ -128,6 +245,7 @@ def main():
         cols = [f"{size:12d}", f"{size // tsize:12d}", f"{opt['-d']:>8s}",
                 f"{opt['-o'] if has_redop else 'none':>6s}", f"{int(opt['-r']) if has_root else -1:6d}"]
         for variant, t in (("oop", times[near][0]), ("ip", times[near][1])):
+            t = t * (speed(forced[0], forced[1], size) if forced else 1.0)
             algbw = size / 1e9 / (t * 1e-6)
             busbw = algbw * factor(nprocs)
             busbws.append(busbw)
