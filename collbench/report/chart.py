@@ -12,6 +12,7 @@ import html
 import math
 from dataclasses import dataclass, field
 
+from collbench import tables
 from collbench.sizes import format_size
 
 FONT = "font-family:system-ui,-apple-system,'Segoe UI',Roboto,'DejaVu Sans',sans-serif"
@@ -91,18 +92,13 @@ def _decade_ticks(lo, hi, max_ticks=8):
 
 
 def format_us(us):
-    """1 µs, 250 µs, 1.5 ms, 2 s: a latency tick or value with its unit."""
-    if us >= 1e6:
-        return f"{us / 1e6:.3g} s"
-    if us >= 1e3:
-        return f"{us / 1e3:.3g} ms"
-    if us >= 1:
-        return f"{us:.3g} µs"
-    return f"{us * 1e3:.3g} ns"
+    """1 µs, 250 µs, 1.5 ms, 2 s: a latency tick or value with its unit (collbench.tables)."""
+    return tables.format_us(us, significant=3, micro="µs")
 
 
 def format_gbps(gbps):
-    return f"{gbps:.3g}"
+    """A bandwidth tick, given in GB/s."""
+    return tables.format_gb_per_s(gbps * 1e9, significant=3)
 
 
 def y_ticks(kind, lo, hi):

@@ -10,7 +10,7 @@ from collbench.results.state_dir import CRASHED, RUNNING, daemon_status
 from collbench import bench_processes as processes
 from collbench.stress.log_view import BadLines, format_bandwidth, printable
 from collbench.stress.resolve import results_path
-from collbench.tables import format_us
+from collbench.tables import Column, format_us, table_lines
 
 
 def report(args, cfg, paths):
@@ -104,10 +104,11 @@ def render_status(st, paths, results, last, leftovers):
         lines.append("  no results yet")
         return lines
     lines.append("")
-    lines.append(f"  {'OP':<15}{'SIZE':>7}{'AVG':>12}{'MAX':>12}{'BUSBW':>12}  {'VERDICT':<9}{'ITER':>6}{'AGE':>9}")
-    for r in res:
-        lines.append(f"  {r.get('op', '?'):<15}{r.get('size', '?'):>7}{format_us(r.get('latency_avg_us')):>12}"
-                     f"{format_us(r.get('latency_max_us')):>12}{format_bandwidth(r.get('busbw_bytes_per_s')):>12}  "
-                     f"{str(r.get('verdict') or '-'):<9}{str(r.get('iteration', '-')):>6}"
-                     f"{processes.format_duration(now - r.get('ts', now)):>9}")
-    return lines
+    columns = [Column("op", "OP", align="left"), Column("size", "SIZE"), Column("avg", "AVG", fmt=format_us),
+               Column("max", "MAX", fmt=format_us), Column("busbw", "BUSBW", fmt=format_bandwidth),
+               Column("verdict", "VERDICT", align="left"), Column("iteration", "ITER"), Column("age", "AGE")]
+    rows = [{"op": r.get("op", "?"), "size": r.get("size", "?"), "avg": r.get("latency_avg_us"),
+             "max": r.get("latency_max_us"), "busbw": r.get("busbw_bytes_per_s"),
+             "verdict": str(r.get("verdict") or "-"), "iteration": str(r.get("iteration", "-")),
+             "age": processes.format_duration(now - r.get("ts", now))} for r in res]
+    return lines + table_lines(columns, rows, indent="  ", rule=False)
