@@ -1,8 +1,9 @@
 """A rank order in the forms users launch with (topo.md §3), written as one set: all or none.
 
 `labels` is the list of matrix labels in new rank order: rank r runs on labels[r] (`host`, or
-`host:N` for the N-th rank on a host; pair_matrix.py). Files, for pattern PAT in the output
-directory:
+`host:N` for the N-th rank on a host; pair_matrix.py). The launch forms' text is
+engines/rank_order.py's, the one writer the launcher uses too. Files, for pattern PAT in the
+output directory:
 
 | file                      | use                                                                 |
 |---------------------------|---------------------------------------------------------------------|
@@ -22,46 +23,35 @@ import os
 import yaml
 
 from collbench.atomic_file import FileSet
+from collbench.engines import rank_order
 from collbench.errors import UserError
 from collbench.pair_matrix import split_label
 
 SUFFIXES = ("rankfile", "hostfile", "machinefile", "slurm_hostfile", "hosts_order.yaml", "mapping.json")
 
 
+def _hosts(labels):
+    return [split_label(lb)[0] for lb in labels]
+
+
 def rankfile_text(labels, comment=None):
     """Open MPI rankfile: `rank r=host slot=N` per rank (N = the label's slot, 0 for a bare host)."""
-    lines = [f"# {comment}"] if comment else []
-    for r, lb in enumerate(labels):
-        host, slot = split_label(lb)
-        lines.append(f"rank {r}={host} slot={slot}")
-    return "\n".join(lines) + "\n"
+    return rank_order.rankfile_text(_hosts(labels), [split_label(lb)[1] for lb in labels], comment)
 
 
 def hostfile_text(labels, comment=None):
     """Open MPI hostfile for the sequential mapper: one line per rank, in rank order."""
-    lines = [f"# {comment}"] if comment else []
-    lines += [split_label(lb)[0] for lb in labels]
-    return "\n".join(lines) + "\n"
+    return rank_order.hostfile_text(_hosts(labels), comment)
 
 
 def machinefile_text(labels, comment=None):
     """MPICH Hydra machinefile: `host:k` places k consecutive ranks; runs of one host merged."""
-    lines = [f"# {comment}"] if comment else []
-    hosts = [split_label(lb)[0] for lb in labels]
-    i = 0
-    while i < len(hosts):
-        j = i
-        while j < len(hosts) and hosts[j] == hosts[i]:
-            j += 1
-        lines.append(f"{hosts[i]}:{j - i}")
-        i = j
-    return "\n".join(lines) + "\n"
+    return rank_order.machinefile_text(_hosts(labels), comment)
 
 
 def slurm_hostfile_text(labels):
-    """SLURM_HOSTFILE for --distribution=arbitrary: one host per task, in task order (no comments:
-    Slurm reads every line as a host)."""
-    return "\n".join(split_label(lb)[0] for lb in labels) + "\n"
+    """SLURM_HOSTFILE for --distribution=arbitrary: one host per task, in task order."""
+    return rank_order.slurm_hostfile_text(_hosts(labels))
 
 
 def hosts_order_text(labels, comment=None):
