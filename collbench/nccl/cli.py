@@ -60,6 +60,9 @@ def register_replay(verbs):
     r.add_argument("paths", nargs="+", metavar="PATH",
                    help="log files, directories (read recursively), .gz files, or - for stdin")
     add_config_arg(r)
+    r.add_argument("--engine", choices=("builtin", "nccl-tests"), default="builtin",
+                   help="builtin: MPI on host memory (default); nccl-tests: the config's nccl-tests binaries "
+                        "on the GPUs, with the log's datatypes, reductions and roots (grouped order)")
     r.add_argument("--np", type=int_flag, metavar="N",
                    help="ranks the cluster provides (default: the config's ranks); a communicator larger than "
                         "that is replayed at N ranks, with a warning")
@@ -148,6 +151,9 @@ def cmd_replay(args):
     from collbench.results.records import dumps
     from collbench.sizes import parse_message_size
 
+    if args.engine == "nccl-tests":
+        from collbench.nccl import replay_nccl_tests
+        return replay_nccl_tests.cmd(args)
     # everything that can be wrong with the flags is found before the log is read or anything runs
     try:
         max_bytes = parse_message_size(args.max_bytes)

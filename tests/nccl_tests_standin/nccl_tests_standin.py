@@ -45,7 +45,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE.parent / "fixtures" / "nccl_tests" / "version_line_dstack.txt"
 TYPES = {"int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8, "half": 2, "float": 4,
-         "double": 8, "bfloat16": 2}
+         "double": 8, "bfloat16": 2, "f8e4m3": 1, "f8e5m2": 1}
 # op -> (bus factor(n), data bytes printed is whole buffer?, has redop, has root)
 OPS = {"all_reduce_perf": (lambda n: 2 * (n - 1) / n, True, False),
        "all_gather_perf": (lambda n: (n - 1) / n, False, False),
