@@ -34,7 +34,7 @@ from collbench.nccl import desync
 from collbench.nccl.formats import COLL, RECV, SEND, same_kernel_type
 from collbench.nccl.log_input import MAX_LINE, SourceStats, read_blocks
 from collbench.nccl.log_parser import (COLL_MARK, CONTINUATION, FIELD_MAX, INFO_MARK, INIT_MARK, KERNEL_MARK, MARKER,
-                                       TUNING_MARK, WRAP_WORDS, Malformed, clip_text, normalize_chunk,
+                                       TUNING_MARK, WRAP_WORDS, CollLine, Malformed, clip_text, normalize_chunk,
                                        parse_coll, parse_init, parse_kernel, parse_tuning,
                                        pointer_value)
 
@@ -114,6 +114,7 @@ class Member:
         return f"{self.host or '?'}:{self.pid if self.pid is not None else '?'} comm {self.comm}"
 
 
+_COMM, _STREAM = CollLine._fields.index("comm"), CollLine._fields.index("stream")
 _NEXT = object()       # OffsetCall.take's "the next pointer difference of the block"
 
 
@@ -199,6 +200,7 @@ class Scanner:
         self.rec_kind, self.rec_dsig = [], []
         self.dsigs, self.dsig_ids = [], {}
         self.members, self.by_ptr, self.by_rank = [], {}, {}
+        self.comm_tokens = set()        # the comm pointers (bytes) of the handles
         self.sets = {}
         self.init_pending = {}
         self.ordinals = {}
@@ -400,15 +402,17 @@ class Scanner:
                     else:
                         f()
                     return
-        shape = comm = stream = None
+        shape = comm = stream = known = None
         if fast and self._opcounts is None:
             shape, comm, stream = coll_shape(line)
-        rec = None
+        rec = rid = None
         if shape is not None:
             known = self.shapes.get(shape)
             if known is not None:       # the same line but for its comm/stream pointers: no parse
-                rec = known._replace(comm=comm.decode("utf-8", "backslashreplace"),
-                                     stream=stream.decode("utf-8", "backslashreplace"))
+                fields = list(known[0])
+                fields[_COMM], fields[_STREAM] = (comm.decode("utf-8", "backslashreplace"),
+                                                  stream.decode("utf-8", "backslashreplace"))
+                rec, rid = CollLine._make(fields), known[1]
                 self.shaped += 1
         if rec is None:
             rec = parse_coll(line.rstrip(b"\r"))
@@ -417,7 +421,8 @@ class Scanner:
                     self._bad(line, rec.reason)
                 return
             if shape is not None:
-                self._cache(self.shapes, shape, rec)
+                known = [rec, None]     # its record id once _place has made it
+                self._cache(self.shapes, shape, known)
         if rec.host is None:
             self.no_prefix += 1
         m = self._member(rec)
@@ -432,7 +437,9 @@ class Scanner:
                     self._cache(self.tail_cache, tail, entry)
             entry.take(diff)
             return
-        target, rid = self._place(rec, m)
+        target, rid = self._place(rec, m, rid)
+        if known is not None:
+            known[1] = rid
         if self.detailed:
             recent = m.recent if m is not None else self._scratch_recent
             if fast and self._opcounts is not None:
@@ -501,10 +508,11 @@ class Scanner:
         self.clear_caches()
         self._scratch_recent.clear()
 
-    def _place(self, c, m):
+    def _place(self, c, m, rid=None):
         """(list, record id) where a call of this configuration on handle m (None: beyond the
-        table) is appended."""
-        rid = self._rid(c)
+        table) is appended. rid: the configuration's record id when known."""
+        if rid is None:
+            rid = self._rid(c)
         if rid is None:
             return self.unknown, None
         if m is None:
@@ -558,6 +566,7 @@ class Scanner:
             return None
         m = Member(len(self.members), c.host, c.pid, c.comm, c.nranks)
         self.members.append(m)
+        self.comm_tokens.add(c.comm.encode("utf-8", "surrogateescape"))
         self.by_ptr[key] = m
         init = self.init_pending.pop(key, None)
         if init is not None and init.nranks != c.nranks:
@@ -601,6 +610,14 @@ class Scanner:
     # --- other lines -----------------------------------------------------------------------------
 
     def _init(self, line):
+        if len(self.members) >= MEMBERS_MAX:
+            # no handle can be made any more: an INIT line only matters if it re-initialises a
+            # pointer a handle has (cheap test on the comm token before the parse)
+            i = line.find(b" comm ")
+            token = line[i + 6:line.find(b" ", i + 6)] if i >= 0 else b""
+            if token and token not in self.comm_tokens:
+                self.init_lines += 1
+                return
         init = parse_init(line.rstrip(b"\r"))
         if init is None:
             return
