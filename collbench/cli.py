@@ -24,6 +24,7 @@ COMMAND_MODULES = {
     "report": "collbench.report.cli",
     "baseline": "collbench.baseline.cli",
     "diagnose": "collbench.diagnose.cli",
+    "locate": "collbench.locate.cli",
     "doctor": "collbench.doctor.cli",
     "topo": "collbench.topo.cli",
     "nccl": "collbench.nccl.cli",
