@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU check: build NVIDIA's nccl-tests against the NCCL and CUDA found here, then run
 # `collbench once --engine nccl-tests` (a few ops, small sizes) on the GPUs this machine has,
-# printing nccl-tests' own output, collbench's table and the records. Not part of the CPU test
+# printing nccl-tests' own output, collbench's table and the records, then a short
+# `compare --engine nccl-tests` (NCCL's algorithms/protocols, allreduce, 3 sizes) and
+# `nccl replay --engine nccl-tests` of tests/fixtures/nccl/gpu-replay-tiny.log. Not part of the CPU test
 # suite (no GPU there); see docs/GPU.md.
 #
 # usage: scripts/gpu_check.sh [NCCL_TESTS_SRC]     (default: $NCCL_TESTS_SRC, else .gpu/nccl-tests)
@@ -18,7 +20,8 @@
 #   GPU_CHECK_WORK (default .gpu/work), GPU_CHECK_JOBS (make -j, default nproc), OUT (copies of the
 #   outputs go there when set), GPU_CHECK_MPI=0 (build and run without MPI even when one is
 #   installed), GPU_CHECK_GPUS (the GPU count, only to try the script on stand-ins:
-#   GPU_CHECK_GPUS=2 scripts/gpu_check.sh --bin tests/nccl_tests_standin).
+#   GPU_CHECK_GPUS=2 scripts/gpu_check.sh --bin tests/nccl_tests_standin), GPU_CHECK_BLOCKS (compare's
+#   blocks, default 5: fewer cannot prove a choice at 95 %).
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -204,9 +207,43 @@ IMPORT_RC=$?
 echo "exit $IMPORT_RC"
 head -3 "$WORK/imported.jsonl" 2>/dev/null
 
+# NCCL's algorithms side by side: the candidates are what NCCL's tuner prints (NCCL_DEBUG_SUBSYS=
+# TUNING); an NCCL that prints no table gets a short named list instead (said in the output)
+ENVFILE="$WORK/nccl_algo.env"
+rm -f "$ENVFILE" "$WORK/compare.jsonl" "$WORK/compare.txt" "$WORK/replay.jsonl" "$WORK/replay.txt"
+COMPARE=(compare --engine nccl-tests --config "$CFG" --op allreduce --sizes 4KB,256KB,4MB --iterations 20
+         --warmup 5 --blocks "${GPU_CHECK_BLOCKS:-5}" --write-rules "$ENVFILE" --results "$WORK/compare.jsonl")
+say "collbench compare --engine nccl-tests (allreduce 4KB/256KB/4MB, ${GPU_CHECK_BLOCKS:-5} blocks)"
+(cd "$REPO" && timeout 300 "$PYTHON" -m collbench "${COMPARE[@]}") > "$WORK/compare.txt" 2> "$WORK/compare.err"
+COMPARE_RC=$?
+if [ $COMPARE_RC -eq 2 ] && grep -q "printed no NCCL tuning table" "$WORK/compare.err"; then
+    cat "$WORK/compare.err"
+    say "compare again with --algorithms Ring/LL,Ring/LL128,Ring/Simple,Tree/Simple (NCCL printed no tuning table)"
+    (cd "$REPO" && timeout 300 "$PYTHON" -m collbench "${COMPARE[@]}" --algorithms Ring/LL,Ring/LL128,Ring/Simple,Tree/Simple) \
+        > "$WORK/compare.txt" 2> "$WORK/compare.err"
+    COMPARE_RC=$?
+fi
+cat "$WORK/compare.txt"
+tail -25 "$WORK/compare.err"
+echo "exit $COMPARE_RC"
+say "the env file ($ENVFILE)"
+cat "$ENVFILE" 2>/dev/null
+
+# the census' configurations of a tiny NCCL log (bfloat16, float16 max, fp8 e4m3, avg, a root)
+# through nccl-tests, at this machine's ranks (the log's communicator has 2)
+say "collbench nccl replay --engine nccl-tests (tests/fixtures/nccl/gpu-replay-tiny.log, --np $RANKS)"
+(cd "$REPO" && timeout 300 "$PYTHON" -m collbench nccl replay --engine nccl-tests --config "$CFG" \
+    tests/fixtures/nccl/gpu-replay-tiny.log --np "$RANKS" --iterations 20 --warmup 5 --validate \
+    --results "$WORK/replay.jsonl") > "$WORK/replay.txt"
+REPLAY_RC=$?
+cat "$WORK/replay.txt"
+echo "exit $REPLAY_RC"
+head -2 "$WORK/replay.jsonl" 2>/dev/null
+
 if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
-    cp -f "$RAW" "$CFG" "$RESULTS" "$WORK/imported.jsonl" "$OUT/" 2>/dev/null
+    cp -f "$RAW" "$CFG" "$RESULTS" "$WORK/imported.jsonl" "$WORK/compare.txt" "$WORK/compare.jsonl" \
+        "$ENVFILE" "$WORK/replay.txt" "$WORK/replay.jsonl" "$OUT/" 2>/dev/null
     [ -f "$WORK/build.log" ] && tail -200 "$WORK/build.log" > "$OUT/build.log.tail"
 fi
-say "done: once exit $ONCE_RC, import exit $IMPORT_RC"
-[ $ONCE_RC -eq 0 ] && [ $IMPORT_RC -eq 0 ]
+say "done: once exit $ONCE_RC, import exit $IMPORT_RC, compare exit $COMPARE_RC, replay exit $REPLAY_RC"
+[ $ONCE_RC -eq 0 ] && [ $IMPORT_RC -eq 0 ] && [ $COMPARE_RC -eq 0 ] && [ $REPLAY_RC -eq 0 ]

@@ -34,6 +34,12 @@ def test_with_mpi_one_rank_per_gpu(tmp_path):
     assert [r["op"] for r in recs] == ["allreduce"] * 4 + ["allgather"] * 2 + ["bcast", "reduce_scatter", "alltoall"]
     assert all(r["type"] == "result" and r["ranks"] == 2 and r["validation"] == "pass" for r in recs)
     assert imported and all(r["op"] == "allreduce" and r["ranks"] == 2 for r in imported)
+    # compare --engine nccl-tests: NCCL's tuner's candidates each timed; replay: the tiny log's 5 configurations
+    assert "allreduce: NCCL's tuner enables" in out and "compare exit 0, replay exit 0" in out
+    compared = [parse_record(line) for line in (tmp_path / "out" / "compare.jsonl").read_text().splitlines()]
+    assert {r["algorithm"] for r in compared} >= {"default", "Ring/LL", "Ring/Simple"}
+    replayed = [parse_record(line) for line in (tmp_path / "out" / "replay.jsonl").read_text().splitlines()]
+    assert sorted(r["nccl_datatype"] for r in replayed) == ["bfloat16", "float16", "float32", "float32", "float8e4m3"]
 
 
 def test_without_mpi_one_process(tmp_path):
@@ -41,3 +47,4 @@ def test_without_mpi_one_process(tmp_path):
     assert "MPI=0" in out and "launcher: none" in out
     assert len(recs) == 9 and all(r["type"] == "result" and r["ranks"] == 1 for r in recs)
     assert recs[0]["mpi"] == "none"
+    assert "compare exit 0, replay exit 0" in out and "replayed at 1 ranks" in out
