@@ -50,7 +50,7 @@ def against_baseline(key, steps, entry, threshold=DEFAULT_THRESHOLD, k=DEFAULT_K
 def shift(key, steps, threshold=DEFAULT_THRESHOLD):
     """A Regression when the series holds a persistent shift upward, else None."""
     det = ShiftDetector()
-    slow, excursion, fired, in_fired = [], [], False, set()
+    slow, excursion, fired = [], [], False
     for i, s in enumerate(steps):
         z = det.add(s.latency_us)
         if z is None:
