@@ -225,3 +225,14 @@ def test_routine_tcp_retransmissions_beside_delivered_packets_are_no_evidence(tm
     slow["h3|TCPFastRetrans@netstat"] = 4000
     rc, doc, _ = diagnose(write(tmp_path / "r2.jsonl", series(slow_moved=slow, noise=False)))
     assert rc == 1 and (doc["suspects"][0]["host"], doc["suspects"][0]["cause"]) == ("h3", "link_errors")
+
+
+def test_without_results_the_state_directory_is_read(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    rc, _, err = diagnose("--state-dir", state)
+    assert rc == 2 and "no RESULTS given" in err and str(state) in err
+    write(state / "results.jsonl", series(slow_moved={"h7|symbol_error@mlx5_0/1": 40}))
+    rc, doc, err = diagnose("--state-dir", state)
+    assert rc == 1 and doc["input"]["files"] == [str(state / "results.jsonl")], err
+    assert (doc["suspects"][0]["host"], doc["suspects"][0]["cause"]) == ("h7", "link_errors")

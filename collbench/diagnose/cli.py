@@ -151,6 +151,9 @@ def cmd_diagnose(args):
     need_state = not paths or args.baseline
     state = _state_dir(args) if need_state else None
     if not paths:
+        if not os.path.isfile(os.path.join(state, "results.jsonl")):
+            raise UserError(f"no RESULTS given and the state directory {state} has no results.jsonl "
+                            "(name results files, or the stress state directory with --state-dir)")
         paths = [state]
     baseline = None
     if args.baseline:
