@@ -134,3 +134,17 @@ def test_bad_input_exit_2_nothing_run(tmp_path):
     assert p.returncode == 2 and "bad.env:2" in p.stderr
     p = compare(tmp_path, "--op", "allreduce", "--sizes", "1KB", "--algorithms", "Ring/LL$(x)")
     assert p.returncode == 2 and "not ALGO or ALGO/PROTO" in p.stderr
+
+
+def test_older_ncccls_one_line_table():
+    # NCCL 2.12's format (src/graph/tuning.cc v2.12.12-1): "Latency/AlgBw |" then " %7s/%6s |" pairs
+    pairs = [(a, p) for a in ("Tree", "Ring", "CollNet") for p in ("LL", "LL128", "Simple")]
+    head = "Latency/AlgBw |" + "".join(f" {a:>7s}/{p:>6s} |" for a, p in pairs)
+    bws = {"AllReduce": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 0.0, 0.0, 0.0], "Broadcast": [0.0] * 3 + [4.0, 5.0, 6.0] + [0.0] * 3}
+    lines = [head, " Max NThreads |" + " 512 |" * 9]
+    lines += [f"{f:>13s} |" + "".join(f"{6.5:8.1f}/{b:6.1f} |" for b in v) for f, v in bws.items()]
+    text = "\n".join(f"[1,0]<stdout>:n1:12:12 [0] NCCL INFO {line}" for line in lines)
+    tun = nccl_candidates.parse_tuning(text)
+    assert tun.algos == ["Tree", "Ring", "CollNet"] and tun.protos == ["LL", "LL128", "Simple"]
+    assert [c.name for c in tun.candidates("AllReduce")[0]] == [f"{a}/{p}" for a, p in pairs[:6]]
+    assert [c.name for c in tun.candidates("Broadcast")[0]] == ["Ring/LL", "Ring/LL128", "Ring/Simple"]

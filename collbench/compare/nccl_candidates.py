@@ -4,14 +4,15 @@ NCCL's names and what this machine can run depend on its version and hardware (N
 NVSwitch, CollNet a SHARP network, NVLSTree more than one node, PAT is 2.23+ and AllGather/
 ReduceScatter only). So the op's nccl-tests binary is started once, on the comparison's ranks,
 with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV,TUNING: rank 0 prints ncclTopoTuneModel's table
-(src/graph/tuning.cc, every NCCL 2.x since 2.4):
+(src/graph/tuning.cc; 2.19 and later, e.g. 2.21, 2.28.9):
 
     NCCL INFO   Algorithm   |                 Tree       |                 Ring       | ...
     NCCL INFO   Protocol    |     LL |  LL128 | Simple |     LL |  LL128 | Simple | ...
     NCCL INFO  Max NThreads |    512 |    640 |    512 | ...
     NCCL INFO     AllReduce |  6.8/ 0.0 | ...                     (latency us / bandwidth GB/s)
 
-in blocks of three algorithms. A pair with bandwidth 0 is one NCCL disabled here (by the
+in blocks of three algorithms (NCCL 2.12 and before: one `Latency/AlgBw |  Tree/    LL | ...`
+header of algorithm/protocol pairs, the same function lines). A pair with bandwidth 0 is one NCCL disabled here (by the
 hardware or the environment): it is reported, not run. Every other pair is a candidate, run as
 NCCL_ALGO=<algo> NCCL_PROTO=<proto> (what NCCL then refuses anyway makes a FAILED row with its
 WARN). No table printed (an NCCL that prints none): an error asking for --algorithms.
@@ -74,7 +75,7 @@ class Tuning:
 def parse_tuning(text):
     """The first complete tuning table in NCCL INFO output (any launcher prefix), or None."""
     tun = Tuning()
-    block, protos = None, None
+    block, protos, flat = None, None, None
     for raw in str(text).splitlines()[:200000]:
         m = _INFO.search(raw)
         if not m:
@@ -85,6 +86,17 @@ def parse_tuning(text):
             continue
         label = head.strip()
         cells = [c.strip() for c in rest.split("|")]
+        if label == "Latency/AlgBw":      # NCCL before 2.13ish: one line of "Algo/Proto" cells
+            pairs = [tuple(x.strip() for x in c.split("/")) for c in cells if c]
+            if not pairs or not all(len(x) == 2 and all(_NAME.match(n) for n in x) for x in pairs):
+                continue
+            if tun.table:
+                break
+            block, protos = None, None
+            flat = pairs
+            tun.algos = list(dict.fromkeys(a for a, _ in pairs))
+            tun.protos = list(dict.fromkeys(p for _, p in pairs))
+            continue
         if label == "Algorithm":
             names = [c for c in cells if c]
             if not names or not all(_NAME.match(n) for n in names):
@@ -92,7 +104,7 @@ def parse_tuning(text):
                 continue
             if names[0] in tun.algos:       # a second communicator's table: the first one is read
                 break
-            block, protos = names, None
+            block, protos, flat = names, None, None
             tun.algos += [n for n in names if n not in tun.algos]
         elif label == "Protocol" and block:
             names = [c for c in cells if c]
@@ -102,13 +114,14 @@ def parse_tuning(text):
             # NCCL prints the protocols three times per block, even for a last block of fewer algorithms
             protos = list(dict.fromkeys(names))
             tun.protos += [p for p in protos if p not in tun.protos]
-        elif block and protos and _NAME.match(label) and label != "Max":
+        elif _NAME.match(label) and (block and protos or flat):
+            keys = ([(block[i // len(protos)], protos[i % len(protos)]) for i in range(len(block) * len(protos))]
+                    if block and protos else flat)
             values = [_CELL.match(c) for c in cells if c]
-            if len(values) != len(block) * len(protos) or not all(values):
+            if len(values) != len(keys) or not all(values):
                 continue
             row = tun.table.setdefault(label, {})
-            for i, v in enumerate(values):
-                key = (block[i // len(protos)], protos[i % len(protos)])
+            for key, v in zip(keys, values):
                 row.setdefault(key, (float(v.group(1)), float(v.group(2))))
     return tun if tun.table and tun.algos and tun.protos else None
 
