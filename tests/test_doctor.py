@@ -177,7 +177,8 @@ def test_hostile_facts_and_files_never_raise(tmp_path):
     cfg = build_config({"hosts": ["a", "b", "c", "d"]}, "t", str(tmp_path))
     bad = [HostFacts("a", [1, 2]), HostFacts("b", {"rdma": {"x": 1}, "netdevs": {"eth0": {"mtu": "9000", "operstate": 5,
                                                                                    "ecn_np": [1], "pfc": "all"}}}),
-           HostFacts("c", {"rdma": [{"gids": [{"index": True, "type": 3}], "rate": None}], "netdevs": {"e": None}}),
+           HostFacts("c", {"rdma": [{"gids": [{"index": True, "type": 3}], "rate": None}], "netdevs": {"e": None,
+                                                                                              "f": {"pfc": [{}], "trust": []}}}),
            HostFacts("d", error="unreachable: ssh exit 255: Connection refused")]
     got = {v.host: v for v in checks.judge(bad, cfg)}
     assert got["a"].verdict == "failed" and "no network interface" in got["a"].reasons[0][1]
@@ -202,3 +203,24 @@ def test_parse_mlnx_qos_and_rate():
                                       ({"NCCL_IB_SL": "4"}, 4), ({}, None)])
 def test_traffic_priority_from_env(env, prio):
     assert checks.traffic_priority(env, None)[0] == prio
+
+
+def test_one_host_has_no_peers_and_down_non_rdma_interfaces_are_notes(tmp_path):
+    """A host's own interfaces are not its peers: two MTUs on one host are no mismatch; without
+    RDMA ports every netdev is looked at, and one that is down (an unused ifb) is a note."""
+    root = str(tmp_path / "solo")
+    make_host(root, netdev="eth2", mtu=9000)
+    net = os.path.join(root, "sys", "class", "net")
+    _w(f"{net}/eth3/mtu", "1500\n")
+    _w(f"{net}/eth3/operstate", "up\n")
+    cfg = tmp_path / "solo.yaml"
+    cfg.write_text(f"hosts: [solo]\ndoctor:\n  sysfs_root: {root}/sys\n  qos_dir: {root}/qos\n  netdevs: [eth2, eth3]\n")
+    r = doctor("--config", str(cfg), "--format", "json")
+    assert r.returncode == 0 and verdicts(r) == {"solo": ("healthy", [])}, r.stdout
+    import shutil
+    shutil.rmtree(os.path.join(root, "sys", "class", "infiniband"))
+    _w(f"{net}/ifb0/mtu", "1500\n")
+    _w(f"{net}/ifb0/operstate", "down\n")
+    cfg.write_text(f"hosts: [solo]\ndoctor:\n  sysfs_root: {root}/sys\n  qos_dir: {root}/qos\n")
+    doc = json.loads(doctor("--config", str(cfg), "--format", "json").stdout)["hosts"][0]
+    assert doc["verdict"] == "healthy" and any(n.startswith("ifb0: down") for n in doc["notes"]), doc

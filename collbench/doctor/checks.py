@@ -70,17 +70,20 @@ def parse_rate(text):
 
 
 class Peers:
-    """One setting's values over all hosts: a host differs when its value is not the one most hosts
-    have (on a tie, when any other host has another value: which side is wrong cannot be told)."""
+    """One setting's values over the hosts (each host's distinct values counted once): a host
+    differs when its value is not the one most hosts have (on a tie, when any other host has
+    another value: which side is wrong cannot be told). One host alone has no peers."""
 
-    def __init__(self, values):
-        self.counts = Counter(v for v in values if v is not None)
+    def __init__(self, per_host):
+        per_host = [{v for v in values if v is not None} for values in per_host]
+        self.hosts = sum(1 for values in per_host if values)
+        self.counts = Counter(v for values in per_host for v in values)
         top = self.counts.most_common(2)
         self.majority = top[0][0] if top and (len(top) == 1 or top[0][1] > top[1][1]) else None
 
     def others(self, value):
         """The other hosts' values (sorted, as text) when `value` differs from them; else None."""
-        if value is None or len(self.counts) < 2 or value == self.majority:
+        if value is None or self.hosts < 2 or len(self.counts) < 2 or value == self.majority:
             return None
         rest = [v for v in self.counts if v != value]
         return ", ".join(str(list(v) if isinstance(v, tuple) else v) for v in sorted(rest, key=str))
@@ -125,6 +128,22 @@ def env_devices(env):
     return out
 
 
+def _pfc(d):
+    """The PFC-enabled priorities of a netdev's facts (sorted), or None when unknown."""
+    pfc = d.get("pfc")
+    return sorted({p for p in pfc if _i(p) is not None and 0 <= p <= 7}) if isinstance(pfc, list) else None
+
+
+def _setting(d, key):
+    """A netdev's setting as a comparable, hashable value (None when absent or of the wrong type)."""
+    if key == "trust":
+        return _s(d.get(key))
+    if key == "pfc":
+        pfc = _pfc(d)
+        return None if pfc is None else tuple(pfc)
+    return _i(d.get(key))
+
+
 class HostView:
     """One host's facts, typed: the values compared between hosts."""
 
@@ -134,7 +153,9 @@ class HostView:
         self.netdevs = {k: _d(v) for k, v in _d(f.get("netdevs")).items() if isinstance(k, str)}
 
     def mtus(self):
-        return {n: _i(v.get("mtu")) for n, v in self.netdevs.items()}
+        """The MTUs of the interfaces that are up (a down one carries nothing)."""
+        return {n: _i(v.get("mtu")) for n, v in self.netdevs.items()
+                if (_s(v.get("operstate")) or "").lower() in ("up", "unknown")}
 
     def roce_v2_index(self):
         for p in self.ports:
@@ -150,12 +171,11 @@ def judge(hosts, cfg, results_by_host=None):
     views = {h.host: HostView(h.facts) for h in hosts if h.error is None}
     verdicts = []
     # what most hosts have: a host differing from it is named (its peers are the evidence)
-    maj_mtu = Peers([m for v in views.values() for m in v.mtus().values()])
+    maj_mtu = Peers([v.mtus().values() for v in views.values()])
     rates = {h: [parse_rate(_s(p.get("rate"))) for p in v.ports] for h, v in views.items()}
-    maj_rate = (Peers([r[0] for rs in rates.values() for r in rs]), Peers([r[1] for rs in rates.values() for r in rs]))
-    maj_gid = Peers([v.roce_v2_index() for v in views.values()])
-    per_dev = lambda key: Peers([_s(d.get(key)) if key == "trust" else (tuple(d[key]) if isinstance(d.get(key), list) else _i(d.get(key)))
-                                     for v in views.values() for d in v.netdevs.values()])
+    maj_rate = (Peers([[r[0] for r in rs] for rs in rates.values()]), Peers([[r[1] for r in rs] for rs in rates.values()]))
+    maj_gid = Peers([[v.roce_v2_index()] for v in views.values()])
+    per_dev = lambda key: Peers([[_setting(d, key) for d in v.netdevs.values()] for v in views.values()])
     maj = {k: per_dev(k) for k in ("trust", "pfc", "cnp_802p_prio", "cnp_dscp")}
     for h in hosts:
         v = Verdict(h.host)
@@ -177,6 +197,9 @@ def judge(hosts, cfg, results_by_host=None):
 def _netdev(v, name, d, exp, env, maj, maj_mtu, views):
     state = (_s(d.get("operstate")) or "").lower()
     if d.get("operstate") is None or state not in ("up", "unknown"):
+        if d.get("chosen") == "all":     # not an RDMA port's, not named in the config: not ours to judge
+            v.notes.append(f"{name}: {state or 'unreadable'} (not an RDMA interface; doctor.netdevs to check it)")
+            return
         v.add(FAILED, f"{name}: link is {state or 'unreadable'} (operstate)")
     mtu = _i(d.get("mtu"))
     if mtu is None:
@@ -186,8 +209,7 @@ def _netdev(v, name, d, exp, env, maj, maj_mtu, views):
     elif maj_mtu.others(mtu):
         v.add(DEGRADED, f"{name}: MTU {mtu} differs from other hosts' {maj_mtu.others(mtu)} (the larger "
                         "side's packets are dropped or fragmented on the way)")
-    trust, pfc = _s(d.get("trust")), d.get("pfc")
-    pfc = sorted({p for p in pfc if _i(p) is not None and 0 <= p <= 7}) if isinstance(pfc, list) else None
+    trust, pfc = _s(d.get("trust")), _pfc(d)
     for key, want, have, shown in (("trust", exp.trust, trust, trust),
                                    ("pfc", exp.pfc_priorities, pfc, pfc),
                                    ("cnp_802p_prio", exp.cnp_802p_prio, _i(d.get("cnp_802p_prio")), _i(d.get("cnp_802p_prio"))),

@@ -140,15 +140,16 @@ def qos_facts(name, qos_dir):
 def host_facts(sysfs_root="/sys", qos_dir=None, netdevs=None):
     """Everything `doctor` knows of one host: {"rdma": [...], "netdevs": {name: {...}}}."""
     ports = rdma_ports(sysfs_root)
-    names = list(netdevs or ())
+    names, chosen = list(netdevs or ()), "config"
     if not names:
-        names = sorted({p["netdev"] for p in ports if p["netdev"]})
+        names, chosen = sorted({p["netdev"] for p in ports if p["netdev"]}), "rdma"
     if not names:
-        names = [n for n in _list(os.path.join(sysfs_root, "class", "net")) if n != "lo"]
+        names, chosen = [n for n in _list(os.path.join(sysfs_root, "class", "net")) if n != "lo"], "all"
     nets = {}
     for n in names[:MAX_ENTRIES]:
         f = netdev_facts(sysfs_root, n)
         f.update(qos_facts(n, qos_dir))
+        f["chosen"] = chosen      # why it is looked at: doctor.netdevs, an RDMA port's, or every one
         nets[n] = f
     return {"rdma": ports, "netdevs": nets}
 
