@@ -19,6 +19,7 @@ import sys
 
 import yaml
 
+from algorithm_helpers import mpich_engine  # noqa: F401
 from engine_helpers import engine_bin, engine_cfg  # noqa: F401
 
 from collbench.compare import rules_file, stats
@@ -138,3 +139,46 @@ def test_a_forced_size_that_fails_with_the_file_is_dropped(tmp_path, engine_bin)
     assert rules_file.rule_for(rules_file.parse_ompi_rules(text), 0, 4, 4096 * 4) == 0
     # the rules rows: the file's job failed at that size, said so
     assert [r["status"] for r in chk.rows] == ["failed"]
+
+
+def test_mpich_env_file_is_checked_per_op(tmp_path, mpich_engine):
+    """MPICH's env file forces one algorithm for every size of an op, so its check judges the op
+    as a whole: rows claiming allgather ring proven at both sizes, the file written, checked in
+    ABBA jobs under MPICH; every size of the op gets the same fate, and the file sets the CVAR
+    exactly when the op was kept."""
+    import io
+    from collbench.atomic_file import Outputs
+    from collbench.compare import cli, table
+    from collbench.compare.blocks import Policy
+    from collbench.compare.runner import Plan, Progress
+    from collbench.engines import mpi_flavour
+
+    cfg = engine_cfg(tmp_path, mpich_engine, ranks=2, launcher_path="mpirun.mpich", step_timeout=300)
+    cat = algs.catalogue(cfg)
+    assert cat.flavour == mpi_flavour.MPICH
+    sizes = [1024, 16384]
+    plan = Plan(["allgather"], {"allgather": ["default", "ring"]}, sizes, 3, 1, None, "sustained", False)
+    ctx = RunContext(cfg, "builtin", "test")
+    rows = []
+    for size in sizes:
+        for name, us in (("default", 100.0), ("ring", 50.0)):
+            r = table.make_row("allgather", name, size, size, "char", table.OK,
+                               {"latency_avg_us": us, "validation": "pass"})
+            r["samples_us"], r["blocks"] = [us * (1 + i / 100) for i in range(8)], 8
+            rows.append(r)
+    table.annotate(rows, flavour=cat.flavour)
+    assert {(r["size_bytes"], r["algorithm"]) for r in rows if r["chosen"]} == {(1024, "ring"), (16384, "ring")}
+    path = tmp_path / "mpich.env"
+    outs = Outputs()
+    progress = Progress(0, quiet=True, stream=io.StringIO())
+    written, chk = cli._write_and_prove(str(path), rows, cat, cfg, ctx, plan, Policy(), 4, progress, outs)
+    assert written == str(path) and not outs.failed and chk.ran
+    verdicts = {v.verdict for v in chk.sizes}
+    assert len(chk.sizes) == 2 and all(v.forced == "ring" for v in chk.sizes)
+    env = algs.read_env_file(str(path))
+    if verdicts == {"kept"}:
+        assert env.get("MPIR_CVAR_ALLGATHER_INTRA_ALGORITHM") == "ring" and chk.installed_quality
+    else:
+        # one size slower beyond noise drops the op's CVAR (it would apply to every size)
+        assert verdicts == {"dropped"} and "MPIR_CVAR_ALLGATHER_INTRA_ALGORITHM" not in env
+    assert [r["status"] for r in chk.rows] == ["ok", "ok"]

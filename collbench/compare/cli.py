@@ -371,6 +371,10 @@ def _write_and_prove(path, rows, cat, cfg, ctx, plan, policy, blocks, progress, 
     if cat.flavour == mpi_flavour.MPICH:       # one CVAR for every size: a dropped size drops the op
         ops = {op for op, _ in dropped}
         dropped = {k for k in forced if k[0] in ops}
+        for v in chk.sizes:
+            if v.verdict == "kept" and v.op in ops:
+                v.verdict, v.reason = "dropped", (f"{v.reason}, but the op's one CVAR is dropped: "
+                                                  "slower beyond noise at another size")
     verdict = [f"check: default without and with this file, {pairs} jobs each in ABBA order: "
                + ("installed-quality" if chk.installed_quality else f"NOT installed-quality ({chk.reason})")]
     verdict += [f"dropped {v.op} {format_size(v.size_bytes)} ({v.forced}): {v.reason}" for v in chk.dropped]
