@@ -117,6 +117,16 @@ def test_bad_input_exit_2(tmp_path):
     three = tmp_path / "three.yaml"
     three.write_text("hosts: [a, b, c]\n")
     for args, what in ((["--ratio", "1"], "--ratio"), (["--op", "nosuchop"], "nosuchop"), (["--size", "-1"], "--size"),
-                       (["--format", "csv"], "--format")):
+                       (["--format", "xml"], "--format")):
         r = _locate("--config", str(three), *args)
         assert r.returncode == 2 and what in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_csv_rows_one_per_measurement():
+    from collbench.locate.cli import CSV_COLUMNS, csv_rows
+    from collbench.tables import csv_text
+    doc = dict(simulate(8, "h3").to_dict(), hosts=[f"h{i}" for i in range(8)])
+    lines = csv_text(CSV_COLUMNS, csv_rows(doc)).splitlines()
+    assert lines[0] == "probe,kind,hosts,a,b,value_us,failed"
+    assert len(lines) - 1 == doc["measurements"] == 20
+    assert lines[1] == "1,group,h0 h1 h2 h3,,,10," and lines[-1] == "10,pairs,h2 h3 h0 h1,h3,h1,10,"

@@ -19,8 +19,11 @@ from collbench.errors import UserError
 from collbench.locate.probes import MpiProber
 from collbench.locate.search import DEFAULT_RATIO, PAIR_GROUP, LocateFailed, locate
 from collbench.sizes import format_size
+from collbench.tables import Column, csv_text
 
-FORMATS = ("table", "json")
+FORMATS = ("table", "csv", "json")
+CSV_COLUMNS = [Column("probe"), Column("kind"), Column("hosts"), Column("a"), Column("b"), Column("value_us"),
+               Column("failed")]
 
 
 def register(subparsers):
@@ -47,7 +50,8 @@ def register(subparsers):
                    help=f"how much slower a half, host or link must be than its peers (default {DEFAULT_RATIO:g})")
     p.add_argument("--state-dir", metavar="DIR", help="the stress daemon's state directory (default: the config's)")
     p.add_argument("--force", action="store_true", help="run even while the stress daemon holds these hosts")
-    p.add_argument("--format", choices=FORMATS, default="table", help="output (default table)")
+    p.add_argument("--format", choices=FORMATS, default="table",
+                   help="output (default table; csv: one row per measurement, the verdict on stderr)")
     p.set_defaults(func=cmd_locate)
 
 
@@ -122,6 +126,9 @@ def cmd_locate(args):
     doc = dict(result.to_dict(), hosts=hosts, op=args.op, size=format_size(steps[0].size_bytes), ratio=args.ratio)
     if args.format == "json":
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+    elif args.format == "csv":
+        sys.stdout.write(csv_text(CSV_COLUMNS, csv_rows(doc)))
+        print(f"collbench locate: {result.verdict}", file=out)
     else:
         sys.stdout.write(table_text(doc))
     if failed is not None:
@@ -153,6 +160,19 @@ class _Counted:
         v = self.prober.pairs(hosts)
         self.progress.finished(f"pairs of {','.join(hosts)}: {len(v)} pairs")
         return v
+
+
+def csv_rows(doc):
+    """One row per measurement: a group's collective (value: its fastest call) or a pair (value:
+    microseconds per message); the culprit and verdict go to stderr."""
+    rows = []
+    for i, p in enumerate(doc["probes"], 1):
+        base = {"probe": i, "kind": p["kind"], "hosts": " ".join(p["hosts"]), "failed": p.get("failed")}
+        if p["kind"] == "group" or p.get("failed"):
+            rows.append(dict(base, value_us=p.get("value")))
+        else:
+            rows += [dict(base, a=x["a"], b=x["b"], value_us=x["cost"]) for x in p["pairs"]]
+    return rows
 
 
 def table_text(doc):
