@@ -236,3 +236,15 @@ def test_without_results_the_state_directory_is_read(tmp_path):
     rc, doc, err = diagnose("--state-dir", state)
     assert rc == 1 and doc["input"]["files"] == [str(state / "results.jsonl")], err
     assert (doc["suspects"][0]["host"], doc["suspects"][0]["cause"]) == ("h7", "link_errors")
+
+
+def test_a_straggler_without_good_steps_to_compare_is_not_a_slow_host(tmp_path):
+    # every step slow (against a baseline) and rank 9 always last: that may be the op's structure
+    quiet = write(tmp_path / "quiet.jsonl", series(n=20, factor=1.0, noise=False))
+    p = subprocess.run([sys.executable, "-m", "collbench", "baseline", "save", "b1", "--from", quiet, "--state-dir",
+                        str(tmp_path / "state")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    cur = write(tmp_path / "cur.jsonl", series(n=6, onset=0, slow_straggler=9, noise=False))
+    rc, doc, err = diagnose(cur, "--baseline", "b1", "--state-dir", tmp_path / "state")
+    assert rc == 1 and [s["cause"] for s in doc["suspects"]] == ["unexplained"], doc["suspects"]
+    assert any("good steps to compare" in x for x in doc["suspects"][0]["evidence"]["lacking"])

@@ -177,4 +177,7 @@ def gather(steps, slow, good, nodes):
     if not ev.slow_with_straggler:
         ev.lacking.append("per-rank timings: no slow step names a straggler host (OSU reports no per-rank "
                           "times; or ranks are not spread evenly over the hosts)")
+    elif ev.good_with_straggler < 3:
+        ev.lacking.append("good steps to compare the slowest ranks with: which rank ends last is partly the "
+                          "op's structure, so a slow host is named only against the same series' good steps")
     return ev

@@ -17,6 +17,7 @@ from collbench.diagnose.evidence import (CONGESTION, LINK_ERRORS, PFC, SLOW_HOST
 CONCENTRATED = 0.5          # a host holding at least half of a counter's movement
 LINK_CONCENTRATED = 0.75    # a link: both ends hold most of their side's movement
 STRAGGLER_MARGIN = 0.25     # the straggler share in slow steps above that in good steps
+MIN_GOOD_STRAGGLER_STEPS = 3
 
 
 @dataclass
@@ -108,10 +109,14 @@ def _straggler(ev, nodes):
     the slowest markedly more often during the slow steps; None."""
     if not ev.slow_with_straggler or not nodes or nodes < 2 or not ev.stragglers_slow:
         return None
+    # which rank ends last is partly the op's structure (a bcast's last leaf, a ring's last hop):
+    # only a share above the same ranks' share in good steps says anything about a host
+    if ev.good_with_straggler < MIN_GOOD_STRAGGLER_STEPS:
+        return None
     host, times = ev.stragglers_slow.most_common(1)[0]
     share = times / ev.slow_with_straggler
     chance = 1.0 / nodes
-    ref = ev.stragglers_good[host] / ev.good_with_straggler if ev.good_with_straggler else chance
+    ref = ev.stragglers_good[host] / ev.good_with_straggler
     if share < max(MIN_STEP_SHARE, 2 * chance) or share < ref + STRAGGLER_MARGIN or ev.slow_with_straggler < 3:
         return None
     return host, share, ref, times, min(1.0, (share - ref) / (1.0 - ref)) if ref < 1 else 0.0
