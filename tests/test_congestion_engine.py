@@ -175,8 +175,9 @@ def test_netstat_tcp_counters_move_under_a_real_loopback_tcp_run(tmp_path):
     assert not [k for k in c["moved"] if "@mlx5" in k or "prio" in k]
 
 
-def test_a_run_without_congestion_has_no_field(tmp_path):
-    recs = _run_once(tmp_path, {"ranks": 2, "transport": "shm"}, ["--ops", "barrier", "--iterations", "10"])
+def test_a_run_with_congestion_disabled_has_no_field(tmp_path):
+    recs = _run_once(tmp_path, {"ranks": 2, "transport": "shm", "congestion": {"enabled": False}},
+                     ["--ops", "barrier", "--iterations", "10"])
     assert [r for r in recs if r["type"] == "result"] and not [r for r in recs if "congestion" in r]
 
 

@@ -221,7 +221,8 @@ def test_validation_off_unless_asked(tmp_path, engine_bin):
 
 
 def test_loop_with_max_loops(tmp_path, engine_bin):
-    cfg = engine_cfg(tmp_path, engine_bin)
+    # every stdout line here must be a step line: no congestion (CBCONG) lines in between
+    cfg = engine_cfg(tmp_path, engine_bin, congestion={"enabled": False})
     steps = [Step("allreduce", 1024, 3, 1, "float"), Step("barrier", 0, 3, 1, "char")]
     argv, env = builtin_engine.engine_command(cfg, steps, str(tmp_path / "plan.txt"), loop=True, max_loops=3)
     assert "--loop" in argv and argv[argv.index("--max-loops") + 1] == "3"

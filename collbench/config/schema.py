@@ -45,7 +45,7 @@ EXPORTER_SCHEMA = {
 }
 # the congestion counters read around every step (collbench/congestion, docs/CONGESTION.md)
 CONGESTION_SCHEMA = {
-    "enabled": (BOOL, False),                # the built-in engine reads them around each step
+    "enabled": (BOOL, True),                 # the built-in engine reads them around each step
     "sysfs_root": (PATH, "/sys"),            # RDMA counters under <sysfs_root>/class/infiniband
     "netstat": (PATH, "/proc/net/netstat"),  # IpExt/TcpExt ECN and retransmit counters
     "ethtool_root": (PATH, None),            # a directory of `ethtool -S` outputs, one file per netdev; unset: the ioctl
