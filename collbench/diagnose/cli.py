@@ -125,7 +125,7 @@ def _pooled(loaded, regs, evidence, ranking, label):
             if key not in regressed and (key.nodes, key.ranks) == (nodes, ranks):
                 good += range(len(steps), len(steps) + len(series))
                 steps += series
-        ev = evidence.gather(steps, slow, good, nodes)
+        ev = evidence.gather(steps, slow, good, nodes, stragglers=False)
         out.append(([label(r.key) for r in group], ranking.suspects_of(ev, nodes)))
     return out
 

@@ -110,8 +110,10 @@ class Evidence:
     lacking: list = field(default_factory=list)
 
 
-def gather(steps, slow, good, nodes):
-    """The Evidence of one regression (steps: its series; slow, good: indices)."""
+def gather(steps, slow, good, nodes, stragglers=True):
+    """The Evidence of one regression (steps: its series; slow, good: indices). stragglers=False:
+    leave the slowest ranks out (steps of several series pooled: each op has its own structural
+    last rank, so they are compared within one series only)."""
     ev = Evidence()
     acc = {}                                   # (host, key) -> CounterEvidence
     per_name_slow = Counter()                  # counter name -> delta over hosts (slow steps)
@@ -120,7 +122,7 @@ def gather(steps, slow, good, nodes):
     for which, idx in ((0, slow), (1, good)):
         for i in idx:
             s = steps[i]
-            if s.straggler is not None:
+            if stragglers and s.straggler is not None:
                 if which == 0:
                     ev.stragglers_slow[s.straggler] += 1
                     ev.slow_with_straggler += 1
@@ -174,7 +176,9 @@ def gather(steps, slow, good, nodes):
     elif ev.slow_sources.get("osu-run"):
         ev.lacking.append("per-host counters: OSU-engine records carry only the launching host's counters "
                           "around the whole run")
-    if not ev.slow_with_straggler:
+    if not stragglers:
+        pass
+    elif not ev.slow_with_straggler:
         ev.lacking.append("per-rank timings: no slow step names a straggler host (OSU reports no per-rank "
                           "times; or ranks are not spread evenly over the hosts)")
     elif ev.good_with_straggler < 3:
