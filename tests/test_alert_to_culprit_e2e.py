@@ -1,0 +1,374 @@
+"""From an alert to the culprit, end to end with real parts (issue 21 item 5).
+
+An 8-host namespace testbed (own netns, address, sshd; one rank per host, ob1 over TCP) runs the
+stress loop (one long-lived `collbench-engine --loop` job: alltoall 1MB steps, each with every
+host's netstat read around it). Every host runs its own counters-only exporter in its namespace
+(file_sd targets from `collbench scrape-config`), the master's exporter serves the results with
+the latency_shift and congestion_top collectors, a real Prometheus (1 s scrape and evaluation,
+the rules `collbench rules` generated, `for: 1s`) sends to a real Alertmanager. Then:
+
+  1. quiet warm-up: the shift test's reference is taken; no CollbenchLatencyShift;
+  2. congestion: h3's egress is ECN-marked for real (`testbed.ecn_mark`, nftables) and queued
+     behind a 400 Mbit/s tbf bottleneck -> the alert fires in Alertmanager with host=h3's address
+     in its labels and summary, and `collbench diagnose` on the daemon's results names h3 with
+     cause `congestion`. Why the queue: a marking switch port marks because its queue is building;
+     marking alone on an idle veth adds no delay (measured: 256 kbytes/s marking, every packet CE,
+     slowed the 1MB alltoall steps by ~8 %, within this machine's noise), so the congested port
+     here has both, its queue and its marks;
+  3. the marking removed -> the alert resolves (gone from Alertmanager, no longer firing);
+  4. a quiet run as long as phase 2+3 took: no shift alert pending or firing, and `diagnose` on
+     that window's records names no suspect;
+  5. the daemon stopped, h6's link shaped by tbf with no marking (the counters see nothing) ->
+     `collbench locate` names h6.
+
+Eight hosts, as the issue asks: the whole test takes ~90-105 s on this 2-core machine under load.
+The time from the fault to the shift, the alert and each named culprit is printed (FIGURES line,
+shown by `pytest -s` and in `-rA`'s captured output).
+Every wait has a deadline; the daemon, the exporters, Prometheus, Alertmanager and the testbed are
+stopped whatever happens (the daemon by `stress stop`, else its process group by its pid file).
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+import yaml
+
+from conftest import REPO, is_root, require_tool, stop_process, wait_for
+from lab import testbed
+
+pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
+
+HOSTS = 8
+CONGESTED, SHAPED = 2, 5          # indexes of h3 and h6
+MARK_RATE = "256kbytes"           # ECN-mark h3's egress beyond this (its TCP senders back off)
+QUEUE_RATE = "400mbit"            # ... and queued behind a bottleneck of this rate (see the docstring)
+SHAPE_RATE = "100mbit"
+COUNTERS_PORT = 9106
+ALERT = "CollbenchLatencyShift"
+FIRING = f'ALERTS{{alertname="{ALERT}",alertstate="firing"}}'
+# The alert's `for:` (alerts.for). The namespaces share this machine's two cores with whatever else
+# runs: another process's burst of CPU load slows a few consecutive quiet steps by 30-45 %, which the
+# CUSUM rightly calls a shift for some seconds (measured here: on for ~8 s). The alert's `for:` is
+# what keeps such a transient from paging anyone, so it is set above that, as an operator would.
+FOR = "15s"
+PLAN = ("stress:\n  stop_grace: 5\n  plan:\n"
+        "    - {op: alltoall, sizes: [1MB], iterations: 10, warmup: 1}\n")
+
+
+def _collbench(*args, netns=None, timeout=120):
+    pre = ["ip", "netns", "exec", netns] if netns else []
+    return subprocess.run(pre + [sys.executable, "-m", "collbench", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+def _latencies(path):
+    """[(seq, ms)] of the results: what an assertion message shows of the series."""
+    return [(x["seq"], round(x["latency_avg_us"] / 1e3, 1)) for x in _results(path)]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url, timeout=5):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.loads(r.read().decode())
+
+
+def _results(path, after=0):
+    try:
+        with open(path) as f:
+            recs = [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+    return [r for r in recs if r.get("type") == "result" and r.get("seq", 0) > after]
+
+
+class Service:
+    """A daemon this test starts in its own session (optionally in a namespace); stopped by its pid."""
+
+    def __init__(self, name, argv, log_path, netns=None):
+        self.name, self.log_path = name, log_path
+        self.log = open(log_path, "w")
+        pre = ["ip", "netns", "exec", netns] if netns else []
+        self.proc = subprocess.Popen(pre + argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO,
+                                     start_new_session=True)
+
+    def check_alive(self):
+        if self.proc.poll() is not None:
+            self.log.flush()
+            raise AssertionError(f"{self.name} exited {self.proc.returncode}: {open(self.log_path).read()[-3000:]}")
+
+    def stop(self):
+        stop_process(self.proc, timeout=10)
+        self.log.close()
+
+
+class Stack:
+    def __init__(self, bed, tmp):
+        self.bed, self.tmp = bed, tmp
+        self.cfg = bed["config"]
+        self.state = os.path.join(bed["dir"], "state")
+        self.log = os.path.join(self.state, "results.jsonl")
+        self.services = []
+        self.prom = self.am = None
+
+    def query(self, expr):
+        self.check()
+        try:
+            body = _get(f"{self.prom}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+        except OSError:
+            return None
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def am_alerts(self):
+        """Alertmanager's active alerts named ALERT (resolved ones leave this list)."""
+        self.check()
+        try:
+            alerts = _get(f"{self.am}/api/v2/alerts?" + urllib.parse.urlencode({"filter": f'alertname="{ALERT}"'}))
+        except OSError:
+            return None
+        return [a for a in alerts if a["status"]["state"] == "active"]
+
+    def check(self):
+        for s in self.services:
+            s.check_alive()
+
+    def diagnose(self, results):
+        r = _collbench("diagnose", results, "--config", self.cfg, "--format", "json", timeout=120)
+        assert r.returncode in (0, 1) and r.stdout.startswith("{"), r.stderr
+        return r.returncode, json.loads(r.stdout)
+
+    def window(self, first_seq, last_seq, name):
+        """The results of seq first..last as a file of their own (the daemon's lines, unchanged)."""
+        path = os.path.join(self.tmp, name)
+        with open(self.log) as src, open(path, "w") as out:
+            for line in src:
+                try:
+                    seq = json.loads(line).get("seq", 0)
+                except ValueError:
+                    continue
+                if first_seq <= seq <= last_seq:
+                    out.write(line)
+        return path
+
+
+def _stop_daemon(cfg, state):
+    stop = _collbench("stress", "stop", "--config", cfg, timeout=60)
+    pid_file = os.path.join(state, "stress.pid")
+    if stop.returncode != 0 and os.path.exists(pid_file):
+        try:     # the daemon's pid is its process group: end the group it leads, and only that
+            os.killpg(int(open(pid_file).read().strip()), signal.SIGKILL)
+        except (ValueError, ProcessLookupError):
+            pass
+    return stop
+
+
+@pytest.fixture
+def stack(tmp_path):
+    assert is_root(), "the testbed needs root"
+    prometheus = require_tool("prometheus")
+    alertmanager = require_tool("prometheus-alertmanager")
+    tmp = str(tmp_path)
+    bed = testbed.up(HOSTS, os.path.join(tmp, "tb"), python=sys.executable)
+    st = Stack(bed, tmp)
+    try:
+        with open(bed["config"], "a") as f:
+            f.write(f"step_timeout: 60s\ncongestion:\n  enabled: true\nalerts:\n  for: {FOR}\n" + PLAN)
+        os.makedirs(st.state, exist_ok=True)
+        rules = os.path.join(tmp, "rules.yml")
+        r = _collbench("rules", "--config", bed["config"], "-o", rules)
+        assert r.returncode == 0, r.stderr
+        targets = os.path.join(tmp, "counters.json")
+        r = _collbench("scrape-config", "--config", bed["config"], "--port", str(COUNTERS_PORT), "-o", targets)
+        assert r.returncode == 0, r.stderr
+        r = _collbench("scrape-config", "--format", "job", "--targets-path", targets)
+        assert r.returncode == 0, r.stderr
+        counters_job = yaml.safe_load(r.stdout)
+
+        # a counters-only exporter in every host's namespace, on its own address
+        for h in bed["hosts"]:
+            st.services.append(Service(f"counters exporter {h['alias']}", [
+                sys.executable, "-m", "collbench", "exporter", "--counters-only", "--config", bed["config"],
+                "--listen", f"{h['addr']}:{COUNTERS_PORT}"], os.path.join(tmp, f"counters-{h['alias']}.log"),
+                netns=h["netns"]))
+        # the master's exporter: the daemon's results, the shift test and the top congested host
+        ex_port, prom_port, am_port = _free_port(), _free_port(), _free_port()
+        st.services.append(Service("exporter", [
+            sys.executable, "-m", "collbench", "exporter", "--config", bed["config"], "--results-log", st.log,
+            "--state-dir", st.state, "--poll-interval", "0.2", "--listen", f"127.0.0.1:{ex_port}",
+            "--collectors", "results,congestion_top,latency_shift"], os.path.join(tmp, "exporter.log")))
+
+        with open(os.path.join(tmp, "alertmanager.yml"), "w") as f:
+            yaml.safe_dump({"route": {"receiver": "null", "group_by": ["alertname"], "group_wait": "1s",
+                                      "group_interval": "1s", "repeat_interval": "1h"},
+                            "receivers": [{"name": "null"}]}, f)
+        st.services.append(Service("alertmanager", [
+            alertmanager, f"--config.file={tmp}/alertmanager.yml", f"--storage.path={tmp}/am-data",
+            f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address=", "--log.level=warn"],
+            os.path.join(tmp, "alertmanager.log")))
+        with open(os.path.join(tmp, "prometheus.yml"), "w") as f:
+            yaml.safe_dump({
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [rules],
+                "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
+                "scrape_configs": [{"job_name": "collbench", "static_configs": [
+                    {"targets": [f"127.0.0.1:{ex_port}"]}]}] + counters_job}, f)
+        # resend-delay 1s: an alert sent before Prometheus found Alertmanager is resent in 1 s, not 1 min
+        st.services.append(Service("prometheus", [
+            prometheus, f"--config.file={tmp}/prometheus.yml", f"--storage.tsdb.path={tmp}/prom-data",
+            f"--web.listen-address=127.0.0.1:{prom_port}", "--rules.alert.resend-delay=1s", "--log.level=warn"],
+            os.path.join(tmp, "prometheus.log")))
+        st.prom, st.am = f"http://127.0.0.1:{prom_port}", f"http://127.0.0.1:{am_port}"
+
+        def all_up():
+            up = st.query("up") or []
+            return len(up) == HOSTS + 1 and all(u["value"][1] == "1" for u in up)
+        assert wait_for(all_up, 60, interval=0.5), st.query("up")
+        yield st
+    finally:
+        try:
+            testbed.ecn_clear(bed["dir"])
+        finally:
+            _stop_daemon(bed["config"], st.state)
+            for s in reversed(st.services):
+                s.stop()
+            namespaces = [h["netns"] for h in bed["hosts"]]
+            if os.path.exists(st.log):      # kept beside the test's other logs for a post-mortem
+                shutil.copy(st.log, os.path.join(tmp, "results.jsonl"))
+            testbed.down(bed["dir"])
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert not [ns for ns in namespaces if ns in listed]
+
+
+def shape(host, rate):
+    """tbf on the host's eth0 (its egress) and its veth in the root namespace (its ingress), as
+    tests/test_locate_testbed.py shapes it; rate None removes both."""
+    for pre, dev in ((["ip", "netns", "exec", host["netns"]], "eth0"), ([], host["veth"])):
+        if rate:
+            subprocess.run(pre + ["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", "256kb",
+                                  "latency", "50ms"], check=True)
+        else:
+            subprocess.run(pre + ["tc", "qdisc", "del", "dev", dev, "root"], check=True)
+
+
+def queue(host, rate):
+    """The congested port's queue: a tbf bottleneck on the host's egress only (None removes it)."""
+    pre = ["ip", "netns", "exec", host["netns"], "tc", "qdisc"]
+    if rate:
+        subprocess.run(pre + ["replace", "dev", "eth0", "root", "tbf", "rate", rate, "burst", "256kb",
+                              "latency", "50ms"], check=True)
+    else:
+        subprocess.run(pre + ["del", "dev", "eth0", "root"], check=True)
+
+
+def test_congestion_alert_names_the_host_diagnose_and_locate_name_the_culprit(stack):
+    st, bed = stack, stack.bed
+    congested, shaped = bed["hosts"][CONGESTED], bed["hosts"][SHAPED]
+    figures = {}
+    shift_series = f'collbench_latency_shift{{op="alltoall",size="1MB"}}'
+
+    # ---- 1. quiet warm-up: the daemon's steps reach the shift test, whose reference is then set
+    r = _collbench("stress", "start", "--config", st.cfg, netns=bed["hosts"][0]["netns"])
+    assert r.returncode == 0, r.stderr
+    t_start = time.monotonic()
+    ready = wait_for(lambda: st.query(shift_series), 90, interval=0.5)
+    assert ready and ready[0]["value"][1] == "0", (ready, _results(st.log)[-2:])
+    time.sleep(3)           # a few steps past the reference
+    assert st.query(FIRING) == [] and st.am_alerts() == []
+
+    def in_control():       # the fault starts from a test in control (a load burst may have moved it)
+        cusum = st.query(f'collbench_latency_shift_cusum{{op="alltoall",size="1MB"}}') or []
+        return cusum and float(cusum[0]["value"][1]) < 5 and st.query(shift_series)[0]["value"][1] == "0"
+    assert wait_for(in_control, 60, interval=0.5), (st.query("collbench_latency_shift_cusum"), _latencies(st.log))
+    warm_steps = len(_results(st.log))
+    last_quiet_seq = max(x["seq"] for x in _results(st.log))
+
+    # ---- 2. congestion: h3's egress ECN-marked
+    testbed.ecn_mark(bed["dir"], {congested["alias"]: MARK_RATE})
+    queue(congested, QUEUE_RATE)
+    t_fault = time.monotonic()
+
+    def alert_names_host():
+        if "fault_to_shift_s" not in figures and any(x["value"][1] == "1" for x in st.query(shift_series) or []):
+            figures["fault_to_shift_s"] = time.monotonic() - t_fault
+        alerts = st.am_alerts() or []
+        named = [a for a in alerts if a["labels"].get("host") == congested["addr"]]
+        return named or None
+    alerts = wait_for(alert_names_host, 60, interval=0.25)
+    figures["fault_to_alert_s"] = time.monotonic() - t_fault
+    assert alerts, (st.am_alerts(), st.query("collbench_latency_shift_cusum"),
+                    st.query("collbench_step_congestion_top"), _results(st.log)[-2:])
+    a = alerts[0]
+    assert (a["labels"]["op"], a["labels"]["size"]) == ("alltoall", "1MB"), a
+    assert f"top suspect host: {congested['addr']} (" in a["annotations"]["summary"], a
+
+    rc, doc = st.diagnose(st.log)
+    figures["fault_to_diagnose_s"] = time.monotonic() - t_fault
+    assert rc == 1 and doc["regressions"], doc
+    top = doc["suspects"][0]
+    assert top["cause"] == "congestion", doc["suspects"]
+    # h3's egress is marked: its outgoing path, or the link out of it
+    assert congested["addr"] in (top["host"], (top["link"] or [None])[0]), doc["suspects"]
+
+    # ---- 3. the marking removed: the shift clears and the alert resolves
+    testbed.ecn_clear(bed["dir"], [congested["alias"]])
+    queue(congested, None)
+    t_clear = time.monotonic()
+    # resolved: the shift test back in control, nothing firing, nothing active in Alertmanager (the
+    # alert's labels carry the top host, so the instance naming h3 ends as soon as another host tops
+    # the attribution; the shift flag is what says the latency came back)
+    resolved = wait_for(lambda: (st.query(shift_series) or [{"value": [0, "1"]}])[0]["value"][1] == "0"
+                        and st.am_alerts() == [] and st.query(FIRING) == [], 90, interval=0.5)
+    figures["clear_to_resolved_s"] = time.monotonic() - t_clear
+    assert resolved, (st.am_alerts(), st.query("collbench_latency_shift_cusum"), _latencies(st.log))
+    fault_phase = time.monotonic() - t_fault
+
+    # ---- 4. a quiet run as long as the fault phase: never pending nor firing, no suspect
+    first_quiet = max(x["seq"] for x in _results(st.log)) + 1
+    t_quiet = time.monotonic()
+    while time.monotonic() - t_quiet < fault_phase:
+        assert st.query(FIRING) == [] and st.am_alerts() == [], \
+            (st.query("collbench_latency_shift_cusum"), first_quiet, _latencies(st.log))
+        time.sleep(1)
+    quiet = [x for x in _results(st.log) if x["seq"] >= first_quiet]
+    assert quiet and all(x["congestion"]["hosts_read"] == HOSTS for x in quiet), quiet[-1:]
+    rc, doc = st.diagnose(st.window(first_quiet, quiet[-1]["seq"], "quiet.jsonl"))
+    # such a load burst may still be a regression to diagnose (then `unexplained`, as in
+    # tests/test_diagnose_testbed.py); what must never happen on a quiet run is a named culprit
+    assert doc["verdict"] in ("no regression", "unexplained"), doc
+    assert [s for s in doc["suspects"] if s["host"] or s["link"]] == [], doc["suspects"]
+    # the warm-up before the fault was quiet too
+    rc, doc = st.diagnose(st.window(0, last_quiet_seq, "warmup.jsonl"))
+    assert [s for s in doc["suspects"] if s["host"] or s["link"]] == [], doc["suspects"]
+
+    # ---- 5. no daemon, h6's link shaped with no marking: locate names it
+    stop = _stop_daemon(st.cfg, st.state)
+    assert stop.returncode == 0, stop.stderr
+    shape(shaped, SHAPE_RATE)
+    t_shape = time.monotonic()
+    try:
+        r = _collbench("locate", "--config", st.cfg, "--format", "json", netns=bed["hosts"][0]["netns"],
+                       timeout=180)
+    finally:
+        shape(shaped, None)
+    figures["shape_to_locate_s"] = time.monotonic() - t_shape
+    assert r.stdout.startswith("{"), r.stderr
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1 and doc["culprit"] and doc["culprit"]["host"] == shaped["addr"], (doc, r.stderr)
+
+    figures.update(hosts=HOSTS, warmup_steps=warm_steps, quiet_run_s=round(fault_phase, 1),
+                   quiet_steps=len(quiet), total_s=round(time.monotonic() - t_start, 1))
+    print("\nFIGURES " + json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in figures.items()}))
