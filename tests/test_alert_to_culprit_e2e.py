@@ -315,6 +315,13 @@ def test_congestion_alert_names_the_host_diagnose_and_locate_name_the_culprit(st
     assert (a["labels"]["op"], a["labels"]["size"]) == ("alltoall", "1MB"), a
     assert f"top suspect host: {congested['addr']} (" in a["annotations"]["summary"], a
 
+    # every host's own counters exporter saw the marks on its side: h3's peers received CE-marked
+    # packets (InCEPkts), h3 itself none (its peers' egress is not marked)
+    ce = {r["metric"]["host"]: float(r["value"][1]) for r in st.query(
+        'increase(collbench_netstat_ip_in_ce_packets_total{job="collbench-counters"}[10s])') or []}
+    assert sorted(h for h, v in ce.items() if v > 0) == sorted(h["addr"] for h in bed["hosts"] if h is not congested) \
+        and ce.get(congested["addr"]) == 0, ce
+
     rc, doc = st.diagnose(st.log)
     figures["fault_to_diagnose_s"] = time.monotonic() - t_fault
     assert rc == 1 and doc["regressions"], doc
@@ -343,6 +350,8 @@ def test_congestion_alert_names_the_host_diagnose_and_locate_name_the_culprit(st
         assert st.query(FIRING) == [] and st.am_alerts() == [], \
             (st.query("collbench_latency_shift_cusum"), first_quiet, _latencies(st.log))
         time.sleep(1)
+    window = f"{max(1, round(time.monotonic() - t_quiet))}s"
+    assert st.query(f"count_over_time({FIRING}[{window}])") == [], st.query(f"count_over_time({FIRING}[{window}])")
     quiet = [x for x in _results(st.log) if x["seq"] >= first_quiet]
     assert quiet and all(x["congestion"]["hosts_read"] == HOSTS for x in quiet), quiet[-1:]
     rc, doc = st.diagnose(st.window(first_quiet, quiet[-1]["seq"], "quiet.jsonl"))
