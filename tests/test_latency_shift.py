@@ -89,3 +89,24 @@ def test_a_shift_fires_and_clears_a_slow_drift_and_noise_do_not():
     shifted = noise[:100] + [x * 1.3 for x in noise[100:130]] + noise[130:200]
     d, fired = _run(shifted)
     assert any(fired[100:110]) and not any(fired[:100]) and not fired[-1]
+
+
+def test_a_series_without_results_for_max_age_is_not_exported():
+    """A stopped stress loop must not hold collbench_latency_shift (and the alert) at 1 forever."""
+    from types import SimpleNamespace
+    from collbench.exporter.collectors.latency_shift import LatencyShiftCollector
+    from collbench.exporter.results_state import ResultsState
+    now = [1000.0]
+    state = ResultsState(max_age=60.0, clock=lambda: now[0])
+    col = LatencyShiftCollector(state, clock=lambda: now[0])
+    assert state.observers == [col.observe]
+    for i in range(WARMUP + 6):
+        col.observe(SimpleNamespace(key=("allreduce", 4 << 20, 2, 4), op="allreduce", size="4MB",
+                                    avg_s=1e-4 * (2 if i >= WARMUP else 1), ts=now[0]))
+
+    def shift_samples():
+        return [(s.labels, s.value) for fam in col.collect() if fam.name == "collbench_latency_shift"
+                for s in fam.samples]
+    assert shift_samples() == [({"op": "allreduce", "size": "4MB"}, 1.0)]
+    now[0] += 61
+    assert shift_samples() == []

@@ -48,7 +48,7 @@ COLLECTORS = {
     "netstat": lambda ex, _: NetstatCollector(ex.settings.procfs_root),
     "congestion_top": lambda ex, _: CongestionTopCollector(ex.state, getattr(ex.settings, "congestion_top_k", 3),
                                                            ex.clock),
-    "latency_shift": lambda ex, _: LatencyShiftCollector(ex.state),
+    "latency_shift": lambda ex, _: LatencyShiftCollector(ex.state, ex.clock),
 }
 BACKFILL_BYTES = 8 << 20    # ~14000 records: 15 min of a busy plan is ~700
 STALL_POLLS = 5             # /health: unhealthy after this many poll intervals without a poll

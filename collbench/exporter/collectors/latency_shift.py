@@ -9,12 +9,14 @@ a one-sided CUSUM on a robust scale; a one-step spike is not a shift, a shift th
 The results state feeds each new result (tailing, oldest first) to `observe`; records the exporter
 reads back at start-up are not replayed (the test needs them in order), so a series is judged
 after WARMUP new steps. Several node/rank counts of one op and size are tested apart and exported
-as one series (the largest statistic). The table of series is bounded (MAX_SERIES).
+as one series (the largest statistic). The table of series is bounded (MAX_SERIES); a series with no result
+for exporter.max_age is not exported, as the latency series are not.
 The alert CollbenchLatencyShift (monitoring/rules.py) joins the flag with
 collbench_step_congestion_top to name the top suspect host.
 """
 
 import threading
+import time
 
 from prometheus_client.core import GaugeMetricFamily
 
@@ -27,10 +29,14 @@ MAX_SERIES = 4096
 class LatencyShiftCollector(Collector):
     name = "latency_shift"
 
-    def __init__(self, state=None):
+    def __init__(self, state=None, clock=time.time):
         self._lock = threading.Lock()
-        self._detectors = {}      # Series.key -> (op, size, ShiftDetector)
+        self._detectors = {}      # Series.key -> [op, size, ShiftDetector, ts of its latest result]
         self.dropped = 0
+        self.clock = clock
+        # a series with no result for max_age is not exported (as the latency series): a stopped
+        # stress loop must not hold the shift alert on forever
+        self.max_age = getattr(state, "max_age", None)
         if state is not None:
             state.observers.append(self.observe)
 
@@ -42,14 +48,16 @@ class LatencyShiftCollector(Collector):
                 if len(self._detectors) >= MAX_SERIES:
                     self.dropped += 1
                     return
-                entry = self._detectors[ser.key] = (ser.op, ser.size, ShiftDetector())
+                entry = self._detectors[ser.key] = [ser.op, ser.size, ShiftDetector(), ser.ts]
             entry[2].add(ser.avg_s)
+            entry[3] = ser.ts
 
     def collect(self):
+        horizon = None if self.max_age is None else self.clock() - self.max_age
         with self._lock:
             rows = {}
-            for op, size, det in self._detectors.values():
-                if not det.ready:
+            for op, size, det, ts in self._detectors.values():
+                if not det.ready or (horizon is not None and ts < horizon):
                     continue
                 cur = rows.get((op, size))
                 if cur is None or det.statistic > cur[0]:
