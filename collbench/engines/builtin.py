@@ -103,10 +103,19 @@ def engine_command(cfg, steps, plan_path, loop=False, validate=None, max_loops=N
         program.append("--validate")
     if max_loops is not None:
         program += ["--max-loops", str(int(max_loops))]
-    if congestion_sources.enabled(cfg):   # each host's counters around each step (collbench/congestion)
-        program += ["--congestion", congestion_sources.write_spec(cfg, os.path.abspath(plan_path) + ".congestion")]
     # an algorithm is forced per job and op: the steps of one job never disagree (same_job_prefix)
-    return launcher.build_command(cfg, program, algorithms=algorithms.job_algorithms(steps))
+    forced = algorithms.job_algorithms(steps)
+    # each host's counters around each step (collbench/congestion); not in a job that forces an
+    # algorithm: MPICH refuses a forced algorithm for the engine's own exchange of the counters too
+    # (an MPI_Allgather of host names), which would fail the timed step it is not part of
+    if congestion_sources.enabled(cfg) and not forced and not _mpich_forces_algorithms(cfg):
+        program += ["--congestion", congestion_sources.write_spec(cfg, os.path.abspath(plan_path) + ".congestion")]
+    return launcher.build_command(cfg, program, algorithms=forced)
+
+
+def _mpich_forces_algorithms(cfg):
+    """True when the job's environment forces MPICH collective algorithms (a tuning env file)."""
+    return any(k.startswith("MPIR_CVAR_") and k.endswith("_ALGORITHM") for k in (cfg.env or {}))
 
 
 def _json_object(line, prefix):
