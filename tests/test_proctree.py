@@ -20,7 +20,8 @@ def test_comm_with_spaces_and_parentheses(tmp_path):
     shutil.copy(shutil.which("sleep"), exe)
     proc = subprocess.Popen([str(exe), "30"])
     try:
-        assert wait_for(lambda: _field(proc.pid, "comm") == "a) (b c")
+        # comm changes early in exec, the argument pages (cmdline) a moment later: wait for both
+        assert wait_for(lambda: _field(proc.pid, "comm") == "a) (b c" and proctree.cmdline(proc.pid))
         st = proctree.read_stat(proc.pid)
         assert (st.pid, st.ppid) == (proc.pid, os.getpid()) and st.state in ("R", "S")
         assert st.pgid == os.getpgid(proc.pid) and st.sid == os.getsid(proc.pid)
