@@ -1,7 +1,7 @@
-"""`report --markdown FILE`: the results as seed 000's "Expected Results" table (one row per
-series, op and size), ready to paste into a README or a runbook.
+"""`report --markdown FILE`: the results as the all-gather microbenchmark guide's "Expected
+Results" table (one row per series, op and size), ready to paste into a README or a runbook.
 
-Seed 000's columns are kept where MPI has the same thing: Topology (here nodes x ranks per
+That guide's columns are kept where MPI has the same thing: Topology (here nodes x ranks per
 node), Number of Elements (per rank, of the datatype), Achieved Bandwidth (busbw, GB/s) and
 Transferred Data (GB, the bytes S that define algbw, as the TSV's data_GB). Its Input/Output
 Shape columns are XLA array shapes with no MPI counterpart; the datatype, size and latency
@@ -10,10 +10,7 @@ are given instead, and % of peak when a peak is known.
 
 from collbench.ops import DATATYPES, get_op
 from collbench.sizes import format_size
-
-
-def _cell(text):
-    return str(text).replace("|", "\\|").replace("\n", " ")
+from collbench.tables import Column, markdown_lines
 
 
 def topology(attrs):
@@ -43,15 +40,11 @@ def render_markdown(data, peak, title=None):
                 if peak.bytes_per_s:
                     row.append(f"{p.pct_of_peak:.1f}" if p.pct_of_peak is not None else "-")
                 rows.append(row)
-    widths = [max(len(_cell(h)), *(len(_cell(r[i])) for r in rows)) if rows else len(h)
-              for i, h in enumerate(headers)]
     lines = []
     if title:
         lines += [f"## {title}", ""]
-    lines.append("| " + " | ".join(_cell(h).ljust(w) for h, w in zip(headers, widths)) + " |")
-    lines.append("| " + " | ".join("-" * w for w in widths) + " |")
-    for r in rows:
-        lines.append("| " + " | ".join(_cell(c).ljust(w) for c, w in zip(r, widths)) + " |")
+    lines += markdown_lines([Column(i, h, align="left") for i, h in enumerate(headers)],
+                            [dict(enumerate(r)) for r in rows])
     lines.append("")
     lines.append(f"Achieved Bandwidth is the bus bandwidth (busbw), the median of each point's measurements; "
                  f"Latency is the average over ranks, in µs. Peak: {peak.text}.")
