@@ -10,7 +10,7 @@ import statistics
 
 import pytest
 
-from collbench.baseline import key_of, load_baseline, regression_bound_us
+from collbench.baselines import key_of, load_baseline, regression_bound_us
 from report_helpers import collbench
 
 KEYS = [("allreduce", 1 << 10, 12.0), ("allreduce", 1 << 16, 40.0), ("allreduce", 1 << 20, 300.0),

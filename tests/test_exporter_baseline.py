@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from collbench.baseline.baseline_file import from_dict
+from collbench.baselines.baseline_file import from_dict
 from collbench.exporter.collectors import CollectorSet
 from collbench.exporter.collectors.baseline import BaselineCollector, choose_entries
 from conftest import REPO, require_tool, wait_for

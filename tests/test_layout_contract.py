@@ -229,23 +229,10 @@ def _verbs():
     return {m.split(".")[1] for m in COMMAND_MODULES.values()} - SHARED_PACKAGES
 
 
-# Arrows still pointing the wrong way, each named by its file and the verb it imports: the
-# baseline file format (collbench/baseline/) is read by the exporter and by diagnose, and is to
-# move into a shared module. A new wrong arrow fails; a fixed one is taken off this list.
-KNOWN_WRONG_ARROWS = {
-    ("diagnose/cli.py", "baseline"), ("diagnose/load.py", "baseline"), ("diagnose/regression.py", "baseline"),
-    ("exporter/cli.py", "baseline"), ("exporter/collectors/baseline.py", "baseline"),
-}
-
-
 def test_imports_point_down():
     verbs = _verbs()
     assert {"once", "sweep", "compare", "topo", "nccl", "stress", "report", "baseline"} <= verbs
-    found = import_direction_violations(_python_sources(), verbs)
-    new = [v for v in found if (v.split(":")[0], v.rsplit(" ", 1)[1]) not in KNOWN_WRONG_ARROWS]
-    assert new == []
-    fixed = {k for k in KNOWN_WRONG_ARROWS if not any((v.split(":")[0], v.rsplit(" ", 1)[1]) == k for v in found)}
-    assert fixed == set(), "these arrows are fixed: take them off KNOWN_WRONG_ARROWS"
+    assert import_direction_violations(_python_sources(), verbs) == []
 
 
 def test_import_direction_rule_catches_a_wrong_arrow():

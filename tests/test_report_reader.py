@@ -152,7 +152,7 @@ def test_aggregate_medians_stragglers_and_series(tmp_path):
 
 def test_parallel_reading_equals_serial(tmp_path):
     """Byte ranges read by worker processes give the same records, counts and line numbers."""
-    from collbench.baseline.baseline_file import Collector
+    from collbench.baselines.baseline_file import Collector
     path = tmp_path / "big.jsonl"
     with open(path, "wb") as f:
         for i in range(12000):

@@ -22,9 +22,9 @@ import os
 import sys
 import time
 
-from collbench.baseline import baseline_file as bf
+from collbench.baselines import baseline_file as bf
 from collbench.bounded_repr import terminal_safe
-from collbench.baseline.comparison import DEFAULT_K, DEFAULT_THRESHOLD, MISSING, NEW, REGRESSION, compare, counts
+from collbench.baselines.comparison import DEFAULT_K, DEFAULT_THRESHOLD, MISSING, NEW, REGRESSION, compare, counts
 from collbench.cli import IntermixedArgumentParser, add_config_arg
 from collbench.errors import UserError
 from collbench.tables import Column, format_us, table_lines

@@ -157,7 +157,7 @@ def cmd_diagnose(args):
         paths = [state]
     baseline = None
     if args.baseline:
-        from collbench.baseline import baseline_file
+        from collbench.baselines import baseline_file
         baseline = baseline_file.load(args.baseline, state)
     d, source = diagnose(paths, baseline, since)
     print(f"collbench: {source.summary_line()}", file=sys.stderr)

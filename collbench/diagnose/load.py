@@ -8,7 +8,7 @@ import sys
 from collections import Counter
 from typing import NamedTuple
 
-from collbench.baseline.baseline_file import key_of
+from collbench.baselines.baseline_file import key_of
 from collbench.congestion.attribution import signals
 
 

@@ -11,7 +11,7 @@ and the shift must also be at least `threshold` times the good steps' median.
 import statistics
 from dataclasses import dataclass, field
 
-from collbench.baseline.comparison import DEFAULT_K, DEFAULT_THRESHOLD, regression_bound_us
+from collbench.baselines.comparison import DEFAULT_K, DEFAULT_THRESHOLD, regression_bound_us
 from collbench.change_point import DRIFT, H, WARMUP, ShiftDetector
 
 MIN_SHIFT_STEPS = WARMUP + 4      # a shift needs the warm-up and four steps to show

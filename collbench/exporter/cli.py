@@ -112,7 +112,7 @@ def exporter_settings(args):
     if ex.get("baseline"):
         # a name lives in the state directory; a path (.json) is relative to the config file when
         # it comes from the config, to the cwd on the command line
-        from collbench.baseline.baseline_file import resolve_path
+        from collbench.baselines.baseline_file import resolve_path
         if ex["baseline"].endswith(".json"):
             ex["baseline"] = cfg.resolve_path(ex["baseline"]) if args.baseline is None else flag_path(ex["baseline"])
         try:   # a bad name is exit 2 now; a missing or bad file is the collector's failure at scrape time

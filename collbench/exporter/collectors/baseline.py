@@ -53,7 +53,7 @@ class BaselineCollector(Collector):
     name = "baseline"
 
     def __init__(self, name_or_path, state_dir, transport=None, engine=None, max_series=10000, logger=None):
-        from collbench.baseline.baseline_file import resolve_path
+        from collbench.baselines.baseline_file import resolve_path
         self.spec = name_or_path
         self.state_dir = state_dir
         self.path = resolve_path(name_or_path, state_dir)   # UserError for a bad name: at start-up
@@ -71,7 +71,7 @@ class BaselineCollector(Collector):
 
     def load(self):
         """(baseline, chosen entries), re-read only when the file changed; NoData if unusable."""
-        from collbench.baseline import load_baseline
+        from collbench.baselines import load_baseline
         try:
             ident = self._identity()
         except OSError as e:
