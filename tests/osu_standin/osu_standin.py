@@ -5,7 +5,7 @@ OSU Micro-Benchmarks cannot be built here (its source is in no reachable package
 tests/test_osu_engine.py and tests/test_once.py launch these scripts with REAL mpirun in its
 place. Invoked as osu_<op> (a symlink), it accepts OSU 7.4's option spellings for what collbench
 passes (-m MIN:MAX, -i, -x, -f, -c, -T, -M, -h, -v) and, on rank 0 only (OSU prints from rank 0),
-prints the captured OSU 7.4 output for that op (shared/fixtures/osu-7.4/<op>_np2[_full].txt)
+prints the captured OSU 7.4 output for that op (tests/fixtures/osu-7.4/<op>_np2[_full].txt)
 filtered to the requested size range: -i rewrites the Iterations column (OSU prints the -i
 value), -T relabels the datatype block and drops sizes below one element (the figures stay the
 MPI_CHAR run's), -c appends OSU's Validation column. Like OSU it needs >= 2 ranks and answers
@@ -28,7 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 FIXTURE_DIRS = [Path(os.environ["OSU_STANDIN_FIXTURES"])] if os.environ.get("OSU_STANDIN_FIXTURES") else [
-    REPO.parent / "shared" / "fixtures" / "osu-7.4", REPO / "tests" / "fixtures" / "osu-7.4"]
+    REPO / "tests" / "fixtures" / "osu-7.4"]
 TYPE_SIZES = {"MPI_CHAR": 1, "MPI_INT": 4, "MPI_FLOAT": 4}
 FW = 18
 
