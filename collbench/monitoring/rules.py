@@ -272,26 +272,21 @@ def shift_rules(for_):
     """CollbenchLatencyShift: the exporter's online change-point test (collbench_latency_shift, a
     CUSUM: a spike never sets it) says an op and size shifted up and stayed up. A recording rule
     joins the flag with collbench_step_congestion_top{rank="1"} (the host whose counters moved most
-    in that op and size's latest step). The alert's identity is the op and size alone: the top host
-    is looked up in its annotations, so the alert stays one alert while the attribution moves from
-    host to host, and resolves only when the shift does. Without moved counters the annotation
-    names no host and says to run `collbench diagnose`."""
+    in that op and size's latest step), so the alert's labels and annotation name the top suspect;
+    without moved counters the alert fires with no host and says to run `collbench diagnose`."""
     shifted = "max by (op, size) (collbench_latency_shift) == 1"
-    top = ('printf "%s{op=%q,size=%q}" "' + SHIFT_TOP_HOST + '" $labels.op $labels.size | query')
     return [
         {"record": SHIFT_TOP_HOST,
          "expr": f'max by (op, size, host, counter) (0 * collbench_step_congestion_top{{rank="1"}} '
                  f"+ on (op, size) group_left () ({shifted}))"},
         {"alert": "CollbenchLatencyShift",
-         "expr": shifted,
+         "expr": f"(({shifted}) + on (op, size) group_right () (0 * {SHIFT_TOP_HOST})) or on (op, size) ({shifted})",
          "for": for_,
          "labels": {"severity": "warning"},
          "annotations": {
-             "host": "{{ with " + top + " }}{{ (first .).Labels.host }}{{ end }}",
              "summary": ("{{ $labels.op }} {{ $labels.size }} latency shifted up and stayed up; top suspect host: "
-                         "{{ with " + top + " }}{{ with first . }}{{ .Labels.host }} ({{ .Labels.counter }} "
-                         "moved most){{ end }}{{ else }}none (no congestion counter moved){{ end }}; "
-                         "run `collbench diagnose` for the cause"),
+                         "{{ if $labels.host }}{{ $labels.host }} ({{ $labels.counter }} moved most){{ else }}none "
+                         "(no congestion counter moved){{ end }}; run `collbench diagnose` for the cause"),
              "runbook_url": RUNBOOK,
          }},
     ]
