@@ -1143,6 +1143,25 @@ static void cong_add_dir(const char *path, const char *where, int set)
 
 static int cong_list_netdevs(char out[][16], int max);
 
+/* The RDMA devices under <sysfs_root>/class/infiniband, one name a call: *devs is NULL before
+ * the first; at the end NULL, the directory closed (the layout and the netdev list walk them). */
+static const char *cong_next_rdma_dev(DIR **devs)
+{
+    if (!*devs) {
+        char path[CONG_MAX_PATH * 2];
+        snprintf(path, sizeof(path), "%s/class/infiniband", cong.sysfs_root);
+        if (!(*devs = opendir(path)))
+            return NULL;
+    }
+    struct dirent *dev;
+    while ((dev = readdir(*devs)))
+        if (dev->d_name[0] != '.')
+            return dev->d_name;
+    closedir(*devs);
+    *devs = NULL;
+    return NULL;
+}
+
 static void cong_build_layout(void)
 {
     for (int i = 0; i < cong.ndirs; i++) {
@@ -1154,31 +1173,26 @@ static void cong_build_layout(void)
     }
     cong.ndirs = 0;
     char path[CONG_MAX_PATH * 2], where[CONG_MAX_KEY];
-    snprintf(path, sizeof(path), "%s/class/infiniband", cong.sysfs_root);
-    DIR *devs = opendir(path);
-    struct dirent *dev;
-    while (devs && (dev = readdir(devs))) {
-        if (dev->d_name[0] == '.')
-            continue;
-        snprintf(path, sizeof(path), "%s/class/infiniband/%s/ports", cong.sysfs_root, dev->d_name);
+    DIR *devs = NULL;
+    const char *dev;
+    while ((dev = cong_next_rdma_dev(&devs))) {
+        snprintf(path, sizeof(path), "%s/class/infiniband/%s/ports", cong.sysfs_root, dev);
         DIR *ports = opendir(path);
         struct dirent *port;
         while (ports && (port = readdir(ports))) {
             if (port->d_name[0] == '.')
                 continue;
-            snprintf(where, sizeof(where), "%.64s/%.16s", dev->d_name, port->d_name);
+            snprintf(where, sizeof(where), "%.64s/%.16s", dev, port->d_name);
             snprintf(path, sizeof(path), "%s/class/infiniband/%s/ports/%s/hw_counters", cong.sysfs_root,
-                     dev->d_name, port->d_name);
+                     dev, port->d_name);
             cong_add_dir(path, where, CS_HW);
             snprintf(path, sizeof(path), "%s/class/infiniband/%s/ports/%s/counters", cong.sysfs_root,
-                     dev->d_name, port->d_name);
+                     dev, port->d_name);
             cong_add_dir(path, where, CS_PORT);
         }
         if (ports)
             closedir(ports);
     }
-    if (devs)
-        closedir(devs);
     cong.nnetdev_list = cong_list_netdevs(cong.netdev_list, CONG_MAX_NETDEVS);
     cong.layout_stale = 0;
     cong.layout_at = cong_mono();
@@ -1415,13 +1429,10 @@ static int cong_list_netdevs(char out[][16], int max)
             closedir(d);
         return n;
     }
-    snprintf(path, sizeof(path), "%s/class/infiniband", cong.sysfs_root);
-    DIR *devs = opendir(path);
-    struct dirent *dev;
-    while (devs && (dev = readdir(devs))) {
-        if (dev->d_name[0] == '.')
-            continue;
-        snprintf(path, sizeof(path), "%s/class/infiniband/%s/device/net", cong.sysfs_root, dev->d_name);
+    DIR *devs = NULL;
+    const char *dev;
+    while ((dev = cong_next_rdma_dev(&devs))) {
+        snprintf(path, sizeof(path), "%s/class/infiniband/%s/device/net", cong.sysfs_root, dev);
         DIR *nets = opendir(path);
         struct dirent *net;
         while (nets && (net = readdir(nets)) && n < max) {
@@ -1434,8 +1445,6 @@ static int cong_list_netdevs(char out[][16], int max)
         if (nets)
             closedir(nets);
     }
-    if (devs)
-        closedir(devs);
     return n;
 }
 
