@@ -12,7 +12,7 @@ from exporter_helpers import append, event_line, failure_line, result_line, seqs
 
 from collbench.exporter.app import Exporter
 from collbench.exporter.results_state import ResultsState
-from collbench.results.lines import read_lines_backwards
+from collbench.results.lines import ReadFingerprint, read_lines_backwards
 from collbench.results.tailer import LogTailer
 
 
@@ -137,16 +137,125 @@ def test_copytruncate_recovers_lines_from_the_copy(tmp_path):
     assert poll(t) == [9]
 
 
+T0 = 1795000000.123    # one timestamp for records written "in the same millisecond"
+
+
+def same_start(a, b, n=ReadFingerprint.HEAD):
+    """The two texts begin with the same first line (and more: the whole fingerprinted head)."""
+    return a.encode()[:n] == b.encode()[:n] and a.split("\n")[0] != b.split("\n")[0]
+
+
 def test_truncated_and_regrown_past_offset(tmp_path):
+    """copytruncate (no copy kept) and the writer regrows the file past our offset before we poll,
+    its first line the same as the old file's up to its seq (two writes in one millisecond): the
+    first bytes and the size both look like an append; only the bytes before our offset differ."""
     log = tmp_path / "results.jsonl"
-    append(log, lines(1, 2))
+    before, after = lines(1, 2, ts=T0), lines(3, 12, ts=T0)
+    assert same_start(before, after)             # the case is built on purpose, not hoped for
+    append(log, before)
     t = LogTailer(str(log))
     assert poll(t) == [1, 2]
     with open(log, "r+") as f:
         f.truncate(0)
-    append(log, lines(3, 12))                    # longer than before: size alone would miss it
+    append(log, after)                           # longer than before: size alone would miss it
     assert poll(t) == list(range(3, 13))
     assert t.truncations == 1
+    append(log, lines(13, 13, ts=T0))
+    assert poll(t) == [13] and t.truncations == 1
+
+
+def test_truncated_and_regrown_with_another_first_line(tmp_path):
+    log = tmp_path / "results.jsonl"
+    append(log, lines(1, 2, ts=T0))
+    t = LogTailer(str(log))
+    assert poll(t) == [1, 2]
+    with open(log, "r+") as f:
+        f.truncate(0)
+    append(log, lines(3, 12, ts=T0 + 1))
+    assert poll(t) == list(range(3, 13))
+    assert t.truncations == 1
+
+
+def test_copytruncate_same_first_line_regrown_past_offset_recovers_from_the_copy(tmp_path):
+    """logrotate copytruncate while records stream: what came after our poll is in the copy,
+    then the cut file regrows past our offset with records written in the same millisecond."""
+    log = tmp_path / "results.jsonl"
+    append(log, lines(1, 5, ts=T0))
+    t = LogTailer(str(log))
+    assert poll(t) == [1, 2, 3, 4, 5]
+    append(log, lines(6, 7, ts=T0))
+    shutil.copyfile(log, str(log) + ".1")
+    with open(log, "r+") as f:
+        f.truncate(0)
+    append(log, lines(8, 30, ts=T0))
+    assert log.stat().st_size > t.offset
+    assert poll(t) == list(range(6, 31))
+    assert t.truncations == 1
+
+
+def test_partial_line_cut_and_regrown_with_the_same_start(tmp_path):
+    """We hold the first bytes of record 3 (its writer is mid-line) when the file is cut and
+    rewritten: the partial line is dropped, not glued to the middle of the new content."""
+    log = tmp_path / "results.jsonl"
+    rec3 = result_line(3, ts=T0)
+    append(log, lines(1, 2, ts=T0) + rec3[:300])
+    t = LogTailer(str(log))
+    assert poll(t) == [1, 2]
+    with open(log, "r+") as f:
+        f.truncate(0)
+    append(log, lines(4, 9, ts=T0))
+    assert poll(t) == list(range(4, 10))
+    assert t.truncations == 1
+
+
+def test_older_rotation_that_starts_alike_is_not_taken_for_the_copy(tmp_path):
+    """A truncation without a copy, next to a path.1 left by an earlier rotation whose first
+    line is the same as ours: reading it from our offset would yield another file's records."""
+    log = tmp_path / "results.jsonl"
+    append(str(log) + ".1", lines(100, 140, ts=T0))
+    append(log, lines(1, 5, ts=T0))
+    assert same_start(lines(100, 140, ts=T0), lines(1, 5, ts=T0))
+    t = LogTailer(str(log))
+    assert poll(t) == [1, 2, 3, 4, 5]
+    with open(log, "r+") as f:
+        f.truncate(0)
+    append(log, lines(6, 7, ts=T0 + 5))
+    assert poll(t) == [6, 7]
+    assert t.truncations == 1
+
+
+def test_cut_between_the_check_and_the_read_is_not_read_as_new_lines(tmp_path):
+    """The truncation lands after this poll's check and before its read (the writer regrows the
+    file past our offset in between): the chunk read is checked again before it is used."""
+    log = tmp_path / "results.jsonl"
+    append(log, lines(1, 3, ts=T0))
+    t = LogTailer(str(log))
+    assert poll(t) == [1, 2, 3]
+    check = t._truncated
+
+    def check_then_cut():
+        found = check()
+        with open(log, "r+") as f:
+            f.truncate(0)
+        append(log, lines(4, 20, ts=T0))
+        return found
+
+    t._truncated = check_then_cut
+    assert poll(t) == list(range(4, 21))
+    assert t.truncations == 1
+
+
+def test_append_is_never_taken_for_a_truncation(tmp_path):
+    """Appends in small pieces, partial lines and records alike: every record once, no restart."""
+    log = tmp_path / "results.jsonl"
+    t = LogTailer(str(log))
+    text = lines(1, 40, ts=T0)
+    got = []
+    for i in range(0, len(text), 97):
+        append(log, text[i:i + 97])
+        got += poll(t)
+    assert got == list(range(1, 41))
+    assert t.truncations == 0 and t.rotations == 0
 
 
 def test_overlong_line_dropped_and_reported(tmp_path):

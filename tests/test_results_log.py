@@ -3,11 +3,12 @@ and a follower that reads every record exactly once while the writer rotates und
 
 import json
 import os
+import shutil
 import threading
 import time
 
 from collbench.proctree import start_ticks
-from collbench.results.records import event_record
+from collbench.results.records import dumps, event_record
 from collbench.results.follower import LogFollower
 from collbench.results.results_log import ResultsLog, read_records, tail_records
 from collbench.results.state_dir import (CRASHED, RUNNING, STOPPED, StatePaths, daemon_status, write_json_atomic,
@@ -140,6 +141,51 @@ def test_follower_sees_every_record_once_while_the_writer_rotates(tmp_path):
     log.close()
     assert log.rotations > 100
     assert seen == list(range(2, n + 2))
+
+
+def stamped(first, last, ts=1795000000.123):
+    """Records seq first..last as the daemon writes them, all in one millisecond: their lines
+    begin with the same bytes up to the seq at their end."""
+    return "".join(dumps({**event_record("test", pid=1, detail="x" * 100, ts=ts), "seq": s}) + "\n"
+                   for s in range(first, last + 1))
+
+
+def _write(path, text, mode="a"):
+    with open(path, mode) as f:
+        f.write(text)
+
+
+def test_follower_copytruncate_regrown_past_its_position_with_the_same_first_line(tmp_path):
+    """logrotate copytruncate while the daemon writes: the records after our poll are in the
+    copy; the cut file regrows past our position before we look, starting like the old one."""
+    p = tmp_path / "results.jsonl"
+    _write(p, stamped(1, 3))
+    assert stamped(1, 3)[:200] == stamped(4, 40)[:200]
+    bad = []
+    follower = LogFollower(str(p), from_start=True, on_bad=lambda *a: bad.append(a))
+    assert [r["seq"] for r in follower.poll()] == [1, 2, 3]
+    _write(p, stamped(4, 5))
+    shutil.copyfile(p, str(p) + ".1")
+    _write(p, stamped(6, 40), "w")                 # truncated in place, then regrown
+    assert p.stat().st_size > len(stamped(1, 5))
+    assert [r["seq"] for r in follower.poll()] == list(range(4, 41))
+    assert bad == [] and follower.truncations == 1
+    _write(p, stamped(41, 41))
+    assert [r["seq"] for r in follower.poll()] == [41]
+
+
+def test_follower_truncated_to_less_than_its_position(tmp_path):
+    """A truncation not regrown past our position: the new records are read from the start (a
+    reader that only reads on from its position would wait until the file outgrew it)."""
+    p = tmp_path / "results.jsonl"
+    _write(p, stamped(1, 20))
+    follower = LogFollower(str(p), from_start=True)
+    assert [r["seq"] for r in follower.poll()] == list(range(1, 21))
+    _write(p, stamped(21, 22), "w")
+    assert [r["seq"] for r in follower.poll()] == [21, 22]
+    assert follower.truncations == 1
+    _write(p, stamped(23, 23))
+    assert [r["seq"] for r in follower.poll()] == [23]
 
 
 def test_status_running_stopped_crashed_from_files(tmp_path):

@@ -6,7 +6,8 @@ write results files). docs/LOG_FORMAT.md is the contract.
 
     records.py        build result / failure / event records (the JSONL format)
     record_parser.py  the one validator: a raw line in, a record or a ParseError out
-    lines.py          the one line splitter and the one backwards reader (bounded lines, O_NONBLOCK opens)
+    lines.py          the one line splitter and the one backwards reader (bounded lines, O_NONBLOCK opens);
+                      ReadFingerprint: how a tailing reader tells an append from a truncation
     appender.py       the one rotating, reopening append writer (results log and mpi-output.log)
     results_log.py    the daemon's results log: seq over the appender; reading it back (tail, all)
     follower.py       `stress log -f`: records as they are appended, across rotations

@@ -1,4 +1,5 @@
-"""Follow the results log as it grows (`stress log -f`): each record once, across rotations.
+"""Follow the results log as it grows (`stress log -f`): each record once, across rotations and
+truncations (logrotate copytruncate).
 
 Lines are split by collbench.results.lines and parsed by collbench.results.record_parser;
 `on_bad(path, offset, reason)` is called for each line that is not a record.
@@ -6,7 +7,7 @@ Lines are split by collbench.results.lines and parsed by collbench.results.recor
 
 import os
 
-from collbench.results.lines import BLOCK, LineSplitter, open_log
+from collbench.results.lines import BLOCK, LineSplitter, ReadFingerprint, open_log
 from collbench.results.record_parser import ParseError, parse_record
 from collbench.results.results_log import records_of
 
@@ -20,6 +21,11 @@ class LogFollower:
     next in the chain (the one now at `.k-1` if ours is at `.k`, found by inode), and so on up
     to the live file. Records whose seq it has already passed are skipped, so a chain it cannot
     reconstruct (files deleted past rotate_keep) still yields no duplicates.
+
+    A truncation keeps the inode: it is seen by the bytes before our position no longer being
+    the ones we read (ReadFingerprint), checked after every read -- the file may have regrown
+    past our position, even with the same first line. The rest of what we had not read is in
+    the copy (`.1`) if logrotate made one from this file; then the file is read from its start.
     """
 
     def __init__(self, path, from_start=False, on_bad=None):
@@ -30,6 +36,8 @@ class LogFollower:
         self._ino = None
         self._opened = None       # the name the open file had when it was opened
         self._split = LineSplitter()
+        self._seen = ReadFingerprint()   # what we read of the open file, up to _split.offset
+        self.truncations = 0
         if os.path.exists(path):
             self._open(path, seek_end=not from_start)
 
@@ -45,6 +53,7 @@ class LogFollower:
             self._f.close()
         self._f, self._ino, self._opened = f, ino, path
         self._split = LineSplitter(f.seek(0, os.SEEK_END) if seek_end else 0)
+        self._seen.load(f.fileno(), self._split.offset)
         return True
 
     def close(self):
@@ -54,18 +63,54 @@ class LogFollower:
 
     def _drain(self, out):
         got = False
+        restarts = 0
         while True:
+            pos = self._split.offset
             chunk = self._f.read(BLOCK)
+            # checked after the read: a chunk read after a cut is refused, even if the file
+            # had regrown past `pos` by then
+            if not self._seen.matches(self._f.fileno(), pos):
+                restarts += 1
+                self._start_over(pos, out)
+                if restarts > 2:     # cut again and again: the next poll goes on
+                    return True
+                continue
             if not chunk:
                 return got
             got = True
-            for rec in records_of(self._opened, self._split.feed(chunk), self.on_bad):
-                seq = rec.get("seq")
-                if seq is not None:
-                    if self.last_seq is not None and seq <= self.last_seq:
-                        continue
-                    self.last_seq = seq
-                out.append(rec)
+            self._seen.consumed(self._f.fileno(), chunk, pos + len(chunk))
+            self._keep(records_of(self._opened, self._split.feed(chunk), self.on_bad), out)
+
+    def _keep(self, recs, out):
+        for rec in recs:
+            seq = rec.get("seq")
+            if seq is not None:
+                if self.last_seq is not None and seq <= self.last_seq:
+                    continue
+                self.last_seq = seq
+            out.append(rec)
+
+    def _start_over(self, pos, out):
+        """The open file was truncated: finish from logrotate's copy (`.1`) when it holds what
+        we read where we read it, then read the file from its start."""
+        self.truncations += 1
+        copy_path = f"{self.path}.1"
+        try:
+            copy = open_log(copy_path) if self._opened == self.path else None
+        except OSError:
+            copy = None
+        if copy is not None:
+            with copy:
+                if self._seen.matches(copy.fileno(), pos):
+                    copy.seek(pos)
+                    while chunk := copy.read(BLOCK):
+                        self._keep(records_of(copy_path, self._split.feed(chunk), self.on_bad), out)
+                    last = self._split.take_pending()
+                    if last is not None:
+                        self._keep(records_of(copy_path, [last], self.on_bad), out)
+        self._f.seek(0)
+        self._split = LineSplitter()
+        self._seen.reset()
 
     def _chain(self):
         """[(path, inode)] newest first: the live file, .1, .2 ... as they exist right now.

@@ -51,6 +51,49 @@ def open_log(path):
     return os.fdopen(fd, "rb")
 
 
+class ReadFingerprint:
+    """What a tailing reader has consumed of a file, kept in two small pieces: the file's first
+    bytes and the bytes just before the reader's offset (the end of the last line read, which
+    carries that record's `seq`). `matches(fd, offset)` says whether the file still holds them.
+
+    Between two reads of a file kept open on its inode, the bytes before our offset stay as they
+    were on an append, and are replaced on a truncation (logrotate copytruncate, `: > log`) --
+    even when the file has since regrown past our offset and its first line happens to be the
+    same (two writers in one millisecond; a header): the records at our offset then carry other
+    seqs. Appends never touch what lies before the offset, so this never fires on one.
+    """
+
+    HEAD = 128
+    TAIL = 4096
+
+    def __init__(self):
+        self.head = b""
+        self.tail = b""
+
+    def reset(self):
+        self.head = self.tail = b""
+
+    def load(self, fd, offset):
+        """Take the fingerprint of what lies before `offset` in `fd` (starting mid-file)."""
+        self.head = os.pread(fd, min(self.HEAD, offset), 0)
+        n = min(self.TAIL, offset)
+        self.tail = os.pread(fd, n, offset - n)
+
+    def consumed(self, fd, data, offset):
+        """`data` was just read from `fd`, ending at `offset`."""
+        if len(self.head) < self.HEAD:
+            self.head = os.pread(fd, min(self.HEAD, offset), 0)
+        self.tail = data[-self.TAIL:] if len(data) >= self.TAIL else (self.tail + data)[-self.TAIL:]
+
+    def matches(self, fd, offset):
+        """True when `fd` is at least `offset` long and still holds the fingerprinted bytes."""
+        if os.fstat(fd).st_size < offset:
+            return False
+        if self.head and os.pread(fd, len(self.head), 0) != self.head:
+            return False
+        return not self.tail or os.pread(fd, len(self.tail), offset - len(self.tail)) == self.tail
+
+
 class LineSplitter:
     """Complete lines out of a stream of chunks: feed(data) -> [(offset, line)], line being the
     bytes without the newline, or a ParseError for an over-long line (whose bytes are dropped)."""

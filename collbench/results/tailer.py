@@ -6,7 +6,11 @@ Handles what a log the exporter does not own can do between two polls:
   read to its end through the descriptor still open on it, then any rotated file that was never
   read (more than one rotation between polls), then the new file from its start;
 - copytruncate (same inode cut to 0, maybe already regrown past our offset): detected by the
-  size going below our offset or by the first bytes changing; the file is re-read from 0;
+  size going below our offset, or by the bytes before our offset no longer being the ones we
+  read (ReadFingerprint: the file's first bytes and the last 4 KiB we read, which end with the
+  last record's seq) -- the first line alone is not enough: a file rewritten within the same
+  millisecond starts with the same bytes. Checked before each poll and again before each chunk
+  is used, so a cut made while we read is not taken for new lines. The file is re-read from 0;
 - an atomic rewrite that keeps the old content (copy + rename, as `once --results` appends):
   recognised by the new file starting with the bytes already read, and continued from there;
 - a partial last line (the writer is mid-record): kept until its newline arrives;
@@ -14,18 +18,17 @@ Handles what a log the exporter does not own can do between two polls:
 - something other than a regular file at the path (a FIFO, a device): an OSError, never a
   read that blocks the poller (files are opened O_NONBLOCK and checked before reading).
 
-Cost per poll is two fstat/stat calls, one small pread of the file head, and reading the new
-bytes in fixed-size chunks; memory is one chunk plus the partial line.
+Cost per poll is a stat, an fstat and two small preads (the fingerprint) per check, and reading
+the new bytes in fixed-size chunks; memory is one chunk plus the partial line.
 """
 
 import errno
 import os
 
-from collbench.results.lines import LineSplitter, open_regular
+from collbench.results.lines import LineSplitter, ReadFingerprint, open_regular
 from collbench.results.record_parser import MAX_LINE_BYTES, ParseError
 
 CHUNK = 1 << 20
-HEAD_BYTES = 128          # fingerprint of the file start: changes when copytruncate rewrites it
 MAX_ROTATED = 32          # rotated siblings (path.1 .. path.N) searched after a rename rotation
 
 
@@ -42,7 +45,8 @@ class LogTailer:
         self._fd = None
         self._ino = None          # (st_dev, st_ino) of the open file
         self._offset = 0          # bytes of the open file consumed (complete lines + partial)
-        self._head = b""          # the first HEAD_BYTES we read from the open file
+        self._seen = ReadFingerprint()   # what we read of the open file: its start, and up to _offset
+        self._cut = False         # a chunk was refused: the file was truncated while we read
         self._lines = LineSplitter(0, max_line)   # holds the partial last line
         self.rotations = 0
         self.truncations = 0
@@ -60,7 +64,7 @@ class LogTailer:
         start = self._line_start_before(size)
         self._offset = start
         self._lines.reset(start)
-        self._head = os.pread(self._fd, min(HEAD_BYTES, start), 0)
+        self._seen.load(self._fd, start)
         return start
 
     def _line_start_before(self, size):
@@ -89,11 +93,11 @@ class LogTailer:
         except FileNotFoundError:
             current = None   # moved away and not recreated yet: finish what we hold
         if current is not None and current != self._ino:
-            yield from self._read_to_end()
+            yield from self._read_to_end(check=False)   # renamed away: nobody cuts it now
             if self._adopt_if_extension():
                 # An atomic rewrite that kept what we read (`once --results` appends by
                 # copy + rename): carry on from the same offset in the new file.
-                yield from self._read_to_end()
+                yield from self._read_to_end(check=False)
                 return
             # Rename rotation: the old file is drained; then unread rotations, then the new file.
             yield from self._flush_partial()
@@ -105,16 +109,24 @@ class LogTailer:
             if not self._open():
                 return
         elif self._truncated():
-            # copytruncate: what was appended after our last poll and before the cut is in the
-            # copy (path.1) if it was made from this file: finish from there, then start over.
-            self.truncations += 1
-            copy = self._copy_of_current()
-            if copy is not None:
-                yield from self._read_whole(copy, start=self._offset, splitter=self._lines)
-            self._lines.reset(0)
-            self._offset = 0
-            self._head = b""
-        yield from self._read_to_end()
+            yield from self._start_over()
+        for _ in range(2):
+            yield from self._read_to_end()
+            if not self._cut:
+                return
+            yield from self._start_over()     # cut while we read: the next poll goes on if cut again
+
+    def _start_over(self):
+        """copytruncate: what was appended after our last read and before the cut is in the copy
+        (path.1) if it was made from this file: finish from there, then read the file from 0."""
+        self.truncations += 1
+        self._cut = False
+        copy = self._copy_of_current()
+        if copy is not None:
+            yield from self._read_whole(copy, start=self._offset, splitter=self._lines)
+        self._lines.reset(0)
+        self._offset = 0
+        self._seen.reset()
 
     def _adopt_if_extension(self):
         """If the file now at `path` begins with exactly the bytes we read from the old one
@@ -124,11 +136,7 @@ class LogTailer:
         except OSError:
             return False
         st = os.fstat(fd)
-        n = min(HEAD_BYTES, self._offset)
-        same = (self._offset > 0 and st.st_size >= self._offset
-                and os.pread(fd, len(self._head), 0) == self._head
-                and os.pread(fd, n, self._offset - n) == os.pread(self._fd, n, self._offset - n))
-        if not same:
+        if not (self._offset > 0 and self._seen.matches(fd, self._offset)):
             os.close(fd)
             return False
         os.close(self._fd)
@@ -137,22 +145,21 @@ class LogTailer:
         return True
 
     def _truncated(self):
-        size = os.fstat(self._fd).st_size
-        if size < self._offset:
-            return True
-        if self._head:
-            now = os.pread(self._fd, len(self._head), 0)
-            return now != self._head
-        return False
+        return not self._seen.matches(self._fd, self._offset)
 
-    def _read_to_end(self):
+    def _read_to_end(self, check=True):
+        """Read the open file from our offset to its end. `check`: before a chunk is used, the
+        bytes before it must still be the ones we read (else it may be the middle of what a
+        truncation's writer wrote: refused, and _cut set)."""
         while True:
             data = os.pread(self._fd, CHUNK, self._offset)
             if not data:
                 return
+            if check and not self._seen.matches(self._fd, self._offset):
+                self._cut = True
+                return
             self._offset += len(data)
-            if len(self._head) < HEAD_BYTES:
-                self._head = os.pread(self._fd, min(HEAD_BYTES, self._offset), 0)
+            self._seen.consumed(self._fd, data, self._offset)
             yield from self._split(data)
 
     def _split(self, data):
@@ -184,19 +191,22 @@ class LogTailer:
         return []   # our file is not among the rotations (deleted, other naming): nothing to add
 
     def _copy_of_current(self):
-        """path.1 when it is a copy of what we were reading: same first bytes, at least as long."""
-        if not self._head:
+        """path.1 when it is a copy of what we were reading: at least as long, and holding the
+        bytes we read (first bytes and those just before our offset) where we read them -- an
+        older rotation that merely starts alike must not be read from our offset."""
+        if self._offset == 0:
             return None
         p = f"{self.path}.1"
         try:
-            with open(open_regular(p), "rb") as f:
-                if f.read(len(self._head)) != self._head:
-                    return None
-                if os.fstat(f.fileno()).st_size < self._offset:
-                    return None
+            fd = open_regular(p)
         except OSError:
             return None
-        return p
+        try:
+            return p if self._seen.matches(fd, self._offset) else None
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
 
     def _read_whole(self, path, start=0, splitter=None):
         """Read a file that no longer grows from `start` to its end (a rotated file; a copy),
@@ -205,15 +215,15 @@ class LogTailer:
             fd = open_regular(path)
         except OSError:
             return
-        saved = (self._fd, self._offset, self._head, self._lines)
-        self._fd, self._offset, self._head = fd, start, b"x" * HEAD_BYTES
+        saved = (self._fd, self._offset, self._seen, self._lines)
+        self._fd, self._offset, self._seen = fd, start, ReadFingerprint()
         self._lines = splitter or LineSplitter(start, self.max_line)
         try:
-            yield from self._read_to_end()
+            yield from self._read_to_end(check=False)
             yield from self._flush_partial()
         finally:
             os.close(fd)
-            self._fd, self._offset, self._head, self._lines = saved
+            self._fd, self._offset, self._seen, self._lines = saved
 
     # -------------------------------------------------------------- file handling
 
@@ -227,7 +237,8 @@ class LogTailer:
                 raise
             return False
         st = os.fstat(fd)
-        self._fd, self._ino, self._offset, self._head = fd, (st.st_dev, st.st_ino), 0, b""
+        self._fd, self._ino, self._offset = fd, (st.st_dev, st.st_ino), 0
+        self._seen.reset()
         self._lines.reset(0)
         return True
 
@@ -236,6 +247,7 @@ class LogTailer:
             os.close(self._fd)
         self._fd = self._ino = None
         self._offset = 0
+        self._seen.reset()
 
     def close(self):
         self._close()
