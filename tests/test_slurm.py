@@ -49,25 +49,43 @@ def read_records(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
-def netns_comms(desc):
-    """{node name: [comm of every process in its namespace]}."""
+def netns_processes(desc):
+    """{node name: [(pid, comm, state, command line) of every process in its namespace]}."""
     out = {}
     for node in desc["nodes"]:
         res = run(["ip", "netns", "pids", node["netns"]], timeout=30)
-        comms = []
+        procs = []
         for pid in res.stdout.split():
             try:
                 with open(f"/proc/{pid}/comm") as f:
-                    comms.append(f.read().strip())
+                    comm = f.read().strip()
+                with open(f"/proc/{pid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
             except OSError:
-                pass
-        out[node["name"]] = comms
+                continue
+            procs.append((int(pid), comm, state, cmdline))
+        out[node["name"]] = procs
     return out
 
 
-def only_daemons_left(desc):
-    left = {n: [c for c in comms if c not in NODE_DAEMONS] for n, comms in netns_comms(desc).items()}
-    return left if not any(left.values()) else None
+def leftover_processes(desc):
+    """{node: [process, ...]} of what runs on the nodes besides Slurm's daemons (zombies count:
+    nobody reaped them)."""
+    left = {n: [p for p in procs if p[1] not in NODE_DAEMONS] for n, procs in netns_processes(desc).items()}
+    return {n: procs for n, procs in left.items() if procs}
+
+
+def wait_for_only_daemons(desc, timeout=60):
+    deadline = time.monotonic() + timeout
+    while True:
+        left = leftover_processes(desc)
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"after {timeout:g}s the nodes still run more than Slurm's daemons: {left}")
+        time.sleep(0.5)
 
 
 class Cluster:
@@ -224,6 +242,7 @@ def test_mca_and_ucx_settings_reach_the_ranks(cluster, tmp_path):
     res = run(COLLBENCH + args + ["--config", self_only])
     assert res.returncode == 1 and "FAILED" in res.stdout, res.stdout + res.stderr
     wait_for(lambda: not cluster.active_jobs(), 60, "the failed jobs to leave squeue")
+    wait_for_only_daemons(cluster.desc)   # a failed step leaves no rank behind on any node
 
 
 # ---------------------------------------------------------------- the stress loop as a Slurm job
@@ -264,7 +283,7 @@ def test_stress_job_start_status_stop_leaves_nothing(cluster, tmp_path):
     assert stop.returncode == 0, stop.stdout + stop.stderr
     assert "stopped" in stop.stdout
     wait_for(lambda: not cluster.active_jobs(), 60, "the job to leave squeue")
-    wait_for(lambda: only_daemons_left(cluster.desc) is None, 60, "the nodes to run nothing but Slurm's daemons")
+    wait_for_only_daemons(cluster.desc)
     recs = read_records(log)
     events = [r for r in recs if r["type"] == "event"]
     assert [e["event"] for e in events][-2:] == ["stop", "job_end"]
@@ -295,7 +314,7 @@ def test_stress_job_killed_by_its_time_limit_is_recorded_as_such(cluster, tmp_pa
     assert events[-1]["event"] == "job_end" and events[-1]["reason"] == "time_limit", events[-1]
     assert "stop" in [e["event"] for e in events]    # the daemon stopped cleanly before the limit's SIGKILL
     assert sum(r["type"] == "result" for r in read_records(log)) > 0
-    wait_for(lambda: only_daemons_left(cluster.desc) is None, 60, "the nodes to run nothing but Slurm's daemons")
+    wait_for_only_daemons(cluster.desc)
 
 
 def test_stress_job_on_a_failed_node_is_recorded_as_such(cluster, tmp_path):
