@@ -18,13 +18,12 @@ written at the end (the others are written and the table printed, the failed fil
 """
 
 import os
-import sys
 import time
 
 from collbench import cli_values, harness
 from collbench.atomic_file import Outputs, OutputError, check_writable, write_output
 from collbench.bounded_repr import bounded_repr
-from collbench.compare import rules_file, stats, table
+from collbench.compare import outputs, rules_file, stats, table
 from collbench.compare.blocks import Policy, run_blocks
 from collbench.compare.check import MIN_PAIRS, run_check
 from collbench.compare.runner import Plan, Progress, median_rows, with_rules
@@ -33,7 +32,6 @@ from collbench.engines import algorithms as algs
 from collbench.engines import get_engine, mpi_flavour
 from collbench.errors import UserError
 from collbench.ops import DATATYPES, OPS, get_op
-from collbench.results.records import dumps
 from collbench.sizes import format_size
 
 MAX_SIZES = 64
@@ -276,19 +274,9 @@ def run(args):
     if job.stopped:
         return job.exit_code
 
-    order = {op: i for i, op in enumerate(ops)}
-    alg_order = {(op, a): i for op in ops for i, a in enumerate(plan.algorithms[op] + [algs.RULES])}
-    rows.sort(key=lambda r: (order[r["op"]], r["size_bytes"], alg_order.get((r["op"], r["algorithm"]), 999)))
-    table.annotate(rows, policy.margin, cat.flavour)
-    if not args.quiet:
-        print(f"collbench compare: {len(rows)} rows in {time.monotonic() - started:.1f}s", file=sys.stderr)
-    if results_path and outs.append(results_path, [dumps(r) + "\n" for r in records], "--results") \
-            and not args.quiet:
-        print(f"collbench compare: {len(records)} records appended to {results_path}", file=sys.stderr)
-    if tsv_path and outs.write(tsv_path, "".join(table.tsv_lines(rows, ctx.run_id, cfg.ranks, plan.timing)),
-                               "--tsv") and not args.quiet:
-        print(f"collbench compare: table written to {tsv_path}", file=sys.stderr)
-
+    outputs.order_rows(rows, plan, policy.margin, cat.flavour)
+    outputs.write_files(args, rows, records, outs, results_path, tsv_path,
+                        table.tsv_lines(rows, ctx.run_id, cfg.ranks, plan.timing), started)
     meta = {"run_id": ctx.run_id, "mpi": cat.version, "flavour": cat.flavour,
             "algorithms_source": cat.source, "ranks": cfg.ranks, "nodes": ctx.nodes,
             "hosts": list(ctx.hosts), "transport": cfg.transport, "timing": plan.timing,
@@ -298,28 +286,15 @@ def run(args):
             "rules_check": chk.to_json() if chk is not None else None,
             "installed_quality": chk.installed_quality if chk is not None else None,
             "output_errors": [str(e) for e in outs.failed], "notes": notes}
-    if args.format == "json":
-        sys.stdout.write(table.render_json(rows, meta))
-    elif args.format == "csv":
-        sys.stdout.write(table.render_csv(rows))
-    else:
-        title = [f"{cfg.ranks} ranks on {ctx.nodes} node{'s' if ctx.nodes != 1 else ''}, {plan.timing} timing "
-                 f"({iterations} iterations, {warmup} warm-up{', in place' if plan.inplace else ''}), "
-                 f"{cat.version}, transport {cfg.transport}; {blocks_run} block{'s' if blocks_run != 1 else ''}",
-                 f"algorithms from {cat.source}; speed-up over default: median of the blocks with its 95% "
-                 f"interval; win = interval above 1; rule = the tuning file forces it (interval above "
-                 f"{1 + policy.margin:.2f}); keep = the file keeps the library's choice"]
-        sys.stdout.write(table.render_table(rows, title, os.path.basename(check_path) if check_path else None,
-                                            policy.margin))
-        for line in _check_lines(chk, written):
-            print(line)
-        for note in notes:
-            print(f"note: {note}")
-        if written:
-            print(f"tuning file written: {written}")
-    sys.stdout.flush()
+    title = [f"{cfg.ranks} ranks on {ctx.nodes} node{'s' if ctx.nodes != 1 else ''}, {plan.timing} timing "
+             f"({iterations} iterations, {warmup} warm-up{', in place' if plan.inplace else ''}), "
+             f"{cat.version}, transport {cfg.transport}; {blocks_run} block{'s' if blocks_run != 1 else ''}",
+             f"algorithms from {cat.source}; speed-up over default: median of the blocks with its 95% "
+             f"interval; win = interval above 1; rule = the tuning file forces it (interval above "
+             f"{1 + policy.margin:.2f}); keep = the file keeps the library's choice"]
+    outputs.print_result(args, rows, meta, title, check_path, policy.margin, chk, written, "tuning file", notes)
     outs.raise_if_failed()
-    return _exit_code(rows)
+    return outputs.exit_code(rows, _explained)
 
 
 def _render(path, rows, cat, cfg, ctx, plan, policy, blocks, dropped=(), verdict=None):
@@ -386,43 +361,6 @@ def _write_and_prove(path, rows, cat, cfg, ctx, plan, policy, blocks, progress, 
         chk.installed_quality = False
         chk.reason = f"the file could not be rewritten after its check: {e}"
     return path, chk
-
-
-def _check_lines(chk, written):
-    if chk is None:
-        return []
-    if not chk.ran:
-        return [f"tuning file check: {chk.reason}"] + (
-            ["the file is installed-quality (it cannot make a collective slower)"] if chk.installed_quality else [])
-    lines = [f"tuning file check ({chk.pairs} jobs without and {chk.pairs} with it, ABBA order): gain per size"]
-    for v in chk.sizes:
-        gain = "-" if v.gain is None else f"{v.gain:.3f}x"
-        ci = "" if v.ci_low is None else f" [{v.ci_low:.3f}, {v.ci_high:.3f}]"
-        what = v.forced or "library's choice"
-        lines.append(f"  {v.op} {format_size(v.size_bytes):>6}  {what:<22} {gain}{ci}  {v.verdict}"
-                     + (f": {v.reason}" if v.verdict == "dropped" else ""))
-    if chk.noise is not None:
-        lines.append(f"  control noise (sizes the file leaves alone): {chk.noise * 100:.1f} %")
-    g = chk.gain()
-    if g is not None:
-        lines.append(f"  geometric mean gain where the file forces an algorithm: {(g - 1) * 100:+.1f} %")
-    for v in chk.dropped:
-        lines.append(f"dropped from the file: {v.op} {format_size(v.size_bytes)} ({v.forced}): back to the "
-                     f"library's choice")
-    lines.append("the file is installed-quality" if chk.installed_quality
-                 else f"the file is NOT installed-quality: {chk.reason}")
-    return lines
-
-
-def _exit_code(rows):
-    for r in rows:
-        if r["status"] == table.OK and r["validation"] == "fail":
-            return 1
-        if r["algorithm"] == algs.DEFAULT and r["status"] != table.OK:
-            return 1
-        if r["status"] == table.FAILED and not _explained(r["reason"]):
-            return 1
-    return 0
 
 
 def _explained(reason):

@@ -14,21 +14,19 @@ dropped from it.
 
 import copy
 import os
-import sys
 import time
 
 from collbench import harness
 from collbench.atomic_file import Outputs, OutputError, check_writable, write_output
-from collbench.compare import nccl_candidates, nccl_env_file, stats, table
+from collbench.compare import nccl_candidates, nccl_env_file, outputs, stats, table
 from collbench.compare.blocks import run_blocks
-from collbench.compare.check import MIN_PAIRS, Check, abba, judge
-from collbench.compare.runner import Plan, Progress, measure, median_rows
+from collbench.compare.check import MIN_PAIRS, Check, run_check
+from collbench.compare.runner import Plan, Progress, median_rows
 from collbench.config import ITERATIONS, WARMUP, Step, apply_overrides, check_flag, load_config
 from collbench.engines import algorithms as algs
 from collbench.engines import mpi_flavour, nccl_tests
 from collbench.errors import UserError
 from collbench.ops import DATATYPES, get_op
-from collbench.results.records import dumps
 from collbench.sizes import format_size
 
 FLAVOUR = mpi_flavour.MPICH     # one setting per op for every size, as NCCL_ALGO/NCCL_PROTO hold
@@ -101,58 +99,7 @@ def choose_candidates(cfg, plan, binaries, wanted, say):
 
 
 def _explained(reason):
-    return any(r in str(reason) for r in REFUSALS)
-
-
-def exit_code(rows):
-    for r in rows:
-        if r["status"] == table.OK and r["validation"] == "fail":
-            return 1
-        if r["algorithm"] == algs.DEFAULT and r["status"] != table.OK:
-            return 1
-        if r["status"] == table.FAILED and not _explained(r["reason"]):
-            return 1
-    return 0
-
-
-def prove(cfg, plan, ctx, path, forced, pairs, progress, margin):
-    """ABBA check of the env file (A: default, B: default with the file's variables): a Check."""
-    chk = Check(path, pairs=pairs)
-    sides = {algs.DEFAULT: [], algs.RULES: []}
-    for i, which in enumerate(abba(pairs)):
-        for op in plan.ops:
-            r, rec, n = measure(cfg, plan, ctx, FLAVOUR, which, op, progress)
-            for x in rec:
-                x["check"] = "with" if which == algs.RULES else "without"
-                if which == algs.RULES:
-                    x["rules_file"] = path
-            for row in r:
-                row["block"] = i
-            sides[which] += r
-            chk.records += rec
-            chk.notes += [x for x in n if x not in chk.notes]
-    without = {(r["op"], r["size_bytes"]): r for r in median_rows(sides[algs.DEFAULT])}
-    results = {}
-    chk.rows = median_rows(sides[algs.RULES])
-    for row in chk.rows:
-        key = (row["op"], row["size_bytes"])
-        base = without.get(key)
-        if base is not None and base["status"] == table.OK:
-            row["baseline_us"] = list(base["samples_us"])
-            if row["status"] == table.OK:
-                results[key] = stats.speedup_interval(base["samples_us"], row["samples_us"])
-                continue
-        results[key] = (None, None, None)
-    chk.sizes, chk.noise = judge(results, forced, margin)
-    chk.ran = True
-    missing = [k for k in forced if k not in without or without[k]["status"] != table.OK]
-    if missing:
-        chk.reason = f"default without the file failed at {len(missing)} size(s): the check is incomplete"
-    elif pairs < 2:
-        chk.reason = "fewer than 2 jobs a side: no interval"
-    else:
-        chk.installed_quality = True
-    return chk
+    return any(r in reason for r in REFUSALS)
 
 
 def run(args):
@@ -215,20 +162,11 @@ def run(args):
     if job.stopped:
         return job.exit_code
 
-    order = {op: i for i, op in enumerate(ops)}
-    alg_order = {(op, a): i for op in ops for i, a in enumerate(plan.algorithms[op] + [algs.RULES])}
-    rows.sort(key=lambda r: (order[r["op"]], r["size_bytes"], alg_order.get((r["op"], r["algorithm"]), 999)))
-    table.annotate(rows, policy.margin, FLAVOUR)
+    outputs.order_rows(rows, plan, policy.margin, FLAVOUR)
     version = next((r.get("nccl_version") for r in records if r.get("nccl_version")), None)
     nccl = f"NCCL {version}" if version else "NCCL (version not printed)"
-    if not args.quiet:
-        print(f"collbench compare: {len(rows)} rows in {time.monotonic() - started:.1f}s", file=sys.stderr)
-    if results_path and outs.append(results_path, [dumps(r) + "\n" for r in records], "--results") \
-            and not args.quiet:
-        print(f"collbench compare: {len(records)} records appended to {results_path}", file=sys.stderr)
-    if tsv_path and outs.write(tsv_path, "".join(table.tsv_lines(rows, ctx.run_id, cfg.ranks, "nccl-tests")),
-                               "--tsv") and not args.quiet:
-        print(f"collbench compare: table written to {tsv_path}", file=sys.stderr)
+    outputs.write_files(args, rows, records, outs, results_path, tsv_path,
+                        table.tsv_lines(rows, ctx.run_id, cfg.ranks, "nccl-tests"), started)
     meta = {"run_id": ctx.run_id, "engine": ENGINE, "nccl": version, "ranks": cfg.ranks, "nodes": ctx.nodes,
             "hosts": list(ctx.hosts), "algorithms": plan.algorithms, "iterations": iterations,
             "warmup": warmup, "blocks": blocks_run, "blocks_stopped": stop_why, "margin": policy.margin,
@@ -236,29 +174,17 @@ def run(args):
             "rules_checked": check_path, "rules_check": chk.to_json() if chk is not None else None,
             "installed_quality": chk.installed_quality if chk is not None else None,
             "output_errors": [str(e) for e in outs.failed], "notes": notes}
-    if args.format == "json":
-        sys.stdout.write(table.render_json(rows, meta))
-    elif args.format == "csv":
-        sys.stdout.write(table.render_csv(rows))
-    else:
-        title = [f"{cfg.ranks} ranks on {ctx.nodes} node{'s' if ctx.nodes != 1 else ''}, nccl-tests "
-                 f"({iterations} iterations, {warmup} warm-up{', in place' if plan.inplace else ''}), {nccl}; "
-                 f"{blocks_run} block{'s' if blocks_run != 1 else ''}",
-                 "candidates: NCCL_ALGO/NCCL_PROTO pairs NCCL's tuner enables here; speed-up over default "
-                 "(NCCL's own choice): median of the blocks with its 95% interval; rule = the env file "
-                 "sets it for the op"]
-        text = table.render_table(rows, title, os.path.basename(check_path) if check_path else None, policy.margin)
-        sys.stdout.write(text.replace("the MPICH file forces one algorithm for all sizes",
-                                      "NCCL_ALGO/NCCL_PROTO set one per op for all sizes"))
-        for line in compare_cli._check_lines(chk, written):
-            print(line)
-        for note in notes:
-            print(f"note: {note}")
-        if written:
-            print(f"env file written: {written}")
-    sys.stdout.flush()
+    title = [f"{cfg.ranks} ranks on {ctx.nodes} node{'s' if ctx.nodes != 1 else ''}, nccl-tests "
+             f"({iterations} iterations, {warmup} warm-up{', in place' if plan.inplace else ''}), {nccl}; "
+             f"{blocks_run} block{'s' if blocks_run != 1 else ''}",
+             "candidates: NCCL_ALGO/NCCL_PROTO pairs NCCL's tuner enables here; speed-up over default "
+             "(NCCL's own choice): median of the blocks with its 95% interval; rule = the env file "
+             "sets it for the op"]
+    outputs.print_result(args, rows, meta, title, check_path, policy.margin, chk, written, "env file", notes,
+                         edit_table=lambda text: text.replace("the MPICH file forces one algorithm for all sizes",
+                                                              "NCCL_ALGO/NCCL_PROTO set one per op for all sizes"))
     outs.raise_if_failed()
-    return exit_code(rows)
+    return outputs.exit_code(rows, _explained)
 
 
 def _choices(rows, plan):
@@ -291,7 +217,7 @@ def _write_and_prove(path, rows, cfg, ctx, plan, policy, blocks, progress, outs)
     progress.note(f"collbench compare: checking the env file against default: {2 * pairs * len(plan.ops)} "
                   "jobs in ABBA order")
     progress.total += 2 * pairs * len(plan.ops) * len(plan.sizes)
-    chk = prove(cfg, plan, ctx, path, forced, pairs, progress, policy.margin)
+    chk = run_check(cfg, plan, ctx, FLAVOUR, path, forced, pairs, progress, policy.margin)
     dropped_ops = {v.op for v in chk.dropped}
     verdict = [f"check: default without and with this file, {pairs} jobs each in ABBA order: "
                + ("installed-quality" if chk.installed_quality else f"NOT installed-quality ({chk.reason})")]

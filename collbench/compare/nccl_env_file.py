@@ -11,13 +11,10 @@ be given for every op.) One setting per op holds for every size: per-size choice
 plugin. Use: `set -a; . FILE; set +a` before the job, or the lines in a config's `env`.
 """
 
-import re
-
+from collbench.bounded_file import read_settings
 from collbench.compare.nccl_candidates import FUNCS
-from collbench.errors import UserError
 
 MAX_BYTES = 1 << 20
-_LINE = re.compile(r"^(NCCL_ALGO|NCCL_PROTO)=([A-Za-z0-9:;,^_]{1,1024})$")
 
 
 def variables(choices):
@@ -46,27 +43,6 @@ def render(choices, header=()):
 
 def read(path):
     """{NCCL_ALGO/NCCL_PROTO: value} of an env file written by render(); UserError naming the line."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_BYTES + 1)
-    except OSError as e:
-        raise UserError(f"--check-rules {path}: cannot read it ({e.strerror})") from None
-    if len(data) > MAX_BYTES:
-        raise UserError(f"--check-rules {path}: larger than {MAX_BYTES} bytes, not an NCCL env file")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise UserError(f"--check-rules {path}: not UTF-8 text, not an NCCL env file") from None
-    out = {}
-    for n, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _LINE.match(line)
-        if not m:
-            raise UserError(f"--check-rules {path}:{n}: expected NCCL_ALGO=... or NCCL_PROTO=... "
-                            f"(NCCL's names and per-function syntax), got {line[:80]!r}")
-        out[m.group(1)] = m.group(2)
-    if not out:
-        raise UserError(f"--check-rules {path}: no NCCL_ALGO or NCCL_PROTO line")
-    return out
+    return read_settings(path, "NCCL_ALGO|NCCL_PROTO", f"--check-rules {path}",
+                         "NCCL_ALGO=... or NCCL_PROTO=... lines (NCCL's names and per-function syntax)",
+                         value=r"[A-Za-z0-9:;,^_]{1,1024}", max_bytes=MAX_BYTES)

@@ -148,10 +148,12 @@ _PREFIX = re.compile(r"^\s*\d+:\s")     # srun -l
 # ended (nccl-tests prints a row in several printf calls: a tag can land mid-line)
 _TAG = re.compile(r"\[\d+,\d+\]<(?:stdout|stderr)>:")
 _NCCL_LOG = re.compile(r"\bNCCL (INFO|WARN|TRACE|ABORT)\b\s?(.*)")
-_NCCL_VERSION = re.compile(r"^\s*NCCL version (\S+)")
-_OLD_COMPILED = re.compile(r"^#\s*NCCL Tests compiled with NCCL (\S+)")
 _TESTS_VERSION = re.compile(r"^#\s*nccl-tests version (\S+)(?:.*\bnccl-library=(\d{4,6})\b)?")
-_RCCL_VERSION = re.compile(r"^\s*rccl-tests: Version (\S+)")
+# the lines naming a version: (pattern, the Output field its first group sets); the first match wins
+_VERSION_LINES = ((_TESTS_VERSION, "version"),
+                  (re.compile(r"^\s*rccl-tests: Version (\S+)"), "version"),
+                  (re.compile(r"^\s*NCCL version (\S+)"), "nccl_version"),
+                  (re.compile(r"^#\s*NCCL Tests compiled with NCCL (\S+)"), "nccl_version"))
 _STARTING = re.compile(r"^#\s*Collective test starting:\s*(\S+)")
 _CONCLUDED = re.compile(r"^#\s*Collective test concluded:\s*(\S+)")
 _PARAMS = re.compile(r"^#?\s*nThreads?:?\s+\d+\s+nGpus:?\s+\d+")
@@ -160,10 +162,19 @@ _DEVICE = re.compile(r"^#\s+Rank\s+(\d+)(?:\s+Group\s+(\d+))?(?:\s+Pid\s+(\d+))?
                      r"device\s+(\d+)\s+\[([^\]]*)\]\s*(.*?)\s*$")
 _OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)")
 _AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*([0-9.eE+-]+|nan|inf)")
-_FAIL = re.compile(r"^(?:(\S+):\s+)?(?:Test )?(NCCL|CUDA) failure (\S+?:\d+)\s+'(.*?)'?\s*$")
-_TIMEOUT = re.compile(r"^(?:(\S+):\s+)?Test timeout \((\d+)s\)\s*(.*)$")
-_INVALID = re.compile(r"^(Invalid number of GPUs: .*|invalid option .*|Incompatible NCCL versions.*)$")
-_ERROR = re.compile(r"^#\s*error:\s*(.+)$")
+# the lines that say a run failed: (pattern, the Failure of its match and line number), matched
+# against the line without its leading and trailing white space
+_FAILURE_LINES = (
+    (re.compile(r"^(?:(\S+):\s+)?(?:Test )?(NCCL|CUDA) failure (\S+?:\d+)\s+'(.*?)'?\s*$"),
+     lambda m, n: Failure(m.group(4).strip().rstrip("/ ").strip() or "(no reason given)", m.group(2), m.group(3),
+                          m.group(1) or "", n)),
+    (re.compile(r"^(?:(\S+):\s+)?Test timeout \((\d+)s\)\s*(.*)$"),
+     lambda m, n: Failure(f"test timeout ({m.group(2)}s) {m.group(3)}".strip(), "timeout", "", m.group(1) or "", n)),
+    (re.compile(r"^(Invalid number of GPUs: .*|invalid option .*|Incompatible NCCL versions.*)$"),
+     lambda m, n: Failure(m.group(1), "invalid", "", "", n)),
+    (re.compile(r"^#\s*error:\s*(.+)$"),
+     lambda m, n: Failure(m.group(1).strip(), "NCCL", "", "", n)),
+)
 _NUMBER_START = re.compile(r"^\s*\d")
 # a shell line that ran a binary ("$ ./build/all_reduce_perf -b 8"): names the test when nothing else does
 _COMMAND = re.compile(r"(?:^|[/\s])((?:all_reduce|all_gather|alltoallv?|broadcast|reduce_scatter|reduce|"
@@ -287,6 +298,15 @@ def _params(line):
     return out
 
 
+def _first_match(table, line):
+    """(match, what goes with its pattern) of the first pattern in table matching line, or None."""
+    for rx, what in table:
+        m = rx.match(line)
+        if m:
+            return m, what
+    return None
+
+
 def _strip_prefix(line):
     if "]<std" in line:
         line = _TAG.sub("", line)
@@ -332,15 +352,9 @@ def parse_text(text):
         if m and m.group(2):   # nccl-library=22803: the NCCL the binary ran with
             code = int(m.group(2))
             out.nccl_version = out.nccl_version or nccl_version_of_code(code)
-        for rx, attr in ((_TESTS_VERSION, "version"), (_RCCL_VERSION, "version"),
-                         (_NCCL_VERSION, "nccl_version"), (_OLD_COMPILED, "nccl_version")):
-            m = rx.match(line)
-            if m:
-                setattr(out, attr, m.group(1))
-                break
-        else:
-            m = None
-        if m:
+        found = _first_match(_VERSION_LINES, line)
+        if found:
+            setattr(out, found[1], found[0].group(1))
             continue
         m = _CONCLUDED.match(line)
         if m:
@@ -364,24 +378,9 @@ def parse_text(text):
             except ValueError:
                 out.bad_line(lineno, "Avg bus bandwidth is not a number")
             continue
-        m = _FAIL.match(line.strip())
-        if m:
-            reason = m.group(4).strip().rstrip("/ ").strip()
-            out.failures.append(Failure(reason or "(no reason given)", m.group(2), m.group(3),
-                                        m.group(1) or "", lineno))
-            continue
-        m = _TIMEOUT.match(line.strip())
-        if m:
-            out.failures.append(Failure(f"test timeout ({m.group(2)}s) {m.group(3)}".strip(), "timeout",
-                                        "", m.group(1) or "", lineno))
-            continue
-        m = _INVALID.match(line.strip())
-        if m:
-            out.failures.append(Failure(m.group(1), "invalid", "", "", lineno))
-            continue
-        m = _ERROR.match(line)
-        if m:
-            out.failures.append(Failure(m.group(1).strip(), "NCCL", "", "", lineno))
+        found = _first_match(_FAILURE_LINES, line.strip())
+        if found:
+            out.failures.append(found[1](found[0], lineno))
             continue
         stripped = line.lstrip()
         if stripped.startswith("#"):

@@ -22,6 +22,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from collbench.bounded_file import read_bytes
 from collbench.engines import nccl_tests as nt
 from collbench.engines.nccl_tests_parser import NcclTestsError, parse
 from collbench.engines.osu_parser import OsuOutputError, parse_output
@@ -76,14 +77,7 @@ class Imported:
 
 def read_file(path):
     """The bytes of one input file; UserError (exit 2) naming it when it cannot be read."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-    except OSError as e:
-        raise UserError(f"{path}: cannot read it: {e.strerror or e}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise UserError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MB; not a nccl-tests or OSU output")
-    return data
+    return read_bytes(path, MAX_FILE_BYTES, path, "a nccl-tests or OSU output")
 
 
 def _run_id(path, data, index):

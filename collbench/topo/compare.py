@@ -18,18 +18,16 @@ average latency is one sample. Per order the point's time is the median of its b
 the speed-up is median(original) / median(new). Its confidence interval is a percentile
 bootstrap: both orders' blocks are resampled with replacement (independently, 2000 times,
 fixed seed: the same data give the same interval) and the 2.5th and 97.5th percentiles of the
-resampled ratio of medians are the 95 % interval.
+resampled ratio of medians are the 95 % interval (collbench/stats.py, shared with `compare`).
 """
 
 import copy
 import json
-import math
 import os
-import random
 import re
-import statistics
 from dataclasses import dataclass, field
 
+from collbench.bounded_file import read_text
 from collbench.config import Step
 from collbench.engines import algorithms as algs
 from collbench.engines import get_engine
@@ -37,15 +35,13 @@ from collbench.engines.mpi_job import JobRunner
 from collbench.errors import UserError
 from collbench.ops import DATATYPES, default_datatype, get_op
 from collbench.pair_matrix import split_label
+from collbench.stats import bootstrap_speedup
 
 PATTERNS = ("ring", "recursive-doubling")
 # the MPI algorithm each pattern forces (Open MPI's tuned names and MPICH's CVAR values agree)
 PATTERN_ALGORITHM = {"ring": "ring", "recursive-doubling": "recursive_doubling"}
 OPS = ("allgather", "allreduce")
 SEED_MIN_ITERATIONS = 100
-BOOTSTRAP_SAMPLES = 2000
-BOOTSTRAP_SEED = 13
-CONFIDENCE = 0.95
 MAX_ORDER_FILE = 4 << 20
 
 
@@ -57,17 +53,7 @@ _MACHINE = re.compile(r"^([^\s:]+)(?::(\d+))?$")
 
 def load_order(path, cfg):
     """The host of each rank from an order file; UserError (exit 2) naming the file and entry."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_ORDER_FILE + 1)
-    except OSError as e:
-        raise UserError(f"--order {path}: cannot read: {e.strerror}") from None
-    if len(raw) > MAX_ORDER_FILE:
-        raise UserError(f"--order {path}: larger than {MAX_ORDER_FILE >> 20} MB (expected a rank order)")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise UserError(f"--order {path}: not UTF-8 text (expected a rank order)") from None
+    text = read_text(path, MAX_ORDER_FILE, f"--order {path}", "a rank order")
     name = os.path.basename(path)
     if name.endswith((".yaml", ".yml")):
         hosts = _yaml_order(path, text)
@@ -165,24 +151,6 @@ def original_order(cfg, new_order):
     """The same hosts in the config's order (the scheduler's), each as often as in new_order."""
     index = {h.name: i for i, h in enumerate(cfg.hosts)}
     return sorted(new_order, key=lambda h: index[h])
-
-
-# ---------------------------------------------------------------- statistics
-
-def bootstrap_speedup(original, new, samples=BOOTSTRAP_SAMPLES, confidence=CONFIDENCE, seed=BOOTSTRAP_SEED):
-    """(speed-up, low, high): median(original) / median(new) and its percentile-bootstrap interval."""
-    if not original or not new:
-        return None, None, None
-    point = statistics.median(original) / statistics.median(new)
-    if len(original) < 2 or len(new) < 2:
-        return point, None, None
-    rng = random.Random(seed)
-    ratios = sorted(statistics.median(rng.choices(original, k=len(original)))
-                    / statistics.median(rng.choices(new, k=len(new))) for _ in range(samples))
-    tail = (1.0 - confidence) / 2.0
-    lo = ratios[int(math.floor(tail * samples))]
-    hi = ratios[min(samples - 1, int(math.ceil((1.0 - tail) * samples)) - 1)]
-    return point, lo, hi
 
 
 # ---------------------------------------------------------------- running

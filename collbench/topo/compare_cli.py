@@ -13,7 +13,7 @@ import os
 import statistics
 import sys
 
-from collbench import cli_values, harness
+from collbench import cli_values, harness, stats
 from collbench.config import load_config
 from collbench.errors import UserError
 from collbench.ops import DATATYPES
@@ -29,8 +29,8 @@ FORMATS = ("table", "csv", "json")
 CSV_COLUMNS = ("pattern", "op", "size", "size_bytes", "algorithm", "original_median_us", "new_median_us",
                "speedup", "ci_low", "ci_high", "blocks_original", "blocks_new", "predicted_speedup",
                "predicted_shared_speedup", "note")
-CI_METHOD = (f"{int(compare.CONFIDENCE * 100)}% percentile bootstrap of median(original)/median(new) "
-             f"over the blocks ({compare.BOOTSTRAP_SAMPLES} resamples)")
+CI_METHOD = (f"{int(stats.CONFIDENCE * 100)}% percentile bootstrap of median(original)/median(new) "
+             f"over the blocks ({stats.BOOTSTRAP_SAMPLES} resamples)")
 
 
 def add_compare(verbs):
@@ -325,7 +325,7 @@ def table_text(doc, rows, s, mapped):
                      f"{' ...' if len(o['new']) > 32 else ''}")
     columns = [Column("pattern", align="left"), Column("op", align="left"), Column("size", align="left"),
                Column("algorithm", align="left"), Column("original us"), Column("new us"), Column("speed-up"),
-               Column("ci", f"{int(compare.CONFIDENCE * 100)}% CI"), Column("predicted"), Column("pred. shared"),
+               Column("ci", f"{int(stats.CONFIDENCE * 100)}% CI"), Column("predicted"), Column("pred. shared"),
                Column("note", align="left")]
     table = []
     for r in rows:

@@ -15,9 +15,9 @@ never two algorithms of one op (job_algorithms, same_job_prefix).
 """
 
 import os
-import re
 from dataclasses import dataclass, field
 
+from collbench.bounded_file import read_settings
 from collbench.engines import mpi_flavour
 from collbench.engines.algorithms.discovery import DEFAULT, MPICH_INFIX, canonical, catalogue, is_default
 from collbench.errors import UserError
@@ -113,24 +113,8 @@ def settings_for(cat, algorithms, rules_file=None):
     return settings
 
 
-_ENV_LINE = re.compile(r"^(?:export\s+)?(MPIR_CVAR_[A-Z0-9_]+)=([A-Za-z0-9_./:,+-]*)$")
-
-
 def read_env_file(path):
     """MPIR_CVAR_* settings from an env file (`[export ]NAME=value`, # comments); UserError naming
     the file and line for anything else."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read(1 << 20)
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: cannot read the MPICH settings file: {e}") from None
-    env = {}
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _ENV_LINE.match(line)
-        if not m:
-            raise UserError(f"{path}: line {n}: expected MPIR_CVAR_NAME=value, got {line[:80]!r}")
-        env[m.group(1)] = m.group(2)
-    return env
+    return read_settings(path, "MPIR_CVAR_[A-Z0-9_]+", path, "MPIR_CVAR_NAME=value (an MPICH settings file)",
+                         value="[A-Za-z0-9_./:,+-]*", required=False)
