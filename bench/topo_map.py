@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from collbench.topo.mapping import map_order  # noqa: E402
 from collbench.pair_matrix import TopoMatrix, save_csv  # noqa: E402
 
-METHODS = ("identity", "seed", "heuristic", "exact")
+METHODS = ("identity", "greedy", "heuristic", "exact")
 
 
 def random_matrix(p, seed):

@@ -69,7 +69,7 @@ def test_open_mpi_accepts_the_rankfile(tmp_path):
     save_csv(f, m)
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, "-m", "collbench", "topo", "map", "--pattern", "ring", "--matrix",
-                        str(f), "--out-dir", str(out), "--method", "seed"], capture_output=True, text=True,
+                        str(f), "--out-dir", str(out), "--method", "greedy"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr
     rankfile = out / "ring.rankfile"
@@ -129,7 +129,7 @@ def test_cli_table_csv_json(tmp_path):
     lines = table.stdout.splitlines()
     assert lines[0].startswith("ring allgather (ring) over 8 ranks, metric bandwidth")
     methods = [ln.split()[1] if ln.startswith("  *") else ln.split()[0] for ln in lines[4:8]]
-    assert methods == ["identity", "seed", "heuristic", "exact"]
+    assert methods == ["identity", "greedy", "heuristic", "exact"]
     assert any(ln.startswith("  *") and " exact " in ln for ln in lines)
     assert "wrote" in table.stderr and str(out / "ring.rankfile") in table.stderr
 
@@ -137,15 +137,22 @@ def test_cli_table_csv_json(tmp_path):
                   "--out-dir", str(out), "--format", "csv")
     assert got.returncode == 0, got.stderr
     rows = list(csv.DictReader(io.StringIO(got.stdout)))
-    assert [r["method"] for r in rows] == ["identity", "seed", "heuristic", "exact"]
+    assert [r["method"] for r in rows] == ["identity", "greedy", "heuristic", "exact"]
     assert rows[0]["vs_identity"] == "1" and rows[0]["cost_unit"] == "us"
     assert sum(int(r["chosen"]) for r in rows) == 1
 
     js = run_map("--pattern", "ring", "--matrix", str(f), "--out-dir", str(out), "--format", "json",
-                 "--method", "seed")
+                 "--method", "greedy")
     assert js.returncode == 0, js.stderr
     doc = json.loads(js.stdout)
-    assert doc["chosen"] == "seed" and doc["metric"] == "bandwidth" and doc["ranks"] == 8
+    assert doc["chosen"] == "greedy" and doc["metric"] == "bandwidth" and doc["ranks"] == 8
+    assert "deprecated" not in js.stderr
+    # the method's older name still runs it, with a warning naming the new one
+    old = run_map("--pattern", "ring", "--matrix", str(f), "--out-dir", str(out), "--format", "json",
+                  "--method", "seed")
+    assert old.returncode == 0, old.stderr
+    assert json.loads(old.stdout)["chosen"] == "greedy" and json.loads(old.stdout)["order"] == doc["order"]
+    assert "warning: --method seed is deprecated, use --method greedy" in old.stderr, old.stderr
     assert sorted(doc["order"]) == list(range(8))
     assert doc["files"]["rankfile"] == str(out / "ring.rankfile")
     # every written form carries the same order

@@ -1,4 +1,4 @@
-"""Rank mapping: the cost model, seed 003's heuristics step by step, the exact searches against brute
+"""Rank mapping: the cost model, the report's greedy heuristics step by step, the exact searches against brute
 force, the local search's guarantees, and map_order's method table."""
 
 import random
@@ -9,7 +9,7 @@ from collbench.errors import UserError
 from collbench.topo import exact, local_search
 from collbench.topo.mapping import map_order, predict
 from collbench.topo.patterns import bottleneck, evaluate, rounds
-from collbench.topo.seed_heuristics import seed_recursive_doubling, seed_ring
+from collbench.topo.greedy import greedy_recursive_doubling, greedy_ring
 
 from topo_helpers import brute_force, from_cost, rack_cost, random_cost
 
@@ -66,47 +66,47 @@ def test_non_power_of_two_is_judged_as_bruck():
     assert evaluate(list(range(6)), line(6), rn)[0] == 1 * 5 + 2 * 4 + 2 * 4
 
 
-# ------------------------------------------------------------------------------ seed heuristics
+# ------------------------------------------------------------------------------ greedy heuristics
 
-def test_seed_ring_is_nearest_neighbour_from_rank_0():
+def test_greedy_ring_is_nearest_neighbour_from_rank_0():
     # positions on a line: 0, 5, 1, 7, 2 -> from 0: 1 (pos 1), 2 (pos 2), then 5, then 7
     pos = [0, 5, 1, 7, 2]
     cost = [[float(abs(a - b)) for b in pos] for a in pos]
-    assert seed_ring(cost) == [0, 2, 4, 1, 3]
+    assert greedy_ring(cost) == [0, 2, 4, 1, 3]
 
 
-def test_seed_ring_ties_go_to_the_lowest_rank():
+def test_greedy_ring_ties_go_to_the_lowest_rank():
     cost = [[0.0 if i == j else 1.0 for j in range(5)] for i in range(5)]
-    assert seed_ring(cost) == [0, 1, 2, 3, 4]
+    assert greedy_ring(cost) == [0, 1, 2, 3, 4]
 
 
-def test_seed_recursive_doubling_worked_steps():
-    """P = 8 on a line, worked by hand from the seed's steps (ties -> lowest host):
+def test_greedy_recursive_doubling_worked_steps():
+    """P = 8 on a line, worked by hand from the report's steps (ties -> lowest host):
     ref 0/host 0: rank 4 -> host 1, rank 2 -> host 2 (two mapped: ref = rank 2 on host 2);
     rank 6 -> host 3, rank 3 (2^4 and 2^2 taken, d = 1) -> host 4 (ref = rank 3 on host 4);
     rank 7 -> host 5, rank 1 -> host 6 (ref = rank 1 on host 6); rank 5 -> host 7."""
-    assert seed_recursive_doubling(line(8)) == [0, 6, 2, 4, 1, 7, 3, 5]
+    assert greedy_recursive_doubling(line(8)) == [0, 6, 2, 4, 1, 7, 3, 5]
 
 
-def test_seed_recursive_doubling_all_ties():
+def test_greedy_recursive_doubling_all_ties():
     cost = [[0.0 if i == j else 1.0 for j in range(4)] for i in range(4)]
     # rank 2 -> host 1, rank 1 -> host 2, then ref rank 1: rank 3 -> host 3
-    assert seed_recursive_doubling(cost) == [0, 2, 1, 3]
+    assert greedy_recursive_doubling(cost) == [0, 2, 1, 3]
 
 
-def test_seed_recursive_doubling_non_power_of_two():
+def test_greedy_recursive_doubling_non_power_of_two():
     """P = 6, all ties. d starts at 4; partners >= 6 are unavailable; when the reference has no
     free partner the lowest unmapped rank is taken (documented extension)."""
     cost = [[0.0 if i == j else 1.0 for j in range(6)] for i in range(6)]
     # rank 4 -> h1, rank 2 -> h2 (ref rank 2); 2^4 = 6 out, 2^2 = 0 taken, rank 3 -> h3;
     # 3^1 = 2 taken, d = 0: lowest unmapped rank 1 -> h4 (ref rank 1); rank 5 -> h5
-    assert seed_recursive_doubling(cost) == [0, 4, 2, 3, 1, 5]
+    assert greedy_recursive_doubling(cost) == [0, 4, 2, 3, 1, 5]
 
 
 @pytest.mark.parametrize("p", [2, 3, 5, 6, 7, 8, 12, 16, 33])
-def test_seed_orders_are_permutations(p):
+def test_greedy_orders_are_permutations(p):
     cost = random_cost(p, p)
-    for fn in (seed_ring, seed_recursive_doubling):
+    for fn in (greedy_ring, greedy_recursive_doubling):
         order = fn(cost)
         assert sorted(order) == list(range(p)) and order[0] == 0
 
@@ -128,14 +128,14 @@ def greedy_trap():
 def test_greedy_ring_is_not_optimal_and_exact_is():
     c = greedy_trap()
     rn = rounds("ring", 5)
-    assert seed_ring(c) == [0, 1, 2, 3, 4]
-    assert evaluate(seed_ring(c), c, rn) == (4 * 10.0, 4 * 14.0)
+    assert greedy_ring(c) == [0, 1, 2, 3, 4]
+    assert evaluate(greedy_ring(c), c, rn) == (4 * 10.0, 4 * 14.0)
     best = exact.exact_ring(c)
     assert evaluate(best, c, rn) == (4 * 5.0, 4 * 13.0)
     assert bottleneck(best, c, rn)[0] == 5.0
     assert evaluate(best, c, rn) == brute_force(c, rn)[0]
     # the local search gets out of the trap too
-    assert evaluate(local_search.improve_ring(c, [seed_ring(c)], rn, 2.0), c, rn) == (20.0, 52.0)
+    assert evaluate(local_search.improve_ring(c, [greedy_ring(c)], rn, 2.0), c, rn) == (20.0, 52.0)
 
 
 @pytest.mark.parametrize("p", [4, 5, 6, 7, 8])
@@ -206,7 +206,7 @@ def test_min_bottleneck_matching():
 
 @pytest.mark.parametrize("seed", range(6))
 def test_methods_are_ordered_on_random_matrices(seed):
-    """exact <= heuristic <= min(seed, identity), every order a permutation, for both patterns."""
+    """exact <= heuristic <= min(greedy, identity), every order a permutation, for both patterns."""
     r = random.Random(seed)
     p = r.choice([5, 6, 7, 8, 9, 10, 12])
     metric = r.choice(["latency", "bandwidth"])
@@ -216,7 +216,7 @@ def test_methods_are_ordered_on_random_matrices(seed):
         vals = {k: (v.primary, v.secondary) for k, v in res.results.items()}
         for k, v in res.results.items():
             assert sorted(v.order) == list(range(p)), k
-        assert lex_le(vals["heuristic"], vals["seed"])
+        assert lex_le(vals["heuristic"], vals["greedy"])
         assert lex_le(vals["heuristic"], vals["identity"])
         assert res.results["exact"].optimal is True
         if pattern == "ring":
@@ -237,7 +237,7 @@ def test_heuristic_on_larger_matrices(p):
         assert res.chosen == "heuristic"
         h = res.results["heuristic"]
         assert sorted(h.order) == list(range(p))
-        assert lex_le((h.primary, h.secondary), (res.results["seed"].primary, res.results["seed"].secondary))
+        assert lex_le((h.primary, h.secondary), (res.results["greedy"].primary, res.results["greedy"].secondary))
     # without noise (every inter-rack link equally slow) the ring crosses between the racks only
     # as often as it must, once per rack (with noise, a few per cent on the slowest link can be
     # worth an extra crossing: the bottleneck comes first)
@@ -247,12 +247,12 @@ def test_heuristic_on_larger_matrices(p):
     assert crossings == p // 10
 
 
-def test_heuristic_ring_breaks_a_bottleneck_the_seed_keeps():
+def test_heuristic_ring_breaks_a_bottleneck_the_greedy_order_keeps():
     c = random_cost(60, 5)
     rn = rounds("ring", 60)
-    seed = seed_ring(c)
-    better = local_search.improve_ring(c, [seed], rn, 2.0)
-    assert bottleneck(better, c, rn)[0] < bottleneck(seed, c, rn)[0]
+    greedy = greedy_ring(c)
+    better = local_search.improve_ring(c, [greedy], rn, 2.0)
+    assert bottleneck(better, c, rn)[0] < bottleneck(greedy, c, rn)[0]
 
 
 # ------------------------------------------------------------------------------ map_order
@@ -261,12 +261,12 @@ def test_map_order_reports_every_method_against_identity():
     c, rack = rack_cost(8, 4, seed=2)
     m = from_cost(c, "bandwidth")
     res = map_order(m, "ring")
-    assert list(res.results) == ["identity", "seed", "heuristic", "exact"]
+    assert list(res.results) == ["identity", "greedy", "heuristic", "exact"]
     assert res.chosen == "exact"
     assert res.ratio("identity") == 1.0
     assert res.speedup("exact") >= 1.0
     rows = res.rows()
-    assert [r["method"] for r in rows] == ["identity", "seed", "heuristic", "exact"]
+    assert [r["method"] for r in rows] == ["identity", "greedy", "heuristic", "exact"]
     assert rows[0]["worst_unit"] == "GB/s" and rows[0]["cost_unit"] == "us/MB"
     d = res.to_dict()
     assert d["hosts_order"] == [m.labels[i] for i in res.order]
@@ -280,7 +280,7 @@ def test_map_order_reports_every_method_against_identity():
 
 def test_map_order_method_choice_and_limits():
     m = from_cost(random_cost(6, 9))
-    assert map_order(m, "ring", "seed").chosen == "seed"
+    assert map_order(m, "ring", "greedy").chosen == "greedy"
     assert map_order(m, "recursive-doubling", "heuristic").chosen == "heuristic"
     with pytest.raises(UserError, match="limited to 16"):
         map_order(from_cost(random_cost(17, 1)), "ring", "exact")

@@ -15,7 +15,7 @@ import sys
 
 from collbench.atomic_file import Outputs
 from collbench.tables import Column, table_lines
-from collbench.topo.mapping import EXACT_MAX, METHODS, map_order
+from collbench.topo.mapping import EXACT_MAX, METHODS, map_order, method_arg
 from collbench.pair_matrix import METRICS, load_matrix
 from collbench.topo.order_files import write_order_files
 from collbench.topo.patterns import PATTERNS
@@ -44,7 +44,7 @@ def add_map(verbs):
                     "measured latency or bandwidth matrix, compare every method's predicted cost "
                     "with the matrix's own order, and write the order for mpirun, mpiexec, srun "
                     "and collbench.",
-        epilog=f"Methods: seed = the greedy heuristic of the topology-aware collectives report; exact = the optimum (P <= {EXACT_MAX}); "
+        epilog=f"Methods: greedy = the greedy heuristic of the topology-aware collectives report; exact = the optimum (P <= {EXACT_MAX}); "
                f"heuristic = greedy + local search (any P); auto = exact when P <= {EXACT_MAX}, else "
                f"heuristic (default). Files written to --out-dir: PATTERN.rankfile, PATTERN.hostfile, "
                f"PATTERN.machinefile, PATTERN.slurm_hostfile, PATTERN.hosts_order.yaml, "
@@ -53,7 +53,7 @@ def add_map(verbs):
     m.add_argument("--matrix", required=True, metavar="FILE", help="CSV or JSON matrix (docs/TOPO.md)")
     m.add_argument("--metric", choices=sorted(METRICS),
                    help="which matrix of the file (default: its only one; bandwidth when it has both)")
-    m.add_argument("--method", choices=METHODS, default="auto", help="which order to write (default auto)")
+    m.add_argument("--method", type=method_arg, choices=METHODS, default="auto", help="which order to write (default auto; seed: greedy's older name)")
     m.add_argument("--out-dir", default=".", metavar="DIR", help="where to write the order files (default .)")
     m.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     m.add_argument("--time-limit", type=_seconds, default=None, metavar="SECONDS",

@@ -41,7 +41,7 @@ PATTERNS = ("ring", "recursive-doubling")
 # the MPI algorithm each pattern forces (Open MPI's tuned names and MPICH's CVAR values agree)
 PATTERN_ALGORITHM = {"ring": "ring", "recursive-doubling": "recursive_doubling"}
 OPS = ("allgather", "allreduce")
-SEED_MIN_ITERATIONS = 100
+REPORT_MIN_ITERATIONS = 100     # the topology-aware collectives report's least timed calls per point
 MAX_ORDER_FILE = 4 << 20
 
 
@@ -175,7 +175,7 @@ class Settings:
     patterns: tuple = ("ring", "recursive-doubling")
     ops: tuple = ("allgather",)
     sizes: tuple = (1 << 20,)
-    iterations: int = SEED_MIN_ITERATIONS
+    iterations: int = REPORT_MIN_ITERATIONS
     blocks: int = 10
     warmup: int = 10
     rounds: int = 1

@@ -21,7 +21,7 @@ from collbench.results.records import event_record
 from collbench.sizes import format_size
 from collbench.tables import Column, format_us, table_lines
 from collbench.topo import compare
-from collbench.topo.mapping import METHODS, map_order, predict
+from collbench.topo.mapping import METHODS, map_order, method_arg, predict
 from collbench.pair_matrix import METRICS, load_matrix
 from collbench.topo.outliers import host_groups
 
@@ -52,13 +52,13 @@ def add_compare(verbs):
                    help="a topo measure matrix: maps the new order now (without --order) and predicts the "
                         "speed-up")
     c.add_argument("--metric", choices=sorted(METRICS), help="which matrix of the file (default bandwidth)")
-    c.add_argument("--method", choices=METHODS, default="auto", help="topo map's method (default auto)")
+    c.add_argument("--method", type=method_arg, choices=METHODS, default="auto", help="topo map's method (default auto; seed: greedy's older name)")
     c.add_argument("--patterns", default="ring,recursive-doubling", metavar="LIST",
                    help="ring and/or recursive-doubling (default both)")
     c.add_argument("--ops", default="allgather", metavar="LIST", help="allgather and/or allreduce (default allgather)")
     c.add_argument("--sizes", default="1MB", metavar="LIST", help="bytes per rank, e.g. 64KB,1MB (default 1MB)")
-    c.add_argument("--iterations", type=cli_values.count_type(), default=compare.SEED_MIN_ITERATIONS, metavar="N",
-                   help=f"timed calls per point and order (default {compare.SEED_MIN_ITERATIONS}, the topology-aware collectives report's minimum)")
+    c.add_argument("--iterations", type=cli_values.count_type(), default=compare.REPORT_MIN_ITERATIONS, metavar="N",
+                   help=f"timed calls per point and order (default {compare.REPORT_MIN_ITERATIONS}, the topology-aware collectives report's minimum)")
     c.add_argument("--blocks", type=_count, default=10, metavar="N",
                    help="plan steps the calls are split into: the samples of the interval (default 10)")
     c.add_argument("--warmup", type=cli_values.count_type(0), default=None, metavar="N",
@@ -311,8 +311,8 @@ def csv_text(rows):
 def table_text(doc, rows, s, mapped):
     lines = [f"topo compare: run {doc['run_id']}, {doc['mpi']}, transport {doc['transport']}, "
              f"{s.iterations} calls per point and order in {s.blocks} blocks, {doc['seconds']:.0f} s"]
-    if s.iterations < compare.SEED_MIN_ITERATIONS:
-        lines.append(f"note: {s.iterations} calls per point, fewer than the {compare.SEED_MIN_ITERATIONS} the topology-aware collectives report asks for")
+    if s.iterations < compare.REPORT_MIN_ITERATIONS:
+        lines.append(f"note: {s.iterations} calls per point, fewer than the {compare.REPORT_MIN_ITERATIONS} the topology-aware collectives report asks for")
     if doc.get("stopped"):
         lines.append(f"stopped {doc['stopped']}: the points below hold what finished")
     for pattern, o in doc["orders"].items():

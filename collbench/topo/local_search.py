@@ -1,7 +1,7 @@
 """The scalable heuristic: greedy starts, then local search on the same lexicographic objective as
 the exact search (patterns.py: predicted time first, total load second). Pure Python; every move
 is accepted only when it makes the order strictly better, so the result is never worse than the
-best start (the report's greedy heuristic, method `seed`, and the identity order are always among the starts).
+best start (the report's greedy heuristic, method `greedy`, and the identity order are always among the starts).
 
 Ring (`improve_ring`), array tour with positions:
   1. bottleneck: take a slowest link and remove it by a 2-opt exchange, by moving one of its two

@@ -7,12 +7,13 @@ their predicted costs compare directly:
 | method    | what                                                                          |
 |-----------|-------------------------------------------------------------------------------|
 | identity  | the matrix's own order (the scheduler's), the baseline of every ratio         |
-| seed      | the topology-aware collectives report's greedy heuristic, as written there    |
+| greedy    | the topology-aware collectives report's greedy heuristic, as written there    |
 | heuristic | greedy starts + local search on the cost model (any P; P = 1024 in seconds)    |
 | exact     | the optimum, P <= 16 (ring: Held–Karp; recursive doubling: branch and bound)   |
 | auto      | exact when P <= 16, else heuristic; the best order computed in any case       |
 """
 
+import sys
 import time
 
 from collbench.errors import UserError
@@ -21,12 +22,24 @@ from collbench.topo import local_search
 from collbench.topo.outliers import host_groups, snap_noise
 from collbench.topo.patterns import (PATTERNS, algorithm_name, bottleneck, evaluate, evaluate_shared,
                                      is_power_of_two, round_maxima, rounds)
-from collbench.topo.seed_heuristics import seed_recursive_doubling, seed_ring
+from collbench.topo.greedy import greedy_recursive_doubling, greedy_ring
 
-METHODS = ("seed", "exact", "heuristic", "auto")
+METHODS = ("greedy", "exact", "heuristic", "auto")
+# older method names still accepted (with a warning naming the new one): `seed` named the greedy
+# heuristic after the prototype's scripts it came from
+METHOD_ALIASES = {"seed": "greedy"}
+
+
+def method_arg(text):
+    """--method's value (argparse type): an older name becomes the new one, with a warning on stderr."""
+    new = METHOD_ALIASES.get(text)
+    if new is None:
+        return text
+    print(f"collbench: warning: --method {text} is deprecated, use --method {new}", file=sys.stderr)
+    return new
 EXACT_MAX = exact_mod.EXACT_RING_MAX
 # preference on equal cost: a proven optimum, then the search, then the report's greedy order, then no change
-_PREFERENCE = ("exact", "heuristic", "seed", "identity")
+_PREFERENCE = ("exact", "heuristic", "greedy", "identity")
 
 
 class MethodResult:
@@ -203,19 +216,19 @@ def map_order(matrix, pattern, method="auto", time_limit=None, exact_time_limit=
 
     record("identity", lambda: list(range(p)))
     if pattern == "ring":
-        record("seed", lambda: seed_ring(cost), note="nearest neighbour from rank 0")
-        starts = [results["seed"].order, results["identity"].order]
+        record("greedy", lambda: greedy_ring(cost), note="nearest neighbour from rank 0")
+        starts = [results["greedy"].order, results["identity"].order]
         record("heuristic", lambda: local_search.improve_ring(cost, starts, rnds, time_limit))
         if p <= EXACT_MAX:
             record("exact", lambda: exact_mod.exact_ring(cost), optimal=True, note="Held-Karp")
     else:
         note = "" if is_power_of_two(p) else "P not a power of two: judged as Bruck"
-        record("seed", lambda: seed_recursive_doubling(cost), note=note)
-        starts = [results["seed"].order, results["identity"].order]
+        record("greedy", lambda: greedy_recursive_doubling(cost), note=note)
+        starts = [results["greedy"].order, results["identity"].order]
         record("heuristic", lambda: local_search.improve_rounds(cost, starts, rnds, time_limit), note=note)
         if p <= EXACT_MAX:
             equal_weights = len({rd.weight for rd in rnds}) <= 1
-            best_known = min((results[m] for m in ("heuristic", "seed")),
+            best_known = min((results[m] for m in ("heuristic", "greedy")),
                              key=lambda r: (r.primary, r.secondary)).order
             record("exact", lambda: exact_mod.exact_rounds(
                 cost, rnds, upper=best_known, time_limit=exact_time_limit,

@@ -1,5 +1,7 @@
-"""The two greedy heuristics of the topology-aware collectives report, as written there (the Mirsadeghi & Afsahi heuristics in Kitor's
-Open MPI form, topo.md §1.1). They are the baseline the other methods are measured against.
+"""The two greedy heuristics of the topology-aware collectives report, as written there (the
+Mirsadeghi & Afsahi heuristics in Kitor's Open MPI form, topo.md §1.1): `topo map --method greedy`
+(called `seed` before, after the prototype's scripts it came from), the baseline the other
+methods are measured against.
 
 "Closest" means the lowest cost (latency, or 1/bandwidth); ties go to the lowest matrix rank, as
 `argmax` over the matrix does in Kitor's code. Both return an order: order[new rank] = matrix rank.
@@ -16,7 +18,7 @@ def _closest(cost_row, free):
     return best
 
 
-def seed_ring(cost):
+def greedy_ring(cost):
     """Ring: process 0 is the reference; repeatedly give the next new rank to the node closest to
     the reference and make it the reference. The closing link back to rank 0 is never looked at."""
     p = len(cost)
@@ -31,7 +33,7 @@ def seed_ring(cost):
     return order
 
 
-def seed_recursive_doubling(cost):
+def greedy_recursive_doubling(cost):
     """Recursive doubling: rank 0 stays on its node and is the reference. Starting from the last
     stage (distance P/2), skip distances whose partner (reference XOR d) is already mapped, halving
     d; map new rank = reference XOR d onto the free node closest to the reference's node; after two
