@@ -14,7 +14,7 @@ T0 = 1795400000.0
 
 
 def rec(i, lat, moved=None, straggler=None, congestion=True, hosts=HOSTS, ranks=16, transport="ucx",
-        op="allreduce", size=("4MB", 4194304), engine="builtin"):
+        op="allreduce", size=("4MB", 4194304), engine="builtin", off_cpu=None):
     ts = T0 + i
     r = {"schema": 1, "time": "2026-11-23T10:00:00.000Z", "ts": ts, "type": "result", "run_id": "20261123T100000-0badcafe",
          "hosts": hosts, "nodes": len(hosts), "ranks": ranks, "engine": engine, "mpi": "mpirun (Open MPI) 4.1.4",
@@ -23,6 +23,8 @@ def rec(i, lat, moved=None, straggler=None, congestion=True, hosts=HOSTS, ranks=
          "warmup": 10, "algbw_bytes_per_s": 1e9, "busbw_bytes_per_s": 1e9, "validation": "off",
          "straggler_rank": straggler, "verdict": None, "status": "ok", "iteration": i + 1, "t_start": ts - 0.5,
          "t_end": ts, "seq": i + 1}
+    if off_cpu is not None:     # (rank, its off-CPU share, the mean over ranks)
+        r.update(offcpu_rank=off_cpu[0], offcpu_share_max=off_cpu[1], offcpu_share_avg=off_cpu[2])
     if congestion:
         moved = dict(moved or {})
         totals = {}
@@ -34,7 +36,8 @@ def rec(i, lat, moved=None, straggler=None, congestion=True, hosts=HOSTS, ranks=
     return r
 
 
-def series(n=120, onset=70, factor=1.6, slow_moved=None, noise=True, seed=3, slow_straggler=None, **kw):
+def series(n=120, onset=70, factor=1.6, slow_moved=None, noise=True, seed=3, slow_straggler=None, slow_off_cpu=None,
+           **kw):
     """n steps, the latency `factor` times higher from `onset` on, with `slow_moved` (host -> {key: delta})
     in those steps and a little background ECN on random hosts in every step."""
     rng = random.Random(seed)
@@ -47,7 +50,12 @@ def series(n=120, onset=70, factor=1.6, slow_moved=None, noise=True, seed=3, slo
         if slow and slow_moved:
             moved.update(slow_moved)
         strag = slow_straggler if slow and slow_straggler is not None else rng.randrange(16)
-        out.append(rec(i, 1000 * rng.gauss(1, 0.02) * (factor if slow else 1), moved, strag, **kw))
+        # the rank off its CPU the most: in quiet steps any rank, by a hair; `slow_off_cpu` held off
+        # its CPU 70 % of the loop (its peers 4 %) in the slow steps
+        off = ((slow_off_cpu, 0.7, (0.7 + 15 * 0.04) / 16) if slow and slow_off_cpu is not None
+               else (rng.randrange(16), 0.05, 0.04))
+        out.append(rec(i, 1000 * rng.gauss(1, 0.02) * (factor if slow else 1), moved, strag,
+                       off_cpu=off if slow_off_cpu is not None else None, **kw))
     return out
 
 
@@ -132,13 +140,24 @@ def test_a_counter_that_moves_as_much_in_good_steps_is_no_evidence(tmp_path):
     assert doc["verdict"] == "unexplained" and doc["suspects"][0]["host"] is None
 
 
-def test_a_straggler_host_with_no_counter_moving_is_a_slow_host(tmp_path):
+def test_a_host_whose_rank_the_others_waited_for_is_a_slow_host(tmp_path):
     # 16 ranks on 8 hosts, two per host: rank 9 is on h4
-    rc, doc, _ = diagnose(write(tmp_path / "r.jsonl", series(slow_straggler=9, noise=False)))
+    rc, doc, _ = diagnose(write(tmp_path / "r.jsonl", series(slow_off_cpu=9, noise=False)))
     top = doc["suspects"][0]
-    assert rc == 1 and (top["host"], top["cause"]) == ("h4", "slow_host")
-    assert top["evidence"]["straggler"]["slow_steps_slowest"] == 50
-    assert "no congestion counter moving" in top["detail"]
+    assert rc == 1 and (top["host"], top["cause"]) == ("h4", "slow_host"), doc["suspects"]
+    assert top["evidence"]["off_cpu"] == {**top["evidence"]["off_cpu"], "slow_steps_waited_for": 50,
+                                          "slow_steps": 50, "share_good": 0.0}
+    # on its CPU 30 % of the loop, its peers 96 %
+    assert (top["evidence"]["off_cpu"]["on_cpu_share"], top["evidence"]["off_cpu"]["peers_on_cpu_share"]) == (0.3, 0.96)
+    assert "no congestion counter moving" in top["detail"] and "waited for" in top["detail"]
+
+
+def test_the_slowest_rank_alone_names_no_slow_host(tmp_path):
+    # rank 9 the slowest (straggler_rank) in every slow step: the rank that waits longest in the calls
+    # is usually one that waited for a late peer, not the cause; without the off-CPU rank nothing is named
+    rc, doc, _ = diagnose(write(tmp_path / "r.jsonl", series(slow_straggler=9, noise=False)))
+    assert rc == 1 and [s["cause"] for s in doc["suspects"]] == ["unexplained"], doc["suspects"]
+    assert any("per-rank off-CPU shares" in x for x in doc["suspects"][0]["evidence"]["lacking"])
 
 
 def test_records_without_counters_say_what_evidence_was_lacking(tmp_path):
@@ -156,7 +175,7 @@ def test_osu_records_lack_per_rank_timings_and_per_host_counters(tmp_path):
         r["straggler_rank"] = None
     rc, doc, _ = diagnose(write(tmp_path / "r.jsonl", recs))
     lacking = doc["suspects"][0]["evidence"]["lacking"]
-    assert rc == 1 and any("per-rank timings" in x for x in lacking) and any("congestion" in x for x in lacking)
+    assert rc == 1 and any("per-rank off-CPU" in x for x in lacking) and any("congestion" in x for x in lacking)
 
 
 def test_a_quiet_series_and_a_spike_are_no_regression(tmp_path):
@@ -238,13 +257,19 @@ def test_without_results_the_state_directory_is_read(tmp_path):
     assert (doc["suspects"][0]["host"], doc["suspects"][0]["cause"]) == ("h7", "link_errors")
 
 
-def test_a_straggler_without_good_steps_to_compare_is_not_a_slow_host(tmp_path):
-    # every step slow (against a baseline) and rank 9 always last: that may be the op's structure
+def test_against_a_baseline_every_step_slow_the_waited_for_host_is_named(tmp_path):
+    # every step slow against a baseline: no good step to compare with, but quiet steps name no
+    # waited-for rank at all (the off-CPU share is the rank's, not the op's structure)
     quiet = write(tmp_path / "quiet.jsonl", series(n=20, factor=1.0, noise=False))
     p = subprocess.run([sys.executable, "-m", "collbench", "baseline", "save", "b1", "--from", quiet, "--state-dir",
                         str(tmp_path / "state")], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
-    cur = write(tmp_path / "cur.jsonl", series(n=6, onset=0, slow_straggler=9, noise=False))
+    cur = write(tmp_path / "cur.jsonl", series(n=6, onset=0, slow_off_cpu=9, noise=False))
+    rc, doc, err = diagnose(cur, "--baseline", "b1", "--state-dir", tmp_path / "state")
+    assert rc == 1 and [(s["host"], s["cause"]) for s in doc["suspects"]] == [("h4", "slow_host")], doc["suspects"]
+    assert doc["suspects"][0]["evidence"]["off_cpu"]["share_good"] is None
+    # two slow steps are too few, and the diagnosis says so
+    cur = write(tmp_path / "cur2.jsonl", series(n=2, onset=0, slow_off_cpu=9, noise=False))
     rc, doc, err = diagnose(cur, "--baseline", "b1", "--state-dir", tmp_path / "state")
     assert rc == 1 and [s["cause"] for s in doc["suspects"]] == ["unexplained"], doc["suspects"]
-    assert any("good steps to compare" in x for x in doc["suspects"][0]["evidence"]["lacking"])
+    assert any("fewer than 3" in x for x in doc["suspects"][0]["evidence"]["lacking"])

@@ -106,7 +106,8 @@ def diagnose(paths, baseline=None, since=None):
 def _pooled(loaded, regs, evidence, ranking, label):
     """Suspects from the slow steps of every regression of one cluster shape taken together (a
     `once` run against a baseline has one step per series: alone, none shows a pattern); the
-    good steps are the regressed series' others and every step of the series that did not regress."""
+    good steps are the regressed series' others and every step of the series that did not regress.
+    The counters and the off-CPU rank are the host's, not the op's, so they pool over ops."""
     out = []
     shapes = {}
     for r in regs:
@@ -125,7 +126,7 @@ def _pooled(loaded, regs, evidence, ranking, label):
             if key not in regressed and (key.nodes, key.ranks) == (nodes, ranks):
                 good += range(len(steps), len(steps) + len(series))
                 steps += series
-        ev = evidence.gather(steps, slow, good, nodes, stragglers=False)
+        ev = evidence.gather(steps, slow, good, nodes)
         out.append(([label(r.key) for r in group], ranking.suspects_of(ev, nodes)))
     return out
 

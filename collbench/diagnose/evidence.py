@@ -1,6 +1,6 @@
 """The evidence for one regression: per host and counter, what moved during its slow steps
 against the same host's good steps and against its peers; per host, how often its rank was the
-slowest. Each counter belongs to one family, the cause it points at (docs/DIAGNOSIS.md):
+one the others waited for (off its CPU markedly more than its peers: docs/DIAGNOSIS.md). Each counter belongs to one family, the cause it points at (docs/DIAGNOSIS.md):
 
   congestion   ECN marks, CNPs, TCP CE echoes: DCQCN / TCP ECN reacting to queues on the path
   pfc          PFC and link-level pauses, pause storms, blocked transmit time, buffer drops
@@ -27,6 +27,14 @@ _PFC = {"rx_pause_ctrl_phy", "tx_pause_ctrl_phy", "tx_pause_storm_warning_events
 STORM = {"tx_pause_storm_warning_events", "tx_pause_storm_error_events"}
 MIN_STEP_SHARE = 0.5       # a counter must move in at least half of the slow steps
 MIN_CONTRAST = 3.0         # ... at least this many times its rate in the same host's good steps
+# a step names the rank the others waited for when that rank was on its CPU at most this share of
+# its peers' mean (and they were on theirs at least MIN_PEERS_ON_CPU of the loop: ranks that all
+# sleep say nothing). Measured on the 4-host testbed (4 ranks on 2 cores shared with other jobs,
+# load ~11; docs/DIAGNOSIS.md): quiet steps 0.62-0.99; h4's rank held to 2 % of a CPU by a cgroup
+# quota 0.07-0.09, to 5 % 0.15-0.18
+MAX_ON_CPU_RATIO = 0.4
+MIN_PEERS_ON_CPU = 0.02
+MIN_OFF_CPU_STEPS = 3      # slow steps carrying the off-CPU rank before a slow host can be named
 
 
 @lru_cache(maxsize=4096)
@@ -103,17 +111,19 @@ class Evidence:
     good_with_counters: int = 0
     slow_sources: Counter = field(default_factory=Counter)
     moved_hosts: set = field(default_factory=set)        # hosts with any signal in the slow steps
-    stragglers_slow: Counter = field(default_factory=Counter)
-    stragglers_good: Counter = field(default_factory=Counter)
-    slow_with_straggler: int = 0
-    good_with_straggler: int = 0
+    off_cpu_slow: Counter = field(default_factory=Counter)   # host -> slow steps its rank was waited for
+    off_cpu_good: Counter = field(default_factory=Counter)
+    on_cpu: Counter = field(default_factory=Counter)         # host -> sum of its on-CPU share in those
+    peers_on_cpu: Counter = field(default_factory=Counter)   # host -> sum of its peers' mean share
+    slow_with_off_cpu: int = 0                               # slow steps whose records carry the field
+    good_with_off_cpu: int = 0
     lacking: list = field(default_factory=list)
 
 
-def gather(steps, slow, good, nodes, stragglers=True):
-    """The Evidence of one regression (steps: its series; slow, good: indices). stragglers=False:
-    leave the slowest ranks out (steps of several series pooled: each op has its own structural
-    last rank, so they are compared within one series only)."""
+def gather(steps, slow, good, nodes):
+    """The Evidence of one regression (steps: its series, or several series pooled; slow, good:
+    indices). The off-CPU share is a property of the rank, not of the op's structure, so steps of
+    several ops pool."""
     ev = Evidence()
     acc = {}                                   # (host, key) -> CounterEvidence
     per_name_slow = Counter()                  # counter name -> delta over hosts (slow steps)
@@ -122,13 +132,19 @@ def gather(steps, slow, good, nodes, stragglers=True):
     for which, idx in ((0, slow), (1, good)):
         for i in idx:
             s = steps[i]
-            if stragglers and s.straggler is not None:
+            if s.off_cpu is not None:
+                host, on, peers_on = s.off_cpu
+                named = peers_on >= MIN_PEERS_ON_CPU and on <= MAX_ON_CPU_RATIO * peers_on
                 if which == 0:
-                    ev.stragglers_slow[s.straggler] += 1
-                    ev.slow_with_straggler += 1
+                    ev.slow_with_off_cpu += 1
+                    if named:
+                        ev.off_cpu_slow[host] += 1
+                        ev.on_cpu[host] += on
+                        ev.peers_on_cpu[host] += peers_on
                 else:
-                    ev.stragglers_good[s.straggler] += 1
-                    ev.good_with_straggler += 1
+                    ev.good_with_off_cpu += 1
+                    if named:
+                        ev.off_cpu_good[host] += 1
             if s.window_s is None:
                 continue
             if which == 0:
@@ -176,12 +192,11 @@ def gather(steps, slow, good, nodes, stragglers=True):
     elif ev.slow_sources.get("osu-run"):
         ev.lacking.append("per-host counters: OSU-engine records carry only the launching host's counters "
                           "around the whole run")
-    if not stragglers:
-        pass
-    elif not ev.slow_with_straggler:
-        ev.lacking.append("per-rank timings: no slow step names a straggler host (OSU reports no per-rank "
-                          "times; or ranks are not spread evenly over the hosts)")
-    elif ev.good_with_straggler < 3:
-        ev.lacking.append("good steps to compare the slowest ranks with: which rank ends last is partly the "
-                          "op's structure, so a slow host is named only against the same series' good steps")
+    if not ev.slow_with_off_cpu:
+        ev.lacking.append("per-rank off-CPU shares: no slow step's record has `offcpu_rank` (a log written before "
+                          "it existed, the OSU or nccl-tests engines, which report no per-rank times, or ranks not "
+                          "spread evenly over the hosts): a slow host cannot be named")
+    elif ev.slow_with_off_cpu < MIN_OFF_CPU_STEPS:
+        ev.lacking.append(f"slow steps with per-rank off-CPU shares: {ev.slow_with_off_cpu}, fewer than "
+                          f"{MIN_OFF_CPU_STEPS}: too few to name a slow host")
     return ev

@@ -7,7 +7,7 @@ stable JSON document:
                       "variant", "method", "reference_us", "current_us", "ratio", "bound_us", "steps",
                       "slow_steps", "good_steps", "first_slow_ts"}],
      "suspects": [{"rank", "host", "link", "port", "priority", "cause", "score", "detail",
-                   "evidence": {"counters": [...], "straggler": {...} | null, "lacking": [...]},
+                   "evidence": {"counters": [...], "off_cpu": {...} | null, "lacking": [...]},
                    "regressions": ["allreduce 4MB", ...]}],
      "notes": [...], "input": {"files", "results", "failures", "bad_lines"}}
 """
@@ -48,7 +48,7 @@ def regression_dict(r):
 def suspect_dict(i, s):
     return {"rank": i, "host": s.host, "link": list(s.link) if s.link else None, "port": s.port,
             "priority": s.priority, "cause": s.cause, "score": _num(s.score), "detail": s.detail,
-            "evidence": {"counters": [c.as_dict() for c in s.counters], "straggler": s.straggler,
+            "evidence": {"counters": [c.as_dict() for c in s.counters], "off_cpu": s.off_cpu,
                          "lacking": list(s.lacking)},
             "regressions": list(s.regressions)}
 
@@ -88,9 +88,10 @@ def _evidence_text(s):
         good = "-" if c.good_rate is None else f"{c.good_rate:.3g}/s"
         parts.append(f"{c.host} {c.name}@{c.where}: {c.slow_rate:.3g}/s in {c.slow_steps} slow steps "
                      f"(good {good}, peers {c.peers_rate:.3g}/s, {c.share:.0%} of hosts')")
-    if s.straggler:
-        st = s.straggler
-        parts.append(f"slowest rank on {st['host']} in {st['slow_steps_slowest']}/{st['slow_steps']} slow steps")
+    if s.off_cpu:
+        o = s.off_cpu
+        parts.append(f"{o['host']}'s rank waited for (on its CPU {o['on_cpu_share']:.1%}, peers "
+                     f"{o['peers_on_cpu_share']:.1%}) in {o['slow_steps_waited_for']}/{o['slow_steps']} slow steps")
     return "; ".join(parts) or "; ".join(s.lacking) or "-"
 
 

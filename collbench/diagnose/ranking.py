@@ -4,7 +4,8 @@ host), a cause class and a score in 0..1, ranked over every regression.
 Scores: a counter suspect scores (slow steps it moved in / slow steps with counters) x (its share
 of that counter's movement over hosts) x (1 - good rate / slow rate): moving in every slow step,
 on this host alone, and never in the good ones is 1. A slow host scores by how much more often
-its rank was the slowest in the slow steps than in the good ones (or than chance, 1 / hosts).
+its rank was the one the others waited for (on its CPU at most 40 % as much as its peers) in the slow
+steps than in the good ones.
 """
 
 from dataclasses import dataclass, field
@@ -12,12 +13,12 @@ from dataclasses import dataclass, field
 from collbench.congestion.counters import NP, RP
 from collbench.congestion.keys import priority
 from collbench.diagnose.evidence import (CONGESTION, LINK_ERRORS, PFC, SLOW_HOST, STORM, UNEXPLAINED,
-                                         MIN_STEP_SHARE)
+                                         MIN_OFF_CPU_STEPS, MIN_STEP_SHARE)
 
 CONCENTRATED = 0.5          # a host holding at least half of a counter's movement
 LINK_CONCENTRATED = 0.75    # a link: both ends hold most of their side's movement
-STRAGGLER_MARGIN = 0.25     # the straggler share in slow steps above that in good steps
-MIN_GOOD_STRAGGLER_STEPS = 3
+OFF_CPU_MARGIN = 0.25       # the waited-for share in slow steps above that in the good steps
+MIN_GOOD_OFF_CPU_STEPS = 3  # fewer good steps with the field: compared with 0 (quiet steps name none)
 
 
 @dataclass
@@ -30,7 +31,7 @@ class Suspect:
     detail: str = ""
     score: float = 0.0
     counters: list = field(default_factory=list)     # CounterEvidence
-    straggler: dict = None
+    off_cpu: dict = None        # the slow-host evidence: how often its rank was waited for
     lacking: list = field(default_factory=list)
     regressions: list = field(default_factory=list)  # labels of the regressions it explains
 
@@ -104,22 +105,24 @@ def _link_errors(cs):
                           "errors, losses and the retransmissions they cost)")
 
 
-def _straggler(ev, nodes):
-    """(host, share in slow steps, share in good steps or chance, score) of a host whose rank was
-    the slowest markedly more often during the slow steps; None."""
-    if not ev.slow_with_straggler or not nodes or nodes < 2 or not ev.stragglers_slow:
+def _slow_host(ev, nodes):
+    """The off_cpu evidence dict and score of a host whose rank the others waited for (on its CPU
+    at most 40 % as much as its peers) in most slow steps, markedly more often than in the good
+    steps; None. Quiet steps name no rank (every rank polls on its CPU), so without good steps
+    to compare with the reference is 0."""
+    if ev.slow_with_off_cpu < MIN_OFF_CPU_STEPS or not ev.off_cpu_slow or not nodes or nodes < 2:
         return None
-    # which rank ends last is partly the op's structure (a bcast's last leaf, a ring's last hop):
-    # only a share above the same ranks' share in good steps says anything about a host
-    if ev.good_with_straggler < MIN_GOOD_STRAGGLER_STEPS:
+    host, times = ev.off_cpu_slow.most_common(1)[0]
+    share = times / ev.slow_with_off_cpu
+    have_good = ev.good_with_off_cpu >= MIN_GOOD_OFF_CPU_STEPS
+    ref = ev.off_cpu_good[host] / ev.good_with_off_cpu if have_good else 0.0
+    if share < max(MIN_STEP_SHARE, 2.0 / nodes) or share < ref + OFF_CPU_MARGIN:
         return None
-    host, times = ev.stragglers_slow.most_common(1)[0]
-    share = times / ev.slow_with_straggler
-    chance = 1.0 / nodes
-    ref = ev.stragglers_good[host] / ev.good_with_straggler
-    if share < max(MIN_STEP_SHARE, 2 * chance) or share < ref + STRAGGLER_MARGIN or ev.slow_with_straggler < 3:
-        return None
-    return host, share, ref, times, min(1.0, (share - ref) / (1.0 - ref)) if ref < 1 else 0.0
+    info = {"host": host, "slow_steps_waited_for": times, "slow_steps": ev.slow_with_off_cpu,
+            "share_slow": round(share, 4), "share_good": round(ref, 4) if have_good else None,
+            "on_cpu_share": round(ev.on_cpu[host] / times, 4),
+            "peers_on_cpu_share": round(ev.peers_on_cpu[host] / times, 4)}
+    return info, min(1.0, (share - ref) / (1.0 - ref)) if ref < 1 else 0.0
 
 
 def suspects_of(ev, nodes):
@@ -142,27 +145,29 @@ def suspects_of(ev, nodes):
             out.append(pfc)
     if LINK_ERRORS in by_family:
         out.append(_link_errors(by_family[LINK_ERRORS]))
-    strag = _straggler(ev, nodes)
-    if strag:
-        host, share, ref, times, score = strag
-        info = {"host": host, "slow_steps_slowest": times, "slow_steps": ev.slow_with_straggler,
-                "share_slow": round(share, 4), "share_good_or_chance": round(ref, 4)}
+    slow = _slow_host(ev, nodes)
+    if slow:
+        info, score = slow
+        host = info["host"]
         named = [s for s in out if s.host == host or host in (s.link or ())]
         if named:
-            named[0].straggler = info
+            named[0].off_cpu = info
             named[0].score = min(1.0, named[0].score + 0.1 * score)
         else:
-            s = Suspect(SLOW_HOST, host=host, score=score, straggler=info,
-                        detail=f"{host}'s rank was the slowest in {times} of {ev.slow_with_straggler} slow steps "
-                               f"({share:.0%}; {ref:.0%} otherwise)"
-                               + (" with no congestion counter moving on it" if host not in ev.moved_hosts
-                                  else "; its counters moved, but no more than in the good steps"))
-            out.append(s)
+            good = ("" if info["share_good"] is None
+                    else f"; {info['share_good']:.0%} of the good steps")
+            out.append(Suspect(
+                SLOW_HOST, host=host, score=score, off_cpu=info,
+                detail=f"the others waited for {host}'s rank: on its CPU {info['on_cpu_share']:.1%} of the loop "
+                       f"against its peers' {info['peers_on_cpu_share']:.1%}, in {info['slow_steps_waited_for']} of "
+                       f"{info['slow_steps']} slow steps ({info['share_slow']:.0%}{good})"
+                       + (" with no congestion counter moving on it" if host not in ev.moved_hosts
+                          else "; its counters moved, but no more than in the good steps")))
     if not out:
         out.append(Suspect(UNEXPLAINED, lacking=list(ev.lacking),
                            detail="a regression with no evidence: no counter moved more during the slow steps than "
-                                  "in the good ones or on the peers, and no host's rank was the slowest more often "
-                                  "than chance" + (" (lacking: " + "; ".join(x.split(":")[0] for x in ev.lacking) + ")"
+                                  "in the good ones or on the peers, and no host's rank kept the others waiting "
+                                  "(on its CPU at most 40 % as much as its peers) in most slow steps" + (" (lacking: " + "; ".join(x.split(":")[0] for x in ev.lacking) + ")"
                                                    if ev.lacking else "")))
     for s in out:
         s.lacking = s.lacking or list(ev.lacking)

@@ -7,6 +7,7 @@ MPI faults are recorded, never raised.
 """
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -34,9 +35,10 @@ RECORD_FIELDS = {
     "validation": str, "loop": int, "step": int, "t_start": (int, float), "t_end": (int, float),
     "ranks": int,
 }
-# optional CBREC keys (plan options and per-iteration percentiles) -> accepted types
+# optional CBREC keys (plan options, per-iteration percentiles, the off-CPU rank) -> accepted types
 OPTIONAL_FIELDS = {"inplace": int, "root": int, "timing": str, "p50_us": (int, float),
-                   "p90_us": (int, float), "p99_us": (int, float), "pmax_us": (int, float)}
+                   "p90_us": (int, float), "p99_us": (int, float), "pmax_us": (int, float),
+                   "offcpu_rank": int, "offcpu_max": (int, float), "offcpu_avg": (int, float)}
 TIMINGS = ("osu", "sustained")
 VALIDATION_STATES = ("pass", "fail", "off")
 HOSTS_PREFIX = "CBHOSTS "
@@ -168,6 +170,17 @@ def parse_hosts_line(line):
     return None if payload is None else payload["hosts"]
 
 
+def _offcpu(rec):
+    """The record's off-CPU fields (docs/LOG_FORMAT.md: the rank its peers waited for) from a CBREC
+    payload; {} from an engine older than them or with a value out of range."""
+    rank, top, avg = rec.get("offcpu_rank"), rec.get("offcpu_max"), rec.get("offcpu_avg")
+    if rank is None or top is None or avg is None or not 0 <= rank < rec["ranks"]:
+        return {}
+    if not (math.isfinite(top) and math.isfinite(avg) and 0.0 <= avg <= top <= 1.0):
+        return {}
+    return {"offcpu_rank": rank, "offcpu_share_max": round(float(top), 4), "offcpu_share_avg": round(float(avg), 4)}
+
+
 def to_result(ctx, rec, step=None):
     """A results record (records.result_record) from a parsed CBREC payload; optional fields
     (in place, root, timing, percentiles, algorithm) only where the step asked for them."""
@@ -187,6 +200,7 @@ def to_result(ctx, rec, step=None):
         ctx, rec["op"], rec["size_bytes"], rec["datatype"], rec["avg_us"], rec["min_us"],
         rec["max_us"], rec["iterations"], rec["warmup"], validation=rec["validation"],
         straggler_rank=rec["max_rank"], ranks=rec["ranks"], ts=rec["t_end"], **optional)
+    record.update(_offcpu(rec))
     if "congestion" in rec:   # the step's CBCONG line (_job): the counters that moved, per host
         payload, tick, ranks = rec["congestion"]
         record["congestion"] = congestion_lines.record_congestion(payload, ctx.hosts, tick, ranks)

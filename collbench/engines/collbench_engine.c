@@ -684,7 +684,9 @@ static void install_signal_handlers(void)
 
 typedef struct {
     double avg_us, min_us, max_us;
-    int max_rank;
+    int max_rank;                          /* the rank with the largest time per call (max_us) */
+    int offcpu_rank;                       /* the rank off its CPU the largest share of the loop */
+    double offcpu_max, offcpu_avg;         /* that share (0..1), and the mean over ranks */
     double t_start, t_end;
     const char *validation;
     int have_pct;                          /* samples=1: percentiles below are set */
@@ -760,6 +762,14 @@ static void reduce_percentiles(Coll *c, double *samples, size_t n, StepResult *r
     free(worst);
 }
 
+static double thread_cpu(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
+        return -1.0;
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static void run_timed(Coll *c, StepResult *r)
 {
     const OpDef *op = &OPS[c->step->op];
@@ -781,6 +791,7 @@ static void run_timed(Coll *c, StepResult *r)
 
     MPI_Barrier(c->comm);
     r->t_start = wall_clock();
+    double cpu0 = thread_cpu();
     if (s->timing == TIMING_SUSTAINED) {
         for (long long i = 0; i < s->warmup; i++)
             op->call(c, root);
@@ -805,6 +816,7 @@ static void run_timed(Coll *c, StepResult *r)
             }
         }
     }
+    double cpu1 = thread_cpu();
     r->t_end = wall_clock();
     if (nsamples) {
         reduce_percentiles(c, samples, nsamples, r);
@@ -822,6 +834,19 @@ static void run_timed(Coll *c, StepResult *r)
     MPI_Reduce(&mine, &worst, 1, MPI_DOUBLE_INT, MPI_MAXLOC, 0, c->comm);
     r->max_rank = worst.rank;
     r->avg_us = sum / c->nranks;
+    /* the rank the others waited for, after the timed figures: the share of the loop's wall time
+     * each rank's thread spent off its CPU (descheduled: a CPU hog, a cgroup quota, throttling).
+     * MPI ranks poll while they wait, so a healthy rank stays on its CPU; the rank with the
+     * largest time per call (max_rank) is usually one that waited for the late one, and the
+     * smallest (a MINLOC) is too often the op's structure to name it (docs/DIAGNOSIS.md) */
+    double wall = r->t_end - r->t_start, offsum = 0.0;
+    double off = cpu0 < 0 || cpu1 < 0 || wall <= 0 ? 0.0 : 1.0 - (cpu1 - cpu0) / wall;
+    struct { double value; int rank; } offmine = {off < 0 ? 0.0 : off, c->rank}, offworst = {0.0, 0};
+    MPI_Reduce(&offmine, &offworst, 1, MPI_DOUBLE_INT, MPI_MAXLOC, 0, c->comm);
+    MPI_Reduce(&offmine.value, &offsum, 1, MPI_DOUBLE, MPI_SUM, 0, c->comm);
+    r->offcpu_rank = offworst.rank;
+    r->offcpu_max = offworst.value;
+    r->offcpu_avg = offsum / c->nranks;
 }
 
 /* In place: the input fill() wrote to the send buffer goes where MPI_IN_PLACE reads it (this
@@ -880,10 +905,12 @@ static void print_record(const Step *s, const StepResult *r, int loop, int index
     int n = snprintf(line, sizeof(line),
                      "CBREC {\"op\":\"%s\",\"size_bytes\":%zu,\"datatype\":\"%s\",\"iterations\":%lld,"
                      "\"warmup\":%lld,\"avg_us\":%.4f,\"min_us\":%.4f,\"max_us\":%.4f,\"max_rank\":%d,"
+                     "\"offcpu_rank\":%d,\"offcpu_max\":%.4f,\"offcpu_avg\":%.4f,"
                      "\"validation\":\"%s\",\"loop\":%d,\"step\":%d,\"t_start\":%.6f,\"t_end\":%.6f,"
                      "\"ranks\":%d,\"inplace\":%d,\"root\":%d,\"timing\":\"%s\"%s}\n",
                      OPS[s->op].name, s->size, DATATYPES[s->dt].name, s->iterations, s->warmup,
-                     r->avg_us, r->min_us, r->max_us, r->max_rank, r->validation, loop, index,
+                     r->avg_us, r->min_us, r->max_us, r->max_rank, r->offcpu_rank, r->offcpu_max,
+                     r->offcpu_avg, r->validation, loop, index,
                      r->t_start, r->t_end, nranks, s->inplace, s->root, TIMING_NAMES[s->timing], pct);
     /* one write per record: a reader never sees half a line */
     fwrite(line, 1, (size_t)n, stdout);
