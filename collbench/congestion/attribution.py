@@ -24,6 +24,21 @@ from collbench.congestion.record_field import host_of
 VOLUME = frozenset({"InECT0Pkts", "InECT1Pkts", "InNoECTPkts", "TCPDelivered"})
 MAX_K = 16          # the most hosts any view asks for (exporter.congestion_top_k's bound)
 
+# TCP loss recovery that every busy host shows: below this share of the packets the host delivered
+# in the step (its TCPDelivered at the same place), retransmissions are no evidence (a loaded veth
+# or NIC retransmits a few). The one rule for every view: the exporter's top host (and so the
+# CollbenchLatencyShift alert's suspect) and `collbench diagnose` both read signals() below.
+TCP_RETRANS = frozenset({"TCPFastRetrans", "TCPLostRetransmit", "TCPSlowStartRetrans", "TCPOFOQueue",
+                         "TCPSpuriousRTOs", "TCPRetransFail"})
+ROUTINE_RETRANS_SHARE = 0.01
+
+
+def routine_retransmits(name, delta, delivered):
+    """True when `delta` of TCP retransmission counter `name` is routine loss recovery beside the
+    `delivered` packets (None: unknown, never routine)."""
+    return (name in TCP_RETRANS and isinstance(delivered, int) and not isinstance(delivered, bool)
+            and delta < ROUTINE_RETRANS_SHARE * delivered)
+
 
 class HostMoved(NamedTuple):
     host: str
@@ -44,7 +59,7 @@ def _side(name):
 
 def signals(field):
     """{host: {counter key: delta}} of the congestion signals in a valid `congestion` field
-    (None or a field without moved counters: {})."""
+    (None or a field without moved counters: {}); routine TCP retransmissions left out."""
     out = {}
     moved = field.get("moved") if isinstance(field, dict) else None
     for rk, delta in (moved.items() if isinstance(moved, dict) else ()):
@@ -52,7 +67,10 @@ def signals(field):
         if not isinstance(rk, str) or not isinstance(delta, int) or isinstance(delta, bool) or delta <= 0:
             continue
         host, k = host_of(rk)
-        if split(k)[0] in VOLUME:
+        name, where = split(k)
+        if name in VOLUME:
+            continue
+        if name in TCP_RETRANS and routine_retransmits(name, delta, moved.get(f"{host}|TCPDelivered@{where}")):
             continue
         out.setdefault(host, {})[k] = delta
     return out

@@ -53,21 +53,6 @@ def off_cpu(rec):
     return host, 1.0 - top, 1.0 - peers_off
 
 
-# TCP loss recovery that every busy host shows: below this share of the packets the host
-# delivered in the step, retransmissions are no evidence (a loaded veth or NIC retransmits a few)
-TCP_RETRANS = frozenset({"TCPFastRetrans", "TCPLostRetransmit", "TCPSlowStartRetrans", "TCPOFOQueue",
-                         "TCPSpuriousRTOs", "TCPRetransFail"})
-ROUTINE_RETRANS_SHARE = 0.01
-
-
-def _routine_retransmits(host, key, delta, raw):
-    name, _, where = key.partition("@")
-    if name not in TCP_RETRANS:
-        return False
-    delivered = raw.get(f"{host}|TCPDelivered@{where}")
-    return isinstance(delivered, int) and delta < ROUTINE_RETRANS_SHARE * delivered
-
-
 class Loaded:
     """The consumer ResultsInput.consume fills (add, merge): series by BaselineKey, plus what the
     records said about the cluster (nodes, ranks, transports) and how many lacked evidence."""
@@ -95,10 +80,9 @@ class Loaded:
         if isinstance(field, dict):
             source = field.get("source")
             window = max(float(field["t_end"]) - float(field["t_start"]), 1e-6)
-            raw = field.get("moved") or {}
+            # signals(): the exporter's rule too (routine TCP retransmissions are no evidence)
             moved = tuple((sys.intern(h), sys.intern(k), d)
-                          for h, per in signals(field).items() for k, d in per.items()
-                          if not _routine_retransmits(h, k, d, raw))
+                          for h, per in signals(field).items() for k, d in per.items())
             if source == "osu-run":
                 self.osu_run += 1
         else:
