@@ -58,14 +58,15 @@ def message_size(value, flag):
         raise UserError(f"{flag}: {e}") from None
 
 
-def size_list(text, flag="--sizes"):
-    """--sizes 1KB,64KB,1MB -> the sizes in bytes, ascending, each once."""
+def size_list(text, flag="--sizes", as_given=False):
+    """--sizes 1KB,64KB,1MB -> the sizes in bytes, ascending, each once (as_given: in the order
+    given, repeats kept: `once` runs its plan as written)."""
     sizes = [message_size(s.strip(), flag) for s in str(text).split(",") if s.strip()]
     if not sizes:
         raise UserError(f"{flag}: expected a comma list of sizes such as 1KB,64KB,1MB")
     if len(sizes) > MAX_SIZES:
         raise UserError(f"{flag}: {len(sizes)} sizes, at most {MAX_SIZES}")
-    return sorted(set(sizes))
+    return sizes if as_given else sorted(set(sizes))
 
 
 def factor(value, flag="--factor"):

@@ -134,13 +134,13 @@ def test_missing_config_file(tmp_path):
 
 
 FLAG_CASES = {
-    "--ops": (["--ops", "allreduce,allscatter"], [f"command line: --ops: got 'allscatter', expected a comma list of: {ALL_OPS}"]),
-    "--sizes": (["--sizes", "1KB,12QB"], ["command line: --sizes: '12QB' is not a size (expected e.g. 1024, 64KB, 4MB)"]),
-    "--sizes element": (["--sizes", "6"], ["command line: --sizes: 6 B is not a multiple of the float size (4 B)"]),
-    "--np": (["--np", "0"], ["command line: --np: got 0, expected a positive whole number"]),
+    "--ops": (["--ops", "allreduce,allscatter"], [f"--ops 'allscatter': unknown op 'allscatter' (expected one of: {ALL_OPS})"]),
+    "--sizes": (["--sizes", "1KB,12QB"], ["--sizes: '12QB' is not a size (expected e.g. 1024, 64KB, 4MB)"]),
+    "--sizes element": (["--sizes", "6"], ["--sizes: 6 B is not a multiple of the float size (4 B)"]),
+    "--np": (["--np", "0"], ["--np: got 0, expected a whole number from 1 to 2147483647"]),
     "--np type": (["--np", "two"], ["argument --np: invalid int value: 'two'"]),
-    "--iterations": (["--iterations", "0"], ["command line: --iterations: got 0, expected a positive whole number"]),
-    "--datatype": (["--datatype", "quad"], [f"command line: --datatype: got 'quad', expected one of: {', '.join(DATATYPES)}"]),
+    "--iterations": (["--iterations", "0"], ["--iterations: got 0, expected a whole number from 1 to 1000000000000"]),
+    "--datatype": (["--datatype", "quad"], [f"--datatype: got 'quad', expected one of: {', '.join(DATATYPES)}"]),
     "--datatype double with osu": (["--datatype", "double"], ["cannot run allreduce 1KB with datatype 'double'", "char, int, float"]),
     "--engine": (["--engine", "nccl"], ["argument --engine: invalid choice: 'nccl' (choose from 'builtin', 'nccl-tests', 'osu')"]),
 }
@@ -197,3 +197,27 @@ def test_config_error_is_a_user_error_with_its_parts(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(str(path))
     assert (e.value.source, e.value.key, e.value.exit_code) == (str(path), "plan[0].op", 2)
+
+
+@pytest.mark.parametrize("key", ["default_latency", "seed_defaults"])
+def test_thresholds_default_latency_and_its_older_name(tmp_path, capsys, key):
+    """thresholds.default_latency: false drops the default latency table; seed_defaults, its older
+    name, does the same and warns on stderr, naming the new key."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"thresholds:\n  {key}: false\n  latency:\n    bcast:\n"
+                    "      1KB: {warning: 1ms, critical: 2ms}\n")
+    cfg = load_config(str(path))
+    assert cfg.thresholds.latency_us == {("bcast", 1024): (1000.0, 2000.0)}
+    err = capsys.readouterr().err
+    warned = f"{path}: thresholds.seed_defaults is deprecated, use thresholds.default_latency" in err
+    assert warned == (key == "seed_defaults"), err
+    path.write_text(f"thresholds:\n  {key}: true\n")
+    assert load_config(str(path)).thresholds.bounds("allreduce", 1048576) == (10000.0, 20000.0)
+
+
+def test_thresholds_default_latency_under_both_names_is_refused(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("thresholds:\n  default_latency: false\n  seed_defaults: false\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(path))
+    assert e.value.key == "thresholds.seed_defaults" and "older name of thresholds.default_latency" in str(e.value)

@@ -331,17 +331,17 @@ def test_numbers_of_too_many_digits_are_refused(tmp_path, control_cpu):
 # ------------------------------------------------------------------ flags
 
 FLAG_CASES = [
-    (["--np", "0"], "--np: got 0, expected a positive whole number"),
-    (["--np", "2147483648"], "--np: got 2147483648, expected a positive whole number (at most 2147483647"),
+    (["--np", "0"], "--np: got 0, expected a whole number from 1 to 2147483647"),
+    (["--np", "2147483648"], "--np: got 2147483648, expected a whole number from 1 to 2147483647"),
     (["--np", "9" * 25], "--np: got 9999999999999999999999999"),
     (["--np", "9" * 5000], "argument --np: invalid int value: '999"),
-    (["--iterations", "1000000000001"], "--iterations: got 1000000000001, expected a positive whole number (at most 10^12"),
+    (["--iterations", "1000000000001"], "--iterations: got 1000000000001, expected a whole number from 1 to 1000000000000"),
     (["--iterations", "-1"], "--iterations: got -1"),
     (["--sizes", "1KB,4GB"], "--sizes: '4GB' is out of range: above the 2 GB limit"),
     (["--sizes", "2GB"], "--sizes: '2GB' is out of range: above the 2 GB limit (at most 2147483647 B"),
     (["--sizes", "nan"], "--sizes: 'nan' is not a size"),
     (["--sizes", "9" * 400 + "KB"], "--sizes: '999"),
-    (["--ops", "x" * 100_000], "--ops: got 'xxx"),
+    (["--ops", "x" * 100_000], "--ops 'xxx"),
 ]
 
 
@@ -626,7 +626,7 @@ def test_seeded_fuzz_of_flag_overrides(tmp_path):
         try:
             apply_overrides(cfg, **flags)
         except UserError as e:
-            assert len(str(e)) <= MAX_MESSAGE and str(e).startswith("command line: --"), (case, flags, str(e)[:300])
+            assert len(str(e)) <= MAX_MESSAGE and str(e).startswith("--"), (case, flags, str(e)[:300])
             refused += 1
             continue
         assert 1 <= cfg.ranks <= 2 ** 31 - 1, (case, flags)

@@ -365,8 +365,8 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path):
         ([str(good), "--comm", "0xdeadbeef"], "--comm picks the communicator of --order log"),
         ([str(good), "--max-bytes", "lots"], "--max-bytes"),
         ([str(good), "--max-bytes", "3GB"], "--max-bytes"),
-        ([str(good), "--iterations", "0"], "--iterations 0"),
-        ([str(good), "--np", "0"], "--np 0"),
+        ([str(good), "--iterations", "0"], "--iterations: got 0, expected a whole number from 1 to 1000000"),
+        ([str(good), "--np", "0"], "--np: got 0, expected a whole number from 1 to 1048576"),
         ([str(good), "--results", str(tmp_path / "no" / "r.jsonl")], "does not exist"),
     ]
     for args, words in cases:

@@ -5,6 +5,7 @@ reading of the files themselves. Every error names the file, the dotted key and 
 import os
 import re
 import stat
+import sys
 from collections import Counter
 from types import SimpleNamespace
 
@@ -32,6 +33,7 @@ class Loader:
     def __init__(self, source, base_dir):
         self.source = source
         self.base_dir = base_dir
+        self.deprecated = []     # older key names read: warned on stderr once the config has loaded
 
     def fail(self, key, message):
         raise config_error(self.source, key, message)
@@ -143,13 +145,19 @@ class Loader:
             return Thresholds()
         if not isinstance(v, dict):
             self.fail("thresholds", "expected a mapping with keys: latency, ecn_rate")
-        bad = [k for k in v if k not in ("latency", "ecn_rate", "seed_defaults")]
+        bad = [k for k in v if k not in ("latency", "ecn_rate", "default_latency", "seed_defaults")]
         if bad:
-            self.fail(f"thresholds.{bad[0]}", "unknown key (allowed: latency, ecn_rate, seed_defaults)")
-        # seed_defaults: keep the prototype's table (DEFAULT_LATENCY_US) under the pairs set here;
-        # the key keeps the name existing configs use
-        keep_prototype = self.value("thresholds.seed_defaults", BOOL, v.get("seed_defaults", True))
-        latency = dict(DEFAULT_LATENCY_US) if keep_prototype else {}
+            self.fail(f"thresholds.{bad[0]}", "unknown key (allowed: latency, ecn_rate, default_latency)")
+        # default_latency: keep the default table (DEFAULT_LATENCY_US) under the pairs set here.
+        # seed_defaults is its older name (after the prototype the table came from), still read
+        key = "default_latency"
+        if "seed_defaults" in v:
+            if "default_latency" in v:
+                self.fail("thresholds.seed_defaults", "the older name of thresholds.default_latency: give one of them")
+            key = "seed_defaults"
+            self.deprecated.append("thresholds.seed_defaults is deprecated, use thresholds.default_latency")
+        keep_defaults = self.value(f"thresholds.{key}", BOOL, v.get(key, True))
+        latency = dict(DEFAULT_LATENCY_US) if keep_defaults else {}
         lat = v.get("latency") or {}
         if not isinstance(lat, dict):
             self.fail("thresholds.latency", "expected {op: {size: {warning: 10ms, critical: 20ms}}}")
@@ -407,6 +415,8 @@ def build_config(data, source, base_dir):
     if not cfg.ranks_per_node and not cfg.oversubscribe and cfg.ranks > total_slots:
         ld.fail("ranks", f"{cfg.ranks} ranks exceed the {total_slots} slots of the hosts "
                          "(set oversubscribe: true, add slots, or lower ranks)")
+    for what in ld.deprecated:     # only for a config that loads: a refused one says just why
+        print(f"collbench: warning: {source}: {what}", file=sys.stderr)
     return cfg
 
 

@@ -1,16 +1,18 @@
 """Command-line flags that narrow a loaded config: one override_* function per flag, applied by
-apply_overrides in a fixed order; check_flag and int_flag check a flag's value as the config key
-it overrides."""
+apply_overrides in a fixed order. The flags' values are parsed by collbench/cli_values.py, as in
+every verb; check_flag and int_flag check a flag's value as the config key it overrides."""
 
 import os
 import re
 
 
+from collbench import cli_values
 from collbench.bounded_repr import bounded_repr
-from collbench.config.kinds import ITERATIONS, MESSAGE_SIZE, RANKS, choice
+from collbench.config.kinds import INT_MAX, MAX_ITERATIONS
 from collbench.config.loader import Loader
 from collbench.config.model import Host, Step, default_plan, osu_default_iterations
-from collbench.ops import DATATYPES, OPS, get_op
+from collbench.errors import UserError
+from collbench.ops import DATATYPES, get_op
 
 def check_flag(flag, kind, value):
     """A command-line value checked as the config key it overrides (kind: POS_INT, POS_FLOAT,
@@ -51,13 +53,9 @@ def apply_overrides(cfg, np=None, ops=None, sizes=None, iterations=None, datatyp
     return cfg
 
 
-def _flags():
-    return Loader("command line", os.getcwd())
-
-
 def override_np(cfg, np):
     """--np: the number of ranks (on this machine only, the one host gets that many slots)."""
-    cfg.ranks = _flags().value("--np", RANKS, np)
+    cfg.ranks = cli_values.count(np, "--np", 1, INT_MAX)
     if cfg.implicit_hosts:
         cfg.hosts = [Host("localhost", max(cfg.ranks, 1))]
 
@@ -69,7 +67,7 @@ def override_validate(cfg, validate):
 
 def override_datatype(cfg, datatype):
     """--datatype: the datatype of the reductions (and of every op when it is char)."""
-    cfg.datatype = _flags().value("--datatype", choice(*DATATYPES), datatype)
+    cfg.datatype = cli_values.datatype(datatype, "--datatype")
     cfg.plan = [Step(s.op, s.size_bytes, s.iterations, s.warmup,
                      cfg.datatype if get_op(s.op).reduction or cfg.datatype == "char" else s.datatype,
                      algorithm=s.algorithm, iterations_set=s.iterations_set) for s in cfg.once_plan()]
@@ -77,15 +75,7 @@ def override_datatype(cfg, datatype):
 
 def override_ops(cfg, ops):
     """--ops: only these ops; one the plan lacks runs at 1MB (or no size), 100 iterations."""
-    ld = _flags()
-    names = []
-    for name in [o for o in ops.split(",") if o.strip()]:
-        try:
-            names.append(get_op(name.strip()).name)
-        except KeyError:
-            ld.fail("--ops", f"got {bounded_repr(name)}, expected a comma list of: {', '.join(OPS)}")
-    if not names:
-        ld.fail("--ops", f"expected a comma list of: {', '.join(OPS)}")
+    names = cli_values.op_names(ops, "--ops")
     plan = cfg.once_plan()
     known = {s.op for s in plan}
     extra = [n for n in names if n not in known]
@@ -97,10 +87,7 @@ def override_ops(cfg, ops):
 
 def override_sizes(cfg, sizes):
     """--sizes: every op of the plan at these sizes (bytes per rank)."""
-    ld = _flags()
-    size_list = [ld.value("--sizes", MESSAGE_SIZE, s.strip()) for s in sizes.split(",") if s.strip()]
-    if not size_list:
-        ld.fail("--sizes", "expected a comma list of sizes such as 1KB,1MB")
+    size_list = cli_values.size_list(sizes, "--sizes", as_given=True)
     plan = cfg.once_plan()
     new = []
     for op_name in dict.fromkeys(s.op for s in plan):
@@ -118,14 +105,14 @@ def override_sizes(cfg, sizes):
 
 def override_iterations(cfg, iterations):
     """--iterations: timed iterations of every step (warm-up a tenth, at most the plan's)."""
-    it = _flags().value("--iterations", ITERATIONS, iterations)
+    it = cli_values.count(iterations, "--iterations", 1, MAX_ITERATIONS)
     cfg.plan = [Step(s.op, s.size_bytes, it, max(1, min(s.warmup, it // 10 or 1)), s.datatype,
                      algorithm=s.algorithm) for s in cfg.once_plan()]
 
 
 def check_plan_sizes(plan, key):
-    """Every step's size a whole number of its datatype's elements; ConfigError naming key."""
+    """Every step's size a whole number of its datatype's elements; UserError naming key (the flag)."""
     for s in plan:
         if s.size_bytes % DATATYPES[s.datatype]:
-            _flags().fail(key, f"{s.size_bytes} B is not a multiple of the {s.datatype} size "
-                               f"({DATATYPES[s.datatype]} B)")
+            raise UserError(f"{key}: {s.size_bytes} B is not a multiple of the {s.datatype} size "
+                            f"({DATATYPES[s.datatype]} B)")

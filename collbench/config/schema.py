@@ -116,7 +116,7 @@ PLAN_STEP_KEYS = ("op", "sizes", "iterations", "warmup", "datatype", "algorithm"
 HOSTS = Kind(None, "a hostfile path or a non-empty list of hosts (name, 'name:slots' or {host: name, slots: N})")
 HOSTS_ORDER = Kind(None, "a list of the config's hosts, one per rank")
 PLAN = Kind(None, "a non-empty list of {op, sizes, iterations, warmup, datatype, algorithm}")
-THRESHOLDS = Kind(None, "a mapping with keys: latency, ecn_rate, seed_defaults")
+THRESHOLDS = Kind(None, "a mapping with keys: latency, ecn_rate, default_latency")
 
 # The config: every top-level key, declared once. A plain key maps to (kind, default; None:
 # not set), a section to its schema. Defaults that depend on other keys are build_config's

@@ -13,6 +13,7 @@ Outputs go through collbench.atomic_file: a device or FIFO is written through, n
 import os
 import sys
 
+from collbench import cli_values
 from collbench.atomic_file import write_output
 from collbench.config import int_flag
 
@@ -114,6 +115,22 @@ def _safe(text):
     return terminal_safe(text, one_line=False)
 
 
+def replay_flags(args):
+    """The flags both replay engines share, checked before the log is read or anything runs:
+    (replay.Settings keywords, {flag: output path checked writable})."""
+    from collbench.atomic_file import check_writable
+    common = dict(iterations=cli_values.count(args.iterations, "--iterations", 1, 10**6),
+                  warmup=cli_values.count(args.warmup, "--warmup", 0, 10**6),
+                  max_bytes=cli_values.message_size(args.max_bytes, "--max-bytes"),
+                  np=cli_values.count(args.np, "--np", 1, 1 << 20), validate=args.validate, quiet=args.quiet)
+    _stdout_closed(args.output)
+    checked = {}
+    for flag, path in (("--results", args.results), ("--csv", args.csv), ("-o", args.output)):
+        if path not in (None, "-"):
+            checked[flag] = check_writable(path, flag, append=flag == "--results")
+    return common, checked
+
+
 def cmd_census(args):
     from collbench.nccl import report
     from collbench.nccl.census import run_census
@@ -135,43 +152,23 @@ def cmd_census(args):
     return 1 if census.desync and args.fail_on_desync else 0
 
 
-def _count_flag(name, value, low, high):
-    from collbench.errors import UserError
-    if value is not None and not low <= value <= high:
-        raise UserError(f"{name} {value}: expected a whole number from {low} to {high}")
-    return value
-
-
 def cmd_replay(args):
     from collbench import harness
     from collbench.config import load_config
     from collbench.errors import UserError
     from collbench.nccl import replay, replay_report
-    from collbench.atomic_file import Outputs, check_writable
+    from collbench.atomic_file import Outputs
     from collbench.results.records import dumps
-    from collbench.sizes import parse_message_size
 
     if args.engine == "nccl-tests":
         from collbench.nccl import replay_nccl_tests
         return replay_nccl_tests.cmd(args)
     # everything that can be wrong with the flags is found before the log is read or anything runs
-    try:
-        max_bytes = parse_message_size(args.max_bytes)
-    except ValueError as e:
-        raise UserError(f"--max-bytes: {e}") from None
-    settings = replay.Settings(
-        order=args.order, iterations=_count_flag("--iterations", args.iterations, 1, 10**6),
-        warmup=_count_flag("--warmup", args.warmup, 0, 10**6), max_bytes=max_bytes,
-        np=_count_flag("--np", args.np, 1, 1 << 20), comm=args.comm,
-        max_calls=_count_flag("--max-calls", args.max_calls, 1, 10**8), validate=args.validate,
-        quiet=args.quiet)
     if args.comm is not None and args.order != "log":
         raise UserError("--comm picks the communicator of --order log")
-    _stdout_closed(args.output)
-    checked = {}
-    for flag, path in (("--results", args.results), ("--csv", args.csv), ("-o", args.output)):
-        if path not in (None, "-"):
-            checked[flag] = check_writable(path, flag, append=flag == "--results")
+    common, checked = replay_flags(args)
+    settings = replay.Settings(order=args.order, comm=args.comm,
+                               max_calls=cli_values.count(args.max_calls, "--max-calls", 1, 10**8), **common)
     cfg = load_config(args.config)
 
     with harness.Run("nccl replay", quiet=True, on_stop="nothing written") as job:

@@ -264,29 +264,17 @@ def cmd(args):
     """`nccl replay --engine nccl-tests` (grouped order): flags checked before the log is read."""
     import sys
     from collbench import harness
-    from collbench.atomic_file import Outputs, check_writable
+    from collbench.atomic_file import Outputs
     from collbench.config import load_config
     from collbench.nccl import replay as mpi_replay
-    from collbench.nccl.cli import _count_flag, _safe, _stdout_closed
+    from collbench.nccl.cli import _safe, replay_flags
     from collbench.results.records import dumps
-    from collbench.sizes import parse_message_size
 
     if args.order != "grouped":
         raise UserError("--engine nccl-tests replays the grouped configurations (--order grouped); "
                         "--order log is the built-in engine's")
-    try:
-        max_bytes = parse_message_size(args.max_bytes)
-    except ValueError as e:
-        raise UserError(f"--max-bytes: {e}") from None
-    settings = mpi_replay.Settings(
-        order="grouped", iterations=_count_flag("--iterations", args.iterations, 1, 10**6),
-        warmup=_count_flag("--warmup", args.warmup, 0, 10**6), max_bytes=max_bytes,
-        np=_count_flag("--np", args.np, 1, 1 << 20), validate=args.validate, quiet=args.quiet)
-    _stdout_closed(args.output)
-    checked = {}
-    for flag, path in (("--results", args.results), ("--csv", args.csv), ("-o", args.output)):
-        if path not in (None, "-"):
-            checked[flag] = check_writable(path, flag, append=flag == "--results")
+    common, checked = replay_flags(args)
+    settings = mpi_replay.Settings(order="grouped", **common)
     cfg = load_config(args.config)
     cfg.validate = bool(args.validate)
 
