@@ -14,6 +14,7 @@ def test_ops_sizes_ranges_counts():
     assert cli_values.op_names(["allreduce,bcast", "allreduce", " barrier "]) == ["allreduce", "bcast", "barrier"]
     assert cli_values.op_names("allgather", allowed=("allgather", "allreduce")) == ["allgather"]
     assert cli_values.size_list("1MB,1KB,1KB") == [1024, 1 << 20]
+    assert cli_values.size_list("1MB,1KB,1KB", as_given=True) == [1 << 20, 1024, 1024]   # once's plan as written
     assert cli_values.size_range("1KB", "8KB", 2) == [1024, 2048, 4096, 8192]
     assert cli_values.size_range("4", "1MB", 4)[-1] == 1 << 20
     assert cli_values.count(5, "--blocks") == 5 and cli_values.count(None, "--blocks") is None
