@@ -21,7 +21,7 @@ import os
 import time
 
 from collbench import cli_values, harness
-from collbench.atomic_file import Outputs, OutputError, check_writable, write_output
+from collbench.atomic_file import Outputs, OutputError, write_output
 from collbench.bounded_repr import bounded_repr
 from collbench.compare import outputs, rules_file, stats, table
 from collbench.compare.blocks import Policy, run_blocks
@@ -227,10 +227,7 @@ def run(args):
         bad = [s for s in sizes if get_op(op).has_size and s % DATATYPES[dt]]
         if bad:
             raise UserError(f"{op}: size {bad[0]} B is not a multiple of the {dt} size ({DATATYPES[dt]} B)")
-    results_path = check_writable(args.results, "--results", append=True) if args.results else None
-    tsv_path = check_writable(args.tsv, "--tsv") if args.tsv else None
-    write_path = check_writable(args.write_rules, "--write-rules") if args.write_rules else None
-    check_path = os.path.abspath(args.check_rules) if args.check_rules else None
+    results_path, tsv_path, write_path, check_path = outputs.output_paths(args)
 
     cat = algs.catalogue(cfg)
     if check_path and check_path != write_path:

@@ -17,7 +17,7 @@ import os
 import time
 
 from collbench import harness
-from collbench.atomic_file import Outputs, OutputError, check_writable, write_output
+from collbench.atomic_file import Outputs, OutputError, write_output
 from collbench.compare import nccl_candidates, nccl_env_file, outputs, stats, table
 from collbench.compare.blocks import run_blocks
 from collbench.compare.check import MIN_PAIRS, Check, run_check
@@ -127,10 +127,7 @@ def run(args):
         bad = [s for s in sizes if s % DATATYPES[dt]]
         if bad:
             raise UserError(f"{op}: size {bad[0]} B is not a multiple of the {dt} size ({DATATYPES[dt]} B)")
-    results_path = check_writable(args.results, "--results", append=True) if args.results else None
-    tsv_path = check_writable(args.tsv, "--tsv") if args.tsv else None
-    write_path = check_writable(args.write_rules, "--write-rules") if args.write_rules else None
-    check_path = os.path.abspath(args.check_rules) if args.check_rules else None
+    results_path, tsv_path, write_path, check_path = outputs.output_paths(args)
     check_env = nccl_env_file.read(check_path) if check_path and check_path != write_path else None
     binaries = nccl_tests.preflight(cfg, [s for op in ops for s in plan.steps(op, algs.DEFAULT)])
 

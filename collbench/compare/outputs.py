@@ -7,10 +7,21 @@ import os
 import sys
 import time
 
+from collbench.atomic_file import check_writable
 from collbench.compare import table
 from collbench.engines import algorithms as algs
 from collbench.results.records import dumps
 from collbench.sizes import format_size
+
+
+def output_paths(args):
+    """(--results, --tsv, --write-rules, --check-rules) as absolute paths or None, each file to
+    write checked writable before anything runs (UserError naming the flag)."""
+    results_path = check_writable(args.results, "--results", append=True) if args.results else None
+    tsv_path = check_writable(args.tsv, "--tsv") if args.tsv else None
+    write_path = check_writable(args.write_rules, "--write-rules") if args.write_rules else None
+    check_path = os.path.abspath(args.check_rules) if args.check_rules else None
+    return results_path, tsv_path, write_path, check_path
 
 
 def order_rows(rows, plan, margin, flavour):
