@@ -135,13 +135,20 @@ def test_expectations_and_env_against_the_hosts(tmp_path):
     assert any("trust mode pcp, the config expects dscp" in x for x in n2), n2
 
 
-def test_results_failures_and_stragglers_per_host(tmp_path):
+def test_results_failures_and_the_waited_for_host(tmp_path):
     hosts = fleet(tmp_path, n=3)
     cfg = write_config(tmp_path, hosts)
     log = tmp_path / "results.jsonl"
-    lines = [json.dumps({"type": "result", "schema": 1, "ts": 1000 + i, "op": "allreduce", "size": "1MB",
-                         "size_bytes": 1 << 20, "latency_avg_us": 10.0, "latency_min_us": 9.0, "latency_max_us": 12.0, "hosts": ["n1", "n2", "n3"],
-                         "ranks": 3, "straggler_rank": 1, "iterations": 10, "warmup": 1, "nodes": 3}) for i in range(6)]
+
+    def result(i, **extra):
+        return json.dumps({"type": "result", "schema": 1, "ts": 1000 + i, "op": "allreduce", "size": "1MB",
+                           "size_bytes": 1 << 20, "latency_avg_us": 10.0, "latency_min_us": 9.0,
+                           "latency_max_us": 12.0, "hosts": ["n1", "n2", "n3"], "ranks": 3, "iterations": 10,
+                           "warmup": 1, "nodes": 3, **extra})
+    # n2's rank was on its CPU 5 % of each loop, its peers 90 %: the others waited for it; n1's
+    # rank was the slowest (it waited longest), which says nothing against n1
+    lines = [result(i, straggler_rank=0, offcpu_rank=1, offcpu_share_max=0.95, offcpu_share_avg=0.4)
+             for i in range(6)]
     lines.append("{not json")
     lines.append(json.dumps({"type": "failure", "schema": 1, "ts": 2000, "op": "bcast", "size": "1MB",
                              "hosts": ["n3"], "ranks": 1, "error": "rank 0 exited 1", "status": "failed"}))
@@ -149,9 +156,14 @@ def test_results_failures_and_stragglers_per_host(tmp_path):
     r = doctor("--config", cfg, "--results", str(log), "--format", "json")
     v = verdicts(r)
     assert r.returncode == 1, r.stderr
-    assert any("straggler (slowest rank) of" in x for x in v["n2"][1]), v
+    assert any("the others waited for its rank (kept off its CPU) in 6 of its 6 latest steps" in x
+               for x in v["n2"][1]), v
     assert any("the latest step it ran in failed" in x and "rank 0 exited 1" in x for x in v["n3"][1]), v
     assert v["n1"] == ("healthy", []), v
+    # the slowest rank alone (an older log, no off-CPU fields) marks no host
+    log.write_text("\n".join(result(i, straggler_rank=1) for i in range(6)) + "\n")
+    v = verdicts(doctor("--config", cfg, "--results", str(log), "--format", "json"))
+    assert v["n2"] == ("healthy", []), v
 
 
 def test_bad_input_exit_2(tmp_path):

@@ -27,13 +27,6 @@ _PFC = {"rx_pause_ctrl_phy", "tx_pause_ctrl_phy", "tx_pause_storm_warning_events
 STORM = {"tx_pause_storm_warning_events", "tx_pause_storm_error_events"}
 MIN_STEP_SHARE = 0.5       # a counter must move in at least half of the slow steps
 MIN_CONTRAST = 3.0         # ... at least this many times its rate in the same host's good steps
-# a step names the rank the others waited for when that rank was on its CPU at most this share of
-# its peers' mean (and they were on theirs at least MIN_PEERS_ON_CPU of the loop: ranks that all
-# sleep say nothing). Measured on the 4-host testbed (4 ranks on 2 cores shared with other jobs,
-# load ~11; docs/DIAGNOSIS.md): quiet steps 0.62-0.99; h4's rank held to 2 % of a CPU by a cgroup
-# quota 0.07-0.09, to 5 % 0.15-0.18
-MAX_ON_CPU_RATIO = 0.4
-MIN_PEERS_ON_CPU = 0.02
 MIN_OFF_CPU_STEPS = 3      # slow steps carrying the off-CPU rank before a slow host can be named
 
 
@@ -134,7 +127,7 @@ def gather(steps, slow, good, nodes):
             s = steps[i]
             if s.off_cpu is not None:
                 host, on, peers_on = s.off_cpu
-                named = peers_on >= MIN_PEERS_ON_CPU and on <= MAX_ON_CPU_RATIO * peers_on
+                named = s.off_cpu.waited_for      # the one rule (collbench/off_cpu.py)
                 if which == 0:
                     ev.slow_with_off_cpu += 1
                     if named:

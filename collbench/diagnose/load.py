@@ -8,6 +8,7 @@ import sys
 from collections import Counter
 from typing import NamedTuple
 
+from collbench import off_cpu
 from collbench.baselines.baseline_file import key_of
 from collbench.congestion.attribution import signals
 
@@ -16,41 +17,10 @@ class Step(NamedTuple):
     ts: float
     seq: int
     latency_us: float
-    off_cpu: tuple        # (host, on-CPU share, its peers' mean) of the rank off its CPU the most; None: unknown
+    off_cpu: tuple        # off_cpu.OffCpu of the rank off its CPU the most; None: unknown
     window_s: float       # the congestion window's length; None without a congestion field
     moved: tuple          # ((host, "<counter>@<where>", delta), ...) of the signals that moved
     source: str           # the congestion field's source ("engine", "osu-run") or None
-
-
-def rank_host(rank, rec):
-    """The host of `rank`: ranks are placed in blocks of ranks/nodes per host, in the order of
-    `hosts` (mpirun's by-slot fill); None when that cannot be told."""
-    hosts, ranks = rec.get("hosts"), rec.get("ranks")
-    if (not isinstance(rank, int) or isinstance(rank, bool) or not isinstance(ranks, int) or not hosts
-            or not isinstance(hosts, (list, tuple)) or ranks <= 0 or ranks % len(hosts) or not 0 <= rank < ranks):
-        return None
-    host = hosts[rank // (ranks // len(hosts))]
-    return host if isinstance(host, str) else None
-
-
-def _share(v):
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0 else None
-
-
-def off_cpu(rec):
-    """(host, on, peers_on) of the rank that spent the largest share of the step's loop off its
-    CPU (`offcpu_rank`, `offcpu_share_max`): the share of the loop it was on its CPU, and the
-    mean of the other ranks' (from `offcpu_share_avg`); None for a record without the fields
-    (older logs, the OSU and nccl-tests engines), with values out of range, or whose rank's host
-    cannot be told."""
-    top, avg, ranks = _share(rec.get("offcpu_share_max")), _share(rec.get("offcpu_share_avg")), rec.get("ranks")
-    if top is None or avg is None or avg > top or not isinstance(ranks, int) or ranks < 2:
-        return None
-    host = rank_host(rec.get("offcpu_rank"), rec)
-    if host is None:
-        return None
-    peers_off = min(max((ranks * avg - top) / (ranks - 1), 0.0), 1.0)
-    return host, 1.0 - top, 1.0 - peers_off
 
 
 class Loaded:
@@ -87,11 +57,11 @@ class Loaded:
                 self.osu_run += 1
         else:
             self.no_congestion += 1
-        late = off_cpu(rec)
+        late = off_cpu.of_record(rec)
         if late is None:
             self.no_off_cpu += 1
         else:
-            late = (sys.intern(late[0]), late[1], late[2])
+            late = late._replace(host=sys.intern(late.host))
         step = Step(float(rec.get("ts") or 0.0), int(rec.get("seq") or 0), float(rec["latency_avg_us"]),
                     late, window, moved, source)
         self.series.setdefault(key_of(rec), []).append(step)
