@@ -54,6 +54,17 @@ def test_write_order_files_is_complete_and_refuses_bad_dirs(tmp_path):
         order_files.write_order_files(str(blocker), "ring", LABELS, {}, None)
 
 
+def test_topo_measure_refuses_an_out_dir_that_is_a_file_before_running(tmp_path):
+    """topo measure checks --out-dir with topo map's check (order_files.check_out_dir): exit 2
+    naming it, nothing run."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = subprocess.run([sys.executable, "-m", "collbench", "topo", "measure", "--out-dir", str(blocker)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and f"--out-dir {blocker}: cannot create: File exists" in r.stderr, r.stderr
+    assert blocker.read_text() == "x"
+
+
 def mpirun_argv(np_, oversubscribe=True):
     argv = [require_tool("mpirun"), "-np", str(np_)] + (["--oversubscribe"] if oversubscribe else [])
     if is_root():

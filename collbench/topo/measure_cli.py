@@ -16,7 +16,6 @@ import sys
 
 from collbench import cli_values, harness
 from collbench.config import load_config
-from collbench.errors import UserError
 from collbench.atomic_file import FileSet, Outputs, check_writable
 from collbench.results.output_files import write_jsonl
 from collbench.sizes import format_size
@@ -24,6 +23,7 @@ from collbench.tables import Column, table_lines
 from collbench.topo import measure
 from collbench.pair_matrix import csv_text as csv_matrix, json_text as json_matrices
 from collbench.results.records import dumps
+from collbench.topo.order_files import check_out_dir
 from collbench.topo.outliers import DEFAULT_RATIO, find_outliers
 
 FORMATS = ("table", "csv", "json")
@@ -91,19 +91,6 @@ def _ratio(text):
 
 
 _seconds = cli_values.duration_type(1.0, 7 * 86400.0)    # --timeout
-
-
-def check_out_dir(path):
-    """The output directory, created; UserError (exit 2) before anything runs when it cannot be."""
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"--out-dir {path}: cannot create: {e.strerror}") from None
-    if not os.path.isdir(path):
-        raise UserError(f"--out-dir {path}: not a directory")
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise UserError(f"--out-dir {path}: not writable")
-    return os.path.abspath(path)
 
 
 def cmd_measure(args):

@@ -65,19 +65,26 @@ def file_paths(out_dir, pattern):
     return {s: os.path.join(out_dir, f"{pattern}.{s}") for s in SUFFIXES}
 
 
+def check_out_dir(path):
+    """--out-dir created if missing, as an absolute path; UserError (exit 2) naming it when it
+    cannot be created or is not a writable directory (topo map and topo measure)."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--out-dir {path}: cannot create: {e.strerror}") from None
+    if not os.path.isdir(path):
+        raise UserError(f"--out-dir {path}: not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UserError(f"--out-dir {path}: not writable")
+    return os.path.abspath(path)
+
+
 def write_order_files(out_dir, pattern, labels, result_dict, comment=None):
     """Write every form into out_dir (created if missing); {suffix: absolute path}.
 
     All or nothing (atomic_file.FileSet). UserError (exit 2) naming the directory or the file when
     it cannot be created or written."""
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"--out-dir {out_dir}: cannot create: {e.strerror}") from None
-    if not os.path.isdir(out_dir):
-        raise UserError(f"--out-dir {out_dir}: not a directory")
-    if not os.access(out_dir, os.W_OK | os.X_OK):
-        raise UserError(f"--out-dir {out_dir}: not writable")
+    check_out_dir(out_dir)
     texts = {
         "rankfile": rankfile_text(labels, comment),
         "hostfile": hostfile_text(labels, comment),
