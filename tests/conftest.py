@@ -1,5 +1,6 @@
 """Shared test fixtures. Area-specific helpers live beside their tests."""
 
+import contextlib
 import os
 import shutil
 import signal
@@ -70,3 +71,23 @@ def stop_process(proc, timeout=10.0):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextlib.contextmanager
+def namespace_testbed(n, directory, config_extra="", **kw):
+    """A testbed of n hosts in network namespaces (lab/testbed.py up), config_extra appended to its
+    config; torn down on the way out whatever happened, and checked gone: no namespace of it is
+    left in `ip netns list`."""
+    from lab import testbed
+    assert is_root(), "the testbed needs root"
+    desc = testbed.up(n, str(directory), python=sys.executable, **kw)
+    try:
+        if config_extra:
+            with open(desc["config"], "a") as f:
+                f.write(config_extra)
+        yield desc
+    finally:
+        namespaces = [h["netns"] for h in desc["hosts"]]
+        testbed.down(desc["dir"])
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert not [ns for ns in namespaces if ns in listed]

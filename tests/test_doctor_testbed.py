@@ -10,25 +10,15 @@ import sys
 
 import pytest
 
-from conftest import REPO, is_root
-from lab import testbed
+from conftest import REPO, namespace_testbed
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
 
 @pytest.fixture
 def bed(tmp_path):
-    assert is_root(), "the testbed needs root"
-    desc = testbed.up(3, str(tmp_path / "tb"), python=sys.executable)
-    try:
-        with open(desc["config"], "a") as f:
-            f.write("doctor:\n  remote: true\n")
+    with namespace_testbed(3, tmp_path / "tb", "doctor:\n  remote: true\n") as desc:
         yield desc
-    finally:
-        namespaces = [h["netns"] for h in desc["hosts"]]
-        testbed.down(desc["dir"])
-        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        assert not [ns for ns in namespaces if ns in listed]
 
 
 def _doctor(cfg, netns):

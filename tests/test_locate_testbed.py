@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import REPO, is_root, wait_for
+from conftest import REPO, namespace_testbed, wait_for
 from lab import testbed
 
 pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
@@ -24,17 +24,8 @@ SHAPE = "100mbit"
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
-    assert is_root(), "the testbed needs root"
-    desc = testbed.up(8, str(tmp_path_factory.mktemp("locate") / "tb"), python=sys.executable)
-    try:
-        with open(desc["config"], "a") as f:
-            f.write("step_timeout: 120s\n")
+    with namespace_testbed(8, tmp_path_factory.mktemp("locate") / "tb", "step_timeout: 120s\n") as desc:
         yield desc
-    finally:
-        namespaces = [h["netns"] for h in desc["hosts"]]
-        testbed.down(desc["dir"])
-        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        assert not [ns for ns in namespaces if ns in listed]
 
 
 def shape(host, rate):
