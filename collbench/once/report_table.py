@@ -1,8 +1,10 @@
 """The console table `collbench once` prints: one table per op, one row per size.
 
 Latencies carry their unit (us below 1 ms, ms below 1 s, then s), sizes their binary unit
-(B / KB / MB), bandwidth is GB/s (10^9 bytes/s, as nccl-tests); "slowest" is the straggler,
-the rank whose mean time was the max (unknown, "-", with OSU). A failed step is a FAILED row
+(B / KB / MB), bandwidth is GB/s (10^9 bytes/s, as nccl-tests); "slowest" is the rank whose
+mean time per call was the max (`straggler_rank`; unknown, "-", with OSU): the rank that waited
+longest inside the calls, often for a late peer rather than the cause (the rank the others waited
+for is `offcpu_rank`, docs/DIAGNOSIS.md). A failed step is a FAILED row
 with its error; a planned step that produced no record at all is NOT RUN.
 """
 

@@ -197,8 +197,10 @@ def _straggler_notes(lines):
         ranks = max(h[0].attrs.get("ranks") or 0 for h in hits)
         who = " ".join(f"{_swatch(s.color)}#{s.index + 1}" for s, _, _ in hits)
         out.append(f'<p class="note warn">{who}: rank {rank}{where} was the slowest of {ranks} ranks in {times} of '
-                   f"{total} measurements ({times / total:.0%}; chance would be {1 / ranks:.0%}). A rank that is "
-                   "slowest this often points at its host, NIC or link (or at the op's root).</p>")
+                   f"{total} measurements ({times / total:.0%}; chance would be {1 / ranks:.0%}). The slowest "
+                   "rank waits longest inside the calls: often for a late peer (a CPU-starved host's rank is "
+                   "the one waited for, not the slowest: collbench diagnose), else the op's structure (its "
+                   "root) or its own NIC or link.</p>")
     return "".join(out)
 
 
@@ -235,7 +237,7 @@ def _op_section(data, op_name, fig):
                "slowest / fastest"]
     if any_p99:
         headers.append("p99")
-    headers += ["busbw GB/s", "% of peak", "straggler (times)", "validation failed"]
+    headers += ["busbw GB/s", "% of peak", "slowest rank (times)", "validation failed"]
     num = tuple(range(3, len(headers) - 2)) + (len(headers) - 1,)
     if rows:
         out.append(_table(headers, rows, numeric=num))
