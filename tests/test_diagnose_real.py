@@ -9,9 +9,9 @@ A baseline is saved from quiet runs; then a fault is made real while the ranks r
     the diagnosis must name that host with that cause, and not the others;
   * quiet: a run with nothing done names no suspect.
 
-(slow_host needs the straggler's host, which these records cannot tell: the emulated hosts share
-one machine name; and a CPU-throttled rank is not reliably the max-time rank the engine reports:
-its peers wait for it inside the timed call. tests/test_diagnose.py covers slow_host on records.)
+(slow_host on a real run with one host's rank CPU-throttled: tests/test_diagnose_slow_host_testbed.py
+on the namespace testbed; here every rank is throttled alike, so none is kept off its CPU more
+than its peers.)
 """
 
 import os
