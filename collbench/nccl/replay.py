@@ -38,7 +38,7 @@ from collbench.errors import UserError
 from collbench.nccl.formats import OPS as NCCL_OPS
 from collbench.nccl.replay_plan import (CSV_HEADER, DEFAULT_MAX_BYTES, DEFAULT_MAX_CALLS, DEFAULTS,
                                         RCCL_DATATYPE_NAMES, EngineCall, check_capacity,
-                                        plan_call, plan_warnings, rcclname_redop, replay_ranks)
+                                        plan_call, plan_groups, plan_warnings, rcclname_redop, replay_ranks)
 
 SCHEMA = 1
 MAX_PLAN_STEPS = 4000       # steps per engine plan (one MPI job); plan files stay far below the engine's 1 MB
@@ -308,14 +308,9 @@ def replay_grouped(paths, cfg, settings, run_id=None):
     from collbench.nccl.census import run_census
     census = run_census(paths)
     iterations, warmup = settings.counts()
-    capacity = settings.np if settings.np is not None else cfg.ranks
-    check_capacity([g.nranks for g in census.groups if NCCL_OPS[g.op].collbench_op], cfg, settings.np)
-    timed = []
-    for g in census.groups:
-        n = replay_ranks(g.nranks, capacity)
-        call = plan_call(g.op, g.count, g.datatype, n, g.inplace, g.roots[0] if g.roots else 0, settings.max_bytes)
-        timed.append(Timed(op=g.op, count=g.count, datatype=g.datatype, redop=g.redop, nranks=g.nranks,
-                           inplace=g.inplace, calls=g.calls, call=call, roots=list(g.roots)))
+    capacity, planned = plan_groups(census.groups, cfg, settings)
+    timed = [Timed(op=g.op, count=g.count, datatype=g.datatype, redop=g.redop, nranks=g.nranks,
+                   inplace=g.inplace, calls=g.calls, call=call, roots=list(g.roots)) for g, call in planned]
     if not any(t.replayed for t in timed):
         raise UserError(_nothing_replayable(paths, timed))
     warnings = _rank_warnings({t.nranks for t in timed if t.replayed and t.call.nranks != t.nranks},

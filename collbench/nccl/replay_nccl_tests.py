@@ -27,7 +27,7 @@ from collbench.engines.mpi_job import JobRunner
 from collbench.engines.nccl_tests_parser import NcclTestsError, parse
 from collbench.errors import UserError
 from collbench.nccl.formats import OPS as NCCL_OPS, PREMULSUM
-from collbench.nccl.replay_plan import NotReplayed, check_capacity, plan_call, replay_ranks
+from collbench.nccl.replay_plan import NotReplayed, plan_groups
 from collbench.results.records import RunContext, failure_record, result_record
 from collbench.sizes import format_size
 
@@ -86,12 +86,9 @@ def _args(row, iterations, warmup, validate):
 
 def plan(census, cfg, settings):
     """[Row] per census configuration, in the census' order (UserError: nothing replayable)."""
-    capacity = settings.np if settings.np is not None else cfg.ranks
-    check_capacity([g.nranks for g in census.groups if NCCL_OPS[g.op].collbench_op], cfg, settings.np)
+    _, planned = plan_groups(census.groups, cfg, settings)
     rows = []
-    for g in census.groups:
-        n = replay_ranks(g.nranks, capacity)
-        call = plan_call(g.op, g.count, g.datatype, n, g.inplace, g.roots[0] if g.roots else 0, settings.max_bytes)
+    for g, call in planned:
         row = Row(g.op, g.count, g.datatype, g.redop, g.nranks, bool(g.inplace), g.calls, call)
         if row.replayed:
             if g.datatype not in NCCL_TESTS_TYPES:
@@ -99,8 +96,8 @@ def plan(census, cfg, settings):
             elif g.redop and g.redop not in NCCL_TESTS_OPS:
                 row.call = NotReplayed(f"nccl-tests has no reduction {g.redop}")
             else:
-                if n != g.nranks:
-                    row.notes.append(f"replayed at {n} ranks (the log's communicator has {g.nranks})")
+                if call.nranks != g.nranks:
+                    row.notes.append(f"replayed at {call.nranks} ranks (the log's communicator has {g.nranks})")
                 if call.root_note:
                     row.notes.append(call.root_note)
                 if call.capped:

@@ -162,6 +162,15 @@ def check_capacity(log_sizes, cfg, np_given):
             f"and say so), or a config with at least {too_big[-1]} ranks (hosts/slots or ranks)")
 
 
+def plan_groups(groups, cfg, settings):
+    """(capacity, [(group, EngineCall or NotReplayed)]): each census configuration's call at the
+    ranks this cluster gives it (check_capacity first: UserError when it cannot run them)."""
+    capacity = settings.np if settings.np is not None else cfg.ranks
+    check_capacity([g.nranks for g in groups if NCCL_OPS[g.op].collbench_op], cfg, settings.np)
+    return capacity, [(g, plan_call(g.op, g.count, g.datatype, replay_ranks(g.nranks, capacity), g.inplace,
+                                    g.roots[0] if g.roots else 0, settings.max_bytes)) for g in groups]
+
+
 def rcclname_redop(value):
     return RCCL_REDOP_NAMES.get(value, "PreMulSum" if value is not None and value >= 5 else "Sum")
 
