@@ -115,6 +115,20 @@ def count_type(low=1, high=MAX_COUNT):
     return parse
 
 
+def ratio_type(example, high=1000.0):
+    """argparse type= for a ratio flag (--ratio, --outlier-ratio): a number above 1, at most high."""
+    def parse(text):
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"got {bounded_repr(text, 40)}, expected a number above 1") from None
+        if not 1.0 < v <= high:
+            raise argparse.ArgumentTypeError(f"got {bounded_repr(text, 40)}, expected a number above 1 (e.g. {example})")
+        return v
+    parse.__name__ = "ratio"
+    return parse
+
+
 def size_type():
     """argparse type= for one message size flag (--lat-size)."""
     def parse(text):

@@ -1,5 +1,7 @@
 """collbench.cli_values: one parser per kind of flag value, the same bounds and words in every verb."""
 
+import argparse
+import re
 import subprocess
 import sys
 
@@ -15,6 +17,11 @@ def test_ops_sizes_ranges_counts():
     assert cli_values.op_names("allgather", allowed=("allgather", "allreduce")) == ["allgather"]
     assert cli_values.size_list("1MB,1KB,1KB") == [1024, 1 << 20]
     assert cli_values.size_list("1MB,1KB,1KB", as_given=True) == [1 << 20, 1024, 1024]   # once's plan as written
+    assert cli_values.ratio_type("2")("1.5") == 1.5 and cli_values.ratio_type("2")("1000") == 1000.0
+    for bad, words in (("1", "got '1', expected a number above 1 (e.g. 2)"), ("x", "got 'x', expected a number above 1"),
+                       ("1001", "got '1001', expected a number above 1")):
+        with pytest.raises(argparse.ArgumentTypeError, match=re.escape(words)):
+            cli_values.ratio_type("2")(bad)
     assert cli_values.size_range("1KB", "8KB", 2) == [1024, 2048, 4096, 8192]
     assert cli_values.size_range("4", "1MB", 4)[-1] == 1 << 20
     assert cli_values.count(5, "--blocks") == 5 and cli_values.count(None, "--blocks") is None

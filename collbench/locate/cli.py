@@ -7,7 +7,6 @@ failed; 2 bad config or flag, or the stress daemon holds these hosts (without --
 130/143 interrupted (no probe job is left behind: the harness stops it).
 """
 
-import argparse
 import dataclasses
 import json
 import os
@@ -56,16 +55,7 @@ def register(subparsers):
 
 
 _count = cli_values.count_type(1, 100_000)
-
-
-def _ratio(text):
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"got {text[:40]!r}, expected a number above 1") from None
-    if not 1.0 < v <= 1000.0:
-        raise argparse.ArgumentTypeError(f"got {text[:40]!r}, expected a number above 1 (e.g. 2)")
-    return v
+_ratio = cli_values.ratio_type("2")      # --ratio
 
 
 def check_daemon(cfg, state_dir, force):

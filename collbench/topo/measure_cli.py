@@ -7,7 +7,6 @@ outliers marked), outliers.json. Exit 0; 1 when the job failed, or with --fail-o
 there are outliers; 2 on a bad config or flag (nothing runs).
 """
 
-import argparse
 import csv
 import io
 import json
@@ -78,16 +77,7 @@ def add_measure(verbs):
 _positive_int = cli_values.count_type(1, 1_000_000)     # --ranks-per-host, --iterations
 _nonneg_int = cli_values.count_type(0, 1_000_000)       # --warmup
 _size = cli_values.size_type()
-
-
-def _ratio(text):
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"got {text[:40]!r}, expected a number above 1") from None
-    if not 1.0 < v <= 1000.0:
-        raise argparse.ArgumentTypeError(f"got {text[:40]!r}, expected a number above 1 (e.g. 1.5)")
-    return v
+_ratio = cli_values.ratio_type("1.5")      # --outlier-ratio
 
 
 _seconds = cli_values.duration_type(1.0, 7 * 86400.0)    # --timeout
