@@ -169,7 +169,21 @@ def duration(value, flag, low=0.0, high=365 * 86400.0):
     return seconds
 
 
-def datatype(value, flag="--datatype"):
-    if value is not None and value not in DATATYPES:
-        raise UserError(f"{flag}: got {bounded_repr(value, 40)}, expected one of: {', '.join(DATATYPES)}")
+def datatype(value, flag="--datatype", allowed=None):
+    """A datatype name (None stays None); allowed: the ones this engine has (default: every one)."""
+    choices = list(allowed) if allowed is not None else list(DATATYPES)
+    if value is not None and value not in choices:
+        raise UserError(f"{flag}: got {bounded_repr(value, 40)}, expected one of: {', '.join(choices)}")
     return value
+
+
+def number(value, flag, low, high, what):
+    """A finite number from low to high (--margin, --time-budget); what: the words for what was
+    expected ("a percentage from 0 to 100")."""
+    try:
+        v = float(str(value)[:64])
+    except ValueError:
+        v = None
+    if v is None or not low <= v <= high:      # NaN fails the comparison too
+        raise UserError(f"{flag}: got {bounded_repr(value, 40)}, expected {what}")
+    return v

@@ -17,6 +17,8 @@ def test_ops_sizes_ranges_counts():
     assert cli_values.op_names("allgather", allowed=("allgather", "allreduce")) == ["allgather"]
     assert cli_values.size_list("1MB,1KB,1KB") == [1024, 1 << 20]
     assert cli_values.size_list("1MB,1KB,1KB", as_given=True) == [1 << 20, 1024, 1024]   # once's plan as written
+    assert cli_values.number("2.5", "--margin", 0, 100, "a percentage") == 2.5
+    assert cli_values.datatype(None) is None and cli_values.datatype("int", allowed=("int",)) == "int"
     assert cli_values.ratio_type("2")("1.5") == 1.5 and cli_values.ratio_type("2")("1000") == 1000.0
     for bad, words in (("1", "got '1', expected a number above 1 (e.g. 2)"), ("x", "got 'x', expected a number above 1"),
                        ("1001", "got '1001', expected a number above 1")):
@@ -45,6 +47,11 @@ def test_ops_sizes_ranges_counts():
     (lambda: cli_values.duration("nan", "--every"), "--every: got 'nan'"),
     (lambda: cli_values.name_list("ring,butterfly", ("ring",), "--patterns"), "--patterns: got 'ring,butterfly'"),
     (lambda: cli_values.datatype("quad"), "--datatype: got 'quad', expected one of:"),
+    (lambda: cli_values.datatype("long", allowed=("float", "int")), "--datatype: got 'long', expected one of: float, int"),
+    (lambda: cli_values.number("-5", "--margin", 0, 100, "a percentage from 0 to 100"),
+     "--margin: got '-5', expected a percentage from 0 to 100"),
+    (lambda: cli_values.number("nan", "--margin", 0, 100, "a percentage"), "--margin: got 'nan', expected a percentage"),
+    (lambda: cli_values.number("soon", "--time-budget", 1, 60, "seconds"), "--time-budget: got 'soon', expected seconds"),
 ])
 def test_bad_values_name_the_flag(call, words):
     with pytest.raises(UserError) as e:

@@ -22,7 +22,6 @@ import time
 
 from collbench import cli_values, harness
 from collbench.atomic_file import Outputs, OutputError, write_output
-from collbench.bounded_repr import bounded_repr
 from collbench.compare import outputs, rules_file, stats, table
 from collbench.compare.blocks import Policy, run_blocks
 from collbench.compare.check import MIN_PAIRS, run_check
@@ -184,26 +183,14 @@ def _check_rules_input(path, cat):
         algs.read_env_file(path)
 
 
-def _float_flag(flag, text, low, high, what):
-    try:
-        value = float(str(text)[:64])
-    except ValueError:
-        value = None
-    if value is None or not low <= value <= high:
-        raise UserError(f"{flag}: got {bounded_repr(text)}, expected {what}")
-    return value
-
-
 def _policy(args):
     if args.blocks is not None and args.repeats is not None and args.blocks != args.repeats:
         raise UserError("--repeats is the older name of --blocks: give one of them")
-    blocks = args.blocks if args.blocks is not None else args.repeats
-    flag = "--blocks" if args.blocks is not None else "--repeats"
-    if blocks is not None and not 1 <= blocks <= stats.MAX_BLOCKS:
-        raise UserError(f"{flag}: got {blocks}, expected a whole number from 1 to {stats.MAX_BLOCKS}")
-    budget = _float_flag("--time-budget", args.time_budget, 1, MAX_BUDGET_S,
-                         f"a number of seconds from 1 to {MAX_BUDGET_S}")
-    margin = _float_flag("--margin", args.margin, 0, 100, "a percentage from 0 to 100") / 100.0
+    blocks = cli_values.count(args.blocks if args.blocks is not None else args.repeats,
+                              "--blocks" if args.blocks is not None else "--repeats", 1, stats.MAX_BLOCKS)
+    budget = cli_values.number(args.time_budget, "--time-budget", 1, MAX_BUDGET_S,
+                               f"a number of seconds from 1 to {MAX_BUDGET_S}")
+    margin = cli_values.number(args.margin, "--margin", 0, 100, "a percentage from 0 to 100") / 100.0
     return Policy(blocks=blocks, budget_s=budget, margin=margin, width=max(2 * margin, 0.02))
 
 
@@ -219,8 +206,7 @@ def run(args):
     iterations = check_flag("--iterations", ITERATIONS, args.iterations)
     policy = _policy(args)
     warmup = check_flag("--warmup", WARMUP, args.warmup)
-    if args.datatype is not None and args.datatype not in DATATYPES:
-        raise UserError(f"--datatype: got {args.datatype[:40]!r}, expected one of: {', '.join(DATATYPES)}")
+    cli_values.datatype(args.datatype)
     plan = Plan(ops, {}, sizes, iterations, warmup, args.datatype, args.timing, args.in_place)
     for op in ops:
         dt = plan.datatype_for(op)

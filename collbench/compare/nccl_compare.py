@@ -16,7 +16,7 @@ import copy
 import os
 import time
 
-from collbench import harness
+from collbench import cli_values, harness
 from collbench.atomic_file import Outputs, OutputError, write_output
 from collbench.compare import nccl_candidates, nccl_env_file, outputs, stats, table
 from collbench.compare.blocks import run_blocks
@@ -119,8 +119,7 @@ def run(args):
     iterations = check_flag("--iterations", ITERATIONS, args.iterations)
     warmup = check_flag("--warmup", WARMUP, args.warmup)
     policy = compare_cli._policy(args)
-    if args.datatype is not None and args.datatype not in nccl_tests.DATATYPES:
-        raise UserError(f"--datatype: got {args.datatype[:40]!r}, expected one of: {', '.join(nccl_tests.DATATYPES)}")
+    cli_values.datatype(args.datatype, allowed=nccl_tests.DATATYPES)
     plan = NcclPlan(ops, {}, sizes, iterations, warmup, args.datatype, "sustained", args.in_place)
     for op in ops:
         dt = plan.datatype_for(op)
