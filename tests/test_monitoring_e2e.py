@@ -153,7 +153,7 @@ def write_config(path, state_dir, exporter_port, low=False):
     if low:
         op, size = LOW
         latency[op][size] = {"warning": "1us", "critical": "2us"}
-    cfg["thresholds"] = {"seed_defaults": False, "latency": latency}
+    cfg["thresholds"] = {"default_latency": False, "latency": latency}
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
 

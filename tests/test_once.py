@@ -269,7 +269,7 @@ def test_tsv_fields_never_break_lines(tmp_path):
 
 
 def test_configured_thresholds_set_the_verdict(tmp_path):
-    extra = ("thresholds:\n  seed_defaults: false\n  latency:\n"
+    extra = ("thresholds:\n  default_latency: false\n  latency:\n"
              "    allreduce:\n      1KB: {warning: 0.5us, critical: 1us}\n"
              "      1MB: {warning: 150us, critical: 300us}\n")
     results = tmp_path / "r.jsonl"

@@ -92,7 +92,7 @@ def test_unit_tests_fail_against_rules_with_other_thresholds(tmp_path):
         by_op.setdefault(op, []).append(f"      {size}: {{warning: {w * 2:g}us, critical: {c * 2:g}us}}")
     latency = "\n".join(f"    {op}:\n" + "\n".join(lines) for op, lines in by_op.items())
     cfg = write_config(tmp_path / "c.yaml",
-                       f"thresholds:\n  seed_defaults: false\n  ecn_rate: {{warning: 200, critical: 1000}}\n"
+                       f"thresholds:\n  default_latency: false\n  ecn_rate: {{warning: 200, critical: 1000}}\n"
                        f"  latency:\n{latency}\n")
     (tmp_path / "prometheus").mkdir()
     tests = tmp_path / "prometheus" / "tests"
@@ -112,7 +112,7 @@ def test_rules_from_a_config(tmp_path):
     promtool = require_tool("promtool")
     cfg = write_config(tmp_path / "c.yaml", """
 thresholds:
-  seed_defaults: false
+  default_latency: false
   latency:
     allreduce:
       256KB: {warning: 3ms, critical: 7ms}
