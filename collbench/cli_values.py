@@ -115,18 +115,24 @@ def count_type(low=1, high=MAX_COUNT):
     return parse
 
 
-def ratio_type(example, high=1000.0):
-    """argparse type= for a ratio flag (--ratio, --outlier-ratio): a number above 1, at most high."""
+def number_type(low, high, what, above_low=False):
+    """argparse type= for a number flag: from low (above it, with above_low) to high; what: the
+    words for what was expected ("seconds above 0, up to 3600")."""
     def parse(text):
         try:
-            v = float(text)
+            v = float(str(text)[:64])
         except ValueError:
-            raise argparse.ArgumentTypeError(f"got {bounded_repr(text, 40)}, expected a number above 1") from None
-        if not 1.0 < v <= high:
-            raise argparse.ArgumentTypeError(f"got {bounded_repr(text, 40)}, expected a number above 1 (e.g. {example})")
+            v = None
+        if v is None or not (low < v if above_low else low <= v) or not v <= high:   # NaN fails too
+            raise argparse.ArgumentTypeError(f"got {bounded_repr(text, 40)}, expected {what}")
         return v
-    parse.__name__ = "ratio"
+    parse.__name__ = "number"
     return parse
+
+
+def ratio_type(example, high=1000.0):
+    """argparse type= for a ratio flag (--ratio, --outlier-ratio): a number above 1, at most high."""
+    return number_type(1.0, high, f"a number above 1 (e.g. {example})", above_low=True)
 
 
 def size_type():

@@ -24,6 +24,11 @@ def test_ops_sizes_ranges_counts():
                        ("1001", "got '1001', expected a number above 1")):
         with pytest.raises(argparse.ArgumentTypeError, match=re.escape(words)):
             cli_values.ratio_type("2")(bad)
+    seconds = cli_values.number_type(0, 3600, "seconds above 0, up to 3600", above_low=True)
+    assert seconds("0.2") == 0.2 and seconds("3600") == 3600.0
+    for bad in ("0", "-1", "3601", "nan", "soon"):
+        with pytest.raises(argparse.ArgumentTypeError, match=re.escape(f"got '{bad}', expected seconds above 0, up to 3600")):
+            seconds(bad)
     assert cli_values.size_range("1KB", "8KB", 2) == [1024, 2048, 4096, 8192]
     assert cli_values.size_range("4", "1MB", 4)[-1] == 1 << 20
     assert cli_values.count(5, "--blocks") == 5 and cli_values.count(None, "--blocks") is None

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 
+from collbench import cli_values
 from collbench.atomic_file import Outputs
 from collbench.tables import Column, table_lines
 from collbench.topo.mapping import EXACT_MAX, METHODS, map_order, method_arg
@@ -64,15 +65,8 @@ def add_map(verbs):
     m.set_defaults(func=cmd_map)
 
 
-def _seconds(text):
-    import argparse
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"got {text!r}, expected seconds (a number)") from None
-    if not (0 < v <= 3600):  # 0 would leave the local search no time at all
-        raise argparse.ArgumentTypeError(f"got {text!r}, expected seconds above 0, up to 3600")
-    return v
+_seconds = cli_values.number_type(0, 3600, "seconds above 0, up to 3600", above_low=True)   # --time-limit
+# (0 would leave the local search no time at all)
 
 
 def cmd_map(args):
