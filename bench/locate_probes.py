@@ -42,15 +42,6 @@ def _spread(xs):
     return f"min {min(xs):.1f} / median {statistics.median(xs):.1f} / max {max(xs):.1f}" if xs else "-"
 
 
-def _shape(host, rate):
-    for pre, dev in ((["ip", "netns", "exec", host["netns"]], "eth0"), ([], host["veth"])):
-        if rate:
-            subprocess.run(pre + ["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", "256kb",
-                                  "latency", "50ms"], check=True)
-        else:
-            subprocess.run(pre + ["tc", "qdisc", "del", "dev", dev, "root"], check=True)
-
-
 def _locate(desc):
     t0 = time.monotonic()
     r = subprocess.run(["ip", "netns", "exec", desc["hosts"][0]["netns"], sys.executable, "-m", "collbench", "locate",
@@ -75,7 +66,7 @@ def testbed_runs(n, rate):
             h5 = desc["hosts"][4]
             for label, shaped in (("unshaped", False), (f"h5 shaped at {rate}", True)):
                 if shaped:
-                    _shape(h5, rate)
+                    testbed.shape_link(h5, rate)
                 named, walls = [], []
                 for i in range(n):
                     who, wall, verdict, meas = _locate(desc)
@@ -84,7 +75,7 @@ def testbed_runs(n, rate):
                     print(f"  {label} run {i + 1}: named {who or 'nothing'} in {wall:.1f} s, {meas} measurements: "
                           f"{verdict[:110]}", flush=True)
                 if shaped:
-                    _shape(h5, None)
+                    testbed.shape_link(h5, None)
                     right = sum(w == h5["addr"] for w in named)
                     print(f"{label}: h5 ({h5['addr']}) named in {right} of {n} runs; wall s {_spread(walls)}; "
                           f"named within 60 s: {sum(w == h5['addr'] and s <= 60 for w, s in zip(named, walls))} of {n}")

@@ -433,6 +433,18 @@ def load(directory):
         return json.load(f)
 
 
+def shape_link(host, rate):
+    """tbf at `rate` on a host's eth0 (its egress) and on its veth in the root namespace (its
+    ingress), no ECN marking and no pauses; rate None removes both (locate's and the alert's
+    testbed tests, bench/locate_probes.py)."""
+    for pre, dev in ((["ip", "netns", "exec", host["netns"]], "eth0"), ([], host["veth"])):
+        if rate:
+            _run(pre + ["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", "256kb",
+                        "latency", "50ms"])
+        else:
+            _run(pre + ["tc", "qdisc", "del", "dev", dev, "root"])
+
+
 def netns_pids(ns):
     res = _run(["ip", "netns", "pids", ns], check=False)
     return [int(p) for p in res.stdout.split() if p.isdigit()] if res.returncode == 0 else []

@@ -253,17 +253,6 @@ def stack(tmp_path):
         assert not [ns for ns in namespaces if ns in listed]
 
 
-def shape(host, rate):
-    """tbf on the host's eth0 (its egress) and its veth in the root namespace (its ingress), as
-    tests/test_locate_testbed.py shapes it; rate None removes both."""
-    for pre, dev in ((["ip", "netns", "exec", host["netns"]], "eth0"), ([], host["veth"])):
-        if rate:
-            subprocess.run(pre + ["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", "256kb",
-                                  "latency", "50ms"], check=True)
-        else:
-            subprocess.run(pre + ["tc", "qdisc", "del", "dev", dev, "root"], check=True)
-
-
 def queue(host, rate):
     """The congested port's queue: a tbf bottleneck on the host's egress only (None removes it)."""
     pre = ["ip", "netns", "exec", host["netns"], "tc", "qdisc"]
@@ -366,13 +355,13 @@ def test_congestion_alert_names_the_host_diagnose_and_locate_name_the_culprit(st
     # ---- 5. no daemon, h6's link shaped with no marking: locate names it
     stop = _stop_daemon(st.cfg, st.state)
     assert stop.returncode == 0, stop.stderr
-    shape(shaped, SHAPE_RATE)
+    testbed.shape_link(shaped, SHAPE_RATE)
     t_shape = time.monotonic()
     try:
         r = _collbench("locate", "--config", st.cfg, "--format", "json", netns=bed["hosts"][0]["netns"],
                        timeout=180)
     finally:
-        shape(shaped, None)
+        testbed.shape_link(shaped, None)
     figures["shape_to_locate_s"] = time.monotonic() - t_shape
     assert r.stdout.startswith("{"), r.stderr
     doc = json.loads(r.stdout)

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from collbench.congestion import attribution
-from conftest import REPO, is_root, wait_for
+from conftest import REPO, namespace_testbed, wait_for
 from exporter_helpers import ExporterProcess
 from lab import testbed
 
@@ -65,17 +65,9 @@ def _top_series(ex):
 
 @pytest.fixture
 def bed(tmp_path):
-    assert is_root(), "the testbed needs root"
-    desc = testbed.up(4, str(tmp_path / "tb"), python=sys.executable, ecn_marks={"h2": "2mbytes"})
-    try:
-        with open(desc["config"], "a") as f:
-            f.write("step_timeout: 60s\ncongestion:\n  enabled: true\n" + PLAN)
+    with namespace_testbed(4, tmp_path / "tb", "step_timeout: 60s\ncongestion:\n  enabled: true\n" + PLAN,
+                           ecn_marks={"h2": "2mbytes"}) as desc:
         yield desc
-    finally:
-        namespaces = [h["netns"] for h in desc["hosts"]]
-        testbed.down(desc["dir"])
-        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        assert not [ns for ns in namespaces if ns in listed]
 
 
 def test_ecn_marks_on_one_host_are_attributed_to_its_path(bed, free_port):

@@ -28,17 +28,6 @@ def bed(tmp_path_factory):
         yield desc
 
 
-def shape(host, rate):
-    """tbf on the host's eth0 (its egress) and on its veth in the root namespace (its ingress);
-    rate None removes both."""
-    for pre, dev in ((["ip", "netns", "exec", host["netns"]], "eth0"), ([], host["veth"])):
-        if rate:
-            subprocess.run(pre + ["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", "256kb",
-                                  "latency", "50ms"], check=True)
-        else:
-            subprocess.run(pre + ["tc", "qdisc", "del", "dev", dev, "root"], check=True)
-
-
 def locate(bed, *args, timeout=300):
     argv = ["ip", "netns", "exec", bed["hosts"][0]["netns"], sys.executable, "-m", "collbench", "locate",
             "--config", bed["config"], "--format", "json", *args]
@@ -62,11 +51,11 @@ def test_unshaped_testbed_names_nothing(bed):
 
 def test_shaped_host_is_named(bed):
     h5 = bed["hosts"][4]
-    shape(h5, SHAPE)
+    testbed.shape_link(h5, SHAPE)
     try:
         rc, doc, err = locate(bed)
     finally:
-        shape(h5, None)
+        testbed.shape_link(h5, None)
     assert rc == 1, (doc, err)
     assert doc["culprit"]["host"] == h5["addr"], doc
     ev = doc["culprit"]["evidence"]
@@ -77,7 +66,7 @@ def test_shaped_host_is_named(bed):
 
 def test_sigterm_leaves_no_probe_job(bed):
     h3 = bed["hosts"][2]
-    shape(h3, "20mbit")            # probes that take seconds: the signal lands inside one
+    testbed.shape_link(h3, "20mbit")            # probes that take seconds: the signal lands inside one
     try:
         argv = ["ip", "netns", "exec", bed["hosts"][0]["netns"], sys.executable, "-m", "collbench", "locate",
                 "--config", bed["config"], "--iterations", "50"]
@@ -99,4 +88,4 @@ def test_sigterm_leaves_no_probe_job(bed):
         left = wait_for(lambda: (lambda p: p if not any(p.values()) else None)(probe_processes(bed)), 20, interval=0.3)
         assert left is not None, probe_processes(bed)
     finally:
-        shape(h3, None)
+        testbed.shape_link(h3, None)
