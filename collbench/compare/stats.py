@@ -13,7 +13,8 @@ bootstrap_speedup) was tried first and is too narrow with few blocks: on noise-o
 "proved" wins several times as often as its 5 % promise. With few blocks the rank interval is
 wide or absent (3 blocks a side cannot reach 95 %): one lucky job cannot prove a win. At one size
 every forced algorithm is a try at a win, so the intervals there are simultaneous (Bonferroni:
-each at 1 - 5 %/tries, table.annotate).
+each at 1 - 5 %/tries, table.annotate). Both intervals are collbench/stats.py's (shared with
+`topo compare`); this module is the choice made with them.
 
 Choice. At a size the file forces the algorithm whose interval lies wholly above 1 + margin (the
 highest lower end when several do); where none does it keeps the library's own choice (the
