@@ -4,7 +4,8 @@ culprit (targets: diagnose < 5 s, RSS < 200 MB, the culprit named first).
 
 The log: 10,000 result records over 4 series (allreduce and alltoall at 1MB and 16MB, 2,500 steps
 each), 1024 hosts x 2 ranks, every record's `congestion` field as the engine writes it (only what
-moved: a few hosts' InCEPkts/TCPDeliveredCE noise per step, each with its real-looking delta).
+moved: a few hosts' InCEPkts/TCPDeliveredCE noise per step, each with its real-looking delta) and
+its off-CPU rank (a random rank, on its CPU about as much as its peers: no slow host).
 From 60 % of the run on, the culprit host's priority-3 PFC pauses (tx: its receive side cannot
 drain) move in every step and the latency of every series rises by 40 %; no ECN marks come with
 them, so the cause is `pfc`. Records are checked by the project's one reader, as in production.
@@ -72,10 +73,12 @@ def make_log(path, n_hosts, n_steps, culprit, seed=21):
                    '"hosts":%s,"nodes":%d,"ranks":%d,"engine":"builtin","mpi":"mpirun (Open MPI) 4.1.4","transport":"ucx",'
                    '"op":"%s","datatype":"float","size":"%s","size_bytes":%d,"latency_avg_us":%.3f,"latency_min_us":%.3f,'
                    '"latency_max_us":%.3f,"iterations":100,"warmup":10,"algbw_bytes_per_s":1e9,"busbw_bytes_per_s":1e9,'
-                   '"validation":"off","straggler_rank":%d,"verdict":null,"status":"ok","iteration":%d,"t_start":%.6f,'
+                   '"validation":"off","straggler_rank":%d,"offcpu_rank":%d,"offcpu_share_max":%.4f,'
+                   '"offcpu_share_avg":%.4f,"verdict":null,"status":"ok","iteration":%d,"t_start":%.6f,'
                    '"t_end":%.6f,"congestion":%s,"seq":%d}\n'
                    % (ts, hosts_json, n_hosts, ranks, op, size, size_bytes, lat, lat * 0.95, lat * 1.05,
-                      rng.randrange(ranks), i // len(SERIES) + 1, t0, ts, json.dumps(cong), i + 1))
+                      rng.randrange(ranks), rng.randrange(ranks), rng.uniform(0.02, 0.05), rng.uniform(0.005, 0.02),
+                      i // len(SERIES) + 1, t0, ts, json.dumps(cong), i + 1))
             f.write(rec)
 
 

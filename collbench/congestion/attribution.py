@@ -14,6 +14,7 @@ of the congested path where the signal concentrates; its side (counters.SIDES) s
 path runs into the host (np) or out of it (rp), or is its own link.
 """
 
+from functools import lru_cache
 from typing import NamedTuple
 
 from collbench.congestion import counters
@@ -57,21 +58,40 @@ def _side(name):
     return ""
 
 
+@lru_cache(maxsize=1 << 16)
+def _parts(record_key):
+    """(host, counter key, delivered key or None) of a signal's record key "<host>|<counter>@<where>";
+    None for a traffic counter. Cached: the same few thousand keys come back in every step, and
+    the cached strings are shared by every step that holds them."""
+    host, k = host_of(record_key)
+    name, where = split(k)
+    if name in VOLUME:
+        return None
+    return host, k, f"{host}|TCPDelivered@{where}" if name in TCP_RETRANS else None
+
+
+def signal_items(field):
+    """(host, counter key, delta) of every congestion signal in a valid `congestion` field (None or
+    a field without moved counters: none); routine TCP retransmissions left out."""
+    moved = field.get("moved") if isinstance(field, dict) else None
+    for rk, delta in (moved.items() if isinstance(moved, dict) else ()):
+        # record_parser validated the field; a caller's unchecked dict is still no traceback
+        if type(rk) is not str or type(delta) is not int or delta <= 0:
+            continue
+        parts = _parts(rk)
+        if parts is None:
+            continue
+        host, k, delivered = parts
+        if delivered is not None and routine_retransmits(split(k)[0], delta, moved.get(delivered)):
+            continue
+        yield host, k, delta
+
+
 def signals(field):
     """{host: {counter key: delta}} of the congestion signals in a valid `congestion` field
     (None or a field without moved counters: {}); routine TCP retransmissions left out."""
     out = {}
-    moved = field.get("moved") if isinstance(field, dict) else None
-    for rk, delta in (moved.items() if isinstance(moved, dict) else ()):
-        # record_parser validated the field; a caller's unchecked dict is still no traceback
-        if not isinstance(rk, str) or not isinstance(delta, int) or isinstance(delta, bool) or delta <= 0:
-            continue
-        host, k = host_of(rk)
-        name, where = split(k)
-        if name in VOLUME:
-            continue
-        if name in TCP_RETRANS and routine_retransmits(name, delta, moved.get(f"{host}|TCPDelivered@{where}")):
-            continue
+    for host, k, delta in signal_items(field):
         out.setdefault(host, {})[k] = delta
     return out
 

@@ -4,13 +4,12 @@
 untrusted lines are counted, never fatal); the counter side of a record is congestion.attribution's.
 """
 
-import sys
 from collections import Counter
 from typing import NamedTuple
 
 from collbench import off_cpu
 from collbench.baselines.baseline_file import key_of
-from collbench.congestion.attribution import signals
+from collbench.congestion.attribution import signal_items
 
 
 class Step(NamedTuple):
@@ -35,6 +34,7 @@ class Loaded:
         self.no_congestion = 0        # results without a congestion field
         self.osu_run = 0              # results whose counters are the launching host's only
         self.no_off_cpu = 0           # results without the off-CPU rank (or whose host cannot be told)
+        self._steps = {}              # the fields key_of reads -> that series' list (a cache)
 
     def add(self, rec):
         t = rec.get("type")
@@ -50,21 +50,25 @@ class Loaded:
         if isinstance(field, dict):
             source = field.get("source")
             window = max(float(field["t_end"]) - float(field["t_start"]), 1e-6)
-            # signals(): the exporter's rule too (routine TCP retransmissions are no evidence)
-            moved = tuple((sys.intern(h), sys.intern(k), d)
-                          for h, per in signals(field).items() for k, d in per.items())
+            # signal_items(): the exporter's rule too (routine TCP retransmissions are no evidence);
+            # its strings are shared between steps (cached per key), so 10,000 steps stay small
+            moved = tuple(signal_items(field))
             if source == "osu-run":
                 self.osu_run += 1
         else:
             self.no_congestion += 1
-        late = off_cpu.of_record(rec)
+        late = off_cpu.of_record(rec)     # its host: a string of the reader's shared `hosts` tuple
         if late is None:
             self.no_off_cpu += 1
-        else:
-            late = late._replace(host=sys.intern(late.host))
         step = Step(float(rec.get("ts") or 0.0), int(rec.get("seq") or 0), float(rec["latency_avg_us"]),
                     late, window, moved, source)
-        self.series.setdefault(key_of(rec), []).append(step)
+        # the series key, built once per distinct set of the fields it reads (a few per log)
+        raw = (rec["op"], rec["size_bytes"], rec["ranks"], rec.get("nodes"), rec.get("transport"), rec.get("engine"),
+               rec.get("algorithm"), rec.get("timing"), rec.get("inplace"), rec.get("root"))
+        steps = self._steps.get(raw)
+        if steps is None:
+            steps = self._steps[raw] = self.series.setdefault(key_of(rec), [])
+        steps.append(step)
 
     def merge(self, other):
         for k, steps in other.series.items():
