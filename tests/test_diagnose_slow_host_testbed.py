@@ -18,8 +18,7 @@ import time
 
 import pytest
 
-from conftest import REPO, is_root
-from lab import testbed
+from conftest import REPO, namespace_testbed
 from test_diagnose_real import Cgroup
 
 pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
@@ -80,12 +79,8 @@ def diagnose(bed, results):
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
-    assert is_root(), "the testbed needs root"
     root = tmp_path_factory.mktemp("slow-host-testbed")
-    desc = testbed.up(4, str(root / "tb"), python=sys.executable)
-    try:
-        with open(desc["config"], "a") as f:
-            f.write("step_timeout: 60s\ncongestion:\n  enabled: true\n")
+    with namespace_testbed(4, root / "tb", "step_timeout: 60s\ncongestion:\n  enabled: true\n") as desc:
         desc["root"] = str(root)      # outside the testbed directory, which down() removes
         quiet = str(root / "quiet.jsonl")
         for _ in range(3):
@@ -93,11 +88,6 @@ def bed(tmp_path_factory):
         r = _collbench("baseline", "save", "quiet", "--from", quiet, "--config", desc["config"])
         assert r.returncode == 0, r.stderr
         yield desc
-    finally:
-        namespaces = [h["netns"] for h in desc["hosts"]]
-        testbed.down(desc["dir"])
-        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        assert not [ns for ns in namespaces if ns in listed]
 
 
 def test_a_cpu_throttled_host_is_named_slow_host(bed):
