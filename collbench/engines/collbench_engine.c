@@ -9,7 +9,10 @@
  * reduce), timing=osu|sustained, samples=0|1 (per-iteration times: percentiles in the record).
  * Rank 0 reads it and broadcasts it, so only the launching host needs the file.
  * Rank 0 prints one "CBREC {json}" line per finished step on stdout, each flushed as one
- * write; with --report-hosts first one "CBHOSTS {json}" line: the host of every rank.
+ * write (the times per call over ranks: avg/min/max_us, max_rank the rank with the largest; and
+ * offcpu_rank, the rank whose thread was off its CPU the largest share offcpu_max of the loop,
+ * offcpu_avg the mean share: the rank the others waited for, see run_timed);
+ * with --report-hosts first one "CBHOSTS {json}" line: the host of every rank.
  * With --congestion SPEC, before each CBREC one "CBCONG {json}" line: the counters that moved on
  * each host during the step (see "congestion counters" below).
  *
