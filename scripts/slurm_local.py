@@ -159,6 +159,21 @@ def collbench_config(desc, partition):
             + yaml.safe_dump(config, sort_keys=False))
 
 
+# slurmstepd binds a Unix socket at <SlurmdSpoolDir>/<node>_<job>.<step>; a sun_path holds 107
+# characters. Too long a DIR and every job fails to launch ("launch failed requeued held").
+SOCKET_PATH_MAX = 107
+LONGEST_JOB_STEP = "_9999999.4294967291"
+
+
+def check_socket_room(directory, prefix, nodes):
+    node = len(f"{prefix}-000000-h{nodes}")     # testbed host names: <prefix>-<6 hex>-h<i>
+    longest = len(f"{directory}/nodes/") + node + len("/spool/") + node + len(LONGEST_JOB_STEP)
+    if longest > SOCKET_PATH_MAX:
+        room = SOCKET_PATH_MAX - (longest - len(directory))
+        raise SlurmLabError(f"{directory}: too long for slurmstepd's socket paths ({longest} characters, "
+                            f"at most {SOCKET_PATH_MAX}); use a directory of at most {room} characters")
+
+
 def up(directory, nodes=4, cpus=4, partition="debug", prefix="cbslm", python=None):
     if os.geteuid() != 0:
         raise SlurmLabError("the local Slurm cluster needs root (namespaces, munged, slurmd)")
@@ -173,6 +188,7 @@ def up(directory, nodes=4, cpus=4, partition="debug", prefix="cbslm", python=Non
     if not partition.replace("_", "").replace("-", "").isalnum():
         raise SlurmLabError(f"partition {partition!r}: expected letters, digits, - and _")
     directory = os.path.abspath(directory)
+    check_socket_room(directory, prefix, nodes)
     os.makedirs(directory, exist_ok=True)
     if os.path.exists(os.path.join(directory, DESC_FILE)):
         raise SlurmLabError(f"{directory} already holds a Slurm cluster (run `down {directory}` first)")

@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -31,14 +32,15 @@ def run(argv, timeout=240, env=None, **kw):
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env or clean_env(), **kw)
 
 
-def wait_for(check, timeout, what, interval=0.5):
+def wait_for(check, timeout, what, interval=0.5, describe=None):
     deadline = time.monotonic() + timeout
     while True:
         value = check()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+            seen = f"; {describe()}" if describe else ""
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}{seen}")
         time.sleep(interval)
 
 
@@ -105,6 +107,24 @@ class Cluster:
     def active_jobs(self):
         return [ln for ln in self.squeue("-o", "%i %T").splitlines() if ln.strip()]
 
+    def log_lines(self, job_id):
+        """The lines of slurmctld's and every slurmd's log that name a job, for a failure's message."""
+        found = []
+        for log in [os.path.join(self.dir, "ctld", "slurmctld.log"),
+                    *(os.path.join(self.dir, "nodes", n, "slurmd.log") for n in self.node_names)]:
+            try:
+                with open(log, errors="replace") as f:
+                    found += [f"{os.path.basename(log)}: {ln.rstrip()}" for ln in f if f"JobId={job_id}" in ln
+                              or f"job {job_id}" in ln.lower() or f"[{job_id}." in ln or "error" in ln.lower()]
+            except OSError as e:
+                found.append(f"{log}: {e}")
+        return "\n".join(found[-40:])
+
+    def jobs_and_processes(self):
+        """What squeue and the nodes show, for a failed wait's message."""
+        return (f"squeue: {self.squeue('-o', '%i %T %r %M %N %j').strip() or 'empty'}; "
+                f"processes besides Slurm's daemons: {leftover_processes(self.desc)}")
+
     def config_with(self, tmp_path, name, **changes):
         with open(self.config) as f:
             data = yaml.safe_load(f)
@@ -121,7 +141,8 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     assert os.geteuid() == 0, "the Slurm tests need root (namespaces, munged, slurmd)"
-    directory = str(tmp_path_factory.mktemp("slurm") / "cluster")
+    # short: slurmstepd's socket paths live under it (pytest's own temp paths can be too long)
+    directory = os.path.join(tempfile.mkdtemp(prefix="cbslt", dir="/tmp"), "cluster")
     res = run([LAB, "up", directory, "--nodes", "3", "--prefix", "cbslt"], timeout=180)
     try:
         assert res.returncode == 0, res.stderr
@@ -131,6 +152,7 @@ def cluster(tmp_path_factory):
         down = run([LAB, "down", directory], timeout=180)
         assert down.returncode == 0, down.stderr
     assert not os.path.exists(directory)
+    os.rmdir(os.path.dirname(directory))
     listed = run(["ip", "netns", "list"]).stdout
     assert not any(n["netns"] in listed for n in c.desc["nodes"])
     assert not [d for d in c.desc["daemons"] if still_running(d)]
@@ -218,8 +240,14 @@ def test_once_inside_sbatch(cluster, tmp_path):
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/sh\nexec " + " ".join(COLLBENCH) + f" once --config {cluster.config} --np 4"
                       f" --ops bcast --sizes 1KB --iterations 10 --results {results}\n")
-    res = run(["sbatch", "--parsable", "--wait", "-N", "2", "-n", "4", "-o", str(tmp_path / "out-%j"),
-               str(script)], env=cluster.env, timeout=240)
+    try:
+        res = run(["sbatch", "--parsable", "--wait", "-N", "2", "-n", "4", "-o", str(tmp_path / "out-%j"),
+                   str(script)], env=cluster.env, timeout=240)
+    except subprocess.TimeoutExpired as e:
+        job = (e.stdout or b"").decode().strip()
+        run(["scancel", job], env=cluster.env, timeout=30) if job.isdigit() else None
+        raise AssertionError(f"sbatch --wait did not return in 240 s: {cluster.jobs_and_processes()}\n"
+                             f"{cluster.log_lines(job)}") from None
     assert res.returncode == 0, res.stdout + res.stderr + "".join(p.read_text() for p in tmp_path.glob("out-*"))
     (rec,) = read_records(results)
     assert rec["type"] == "result" and rec["ranks"] == 4 and len(rec["hosts"]) == 2
@@ -241,7 +269,8 @@ def test_mca_and_ucx_settings_reach_the_ranks(cluster, tmp_path):
                                     env={"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self"}, step_timeout=60)
     res = run(COLLBENCH + args + ["--config", self_only])
     assert res.returncode == 1 and "FAILED" in res.stdout, res.stdout + res.stderr
-    wait_for(lambda: not cluster.active_jobs(), 60, "the failed jobs to leave squeue")
+    wait_for(lambda: not cluster.active_jobs(), 60, "the failed jobs to leave squeue",
+             describe=cluster.jobs_and_processes)
     wait_for_only_daemons(cluster.desc)   # a failed step leaves no rank behind on any node
 
 
@@ -282,7 +311,7 @@ def test_stress_job_start_status_stop_leaves_nothing(cluster, tmp_path):
         stop = stress(cluster, config, "stop")
     assert stop.returncode == 0, stop.stdout + stop.stderr
     assert "stopped" in stop.stdout
-    wait_for(lambda: not cluster.active_jobs(), 60, "the job to leave squeue")
+    wait_for(lambda: not cluster.active_jobs(), 60, "the job to leave squeue", describe=cluster.jobs_and_processes)
     wait_for_only_daemons(cluster.desc)
     recs = read_records(log)
     events = [r for r in recs if r["type"] == "event"]
@@ -342,8 +371,15 @@ def test_stress_job_on_a_failed_node_is_recorded_as_such(cluster, tmp_path):
              f"{node} to be back")
 
 
+def test_lab_up_refuses_a_directory_too_long_for_slurms_sockets(tmp_path):
+    directory = "/tmp/" + "d" * 60
+    res = run([LAB, "up", directory, "--nodes", "2", "--prefix", "cbsll"], timeout=60)
+    assert res.returncode == 1 and "too long for slurmstepd's socket paths" in res.stderr, res.stderr
+    assert "at most 44 characters" in res.stderr and not os.path.exists(directory)
+
+
 def test_lab_down_is_idempotent_and_leaves_nothing(tmp_path):
-    directory = str(tmp_path / "one")
+    directory = os.path.join(tempfile.mkdtemp(prefix="cbsld", dir="/tmp"), "one")
     res = run([LAB, "up", directory, "--nodes", "1", "--prefix", "cbsld"], timeout=180)
     assert res.returncode == 0, res.stderr
     with open(os.path.join(directory, "slurm.json")) as f:
@@ -356,6 +392,7 @@ def test_lab_down_is_idempotent_and_leaves_nothing(tmp_path):
     assert not [d["what"] for d in desc["daemons"] if still_running(d)]
     again = run([LAB, "down", directory], timeout=60)
     assert again.returncode == 0 and "nothing to remove" in again.stderr
+    os.rmdir(os.path.dirname(directory))
     assert shutil.which("munged")   # what the lab needs is installed (scripts/install.sh)
 
 
