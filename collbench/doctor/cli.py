@@ -26,8 +26,8 @@ def register(subparsers):
                     "the notification and reaction points, CNP priority and DSCP, the RoCE v2 GID and its "
                     "index, the devices and GID index the config's UCX_*/NCCL_IB_* settings name) against "
                     "the config's doctor section and the other hosts; warns on PFC without ECN, ECN without "
-                    "PFC and MTUs that differ between hosts; adds the latest results' failures and "
-                    "stragglers per host.",
+                    "PFC and MTUs that differ between hosts; adds, per host, the latest results' failures "
+                    "and the steps whose rank the others waited for (kept off its CPU).",
         epilog="Settings are read from doctor.sysfs_root (per host: doctor.hosts) and mlnx_qos, or on each "
                "host over SSH (doctor.remote). Exit code 1 when any host is degraded or failed, 2 on a "
                "bad config, flag or results file.")

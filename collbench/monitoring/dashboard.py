@@ -230,8 +230,8 @@ def latency_row(legacy):
               [Target(f'collbench_latency_max_seconds{{{SEL},op=~"$op",size=~"$size"}} / '
                       f'collbench_latency_avg_seconds{{{SEL},op=~"$op",size=~"$size"}}',
                       "{{op}} {{size}} {{instance}}")],
-              "Max over ranks / average: 1 when the ranks agree; a rising ratio is a straggler "
-              "(a slow host, NIC or link).", unit="none", width=12, height=8, decimals=2),
+              "Max over ranks / average: 1 when the ranks agree; a rising ratio: ranks wait for "
+              "another (a slow host, NIC or link); `collbench diagnose` names which.", unit="none", width=12, height=8, decimals=2),
     ])
 
 
