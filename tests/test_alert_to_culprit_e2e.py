@@ -315,9 +315,9 @@ def test_congestion_alert_names_the_host_diagnose_and_locate_name_the_culprit(st
     figures["fault_to_diagnose_s"] = time.monotonic() - t_fault
     assert rc == 1 and doc["regressions"], doc
     top = doc["suspects"][0]
-    assert top["cause"] == "congestion", doc["suspects"]
+    assert top["cause"] == "congestion", json.dumps(doc["suspects"])
     # h3's egress is marked: its outgoing path, or the link out of it
-    assert congested["addr"] in (top["host"], (top["link"] or [None])[0]), doc["suspects"]
+    assert congested["addr"] in (top["host"], (top["link"] or [None])[0]), json.dumps(doc["suspects"])
 
     # ---- 3. the marking removed: the shift clears and the alert resolves
     testbed.ecn_clear(bed["dir"], [congested["alias"]])
@@ -347,10 +347,10 @@ def test_congestion_alert_names_the_host_diagnose_and_locate_name_the_culprit(st
     # such a load burst may still be a regression to diagnose (then `unexplained`, as in
     # tests/test_diagnose_testbed.py); what must never happen on a quiet run is a named culprit
     assert doc["verdict"] in ("no regression", "unexplained"), doc
-    assert [s for s in doc["suspects"] if s["host"] or s["link"]] == [], doc["suspects"]
+    assert [s for s in doc["suspects"] if s["host"] or s["link"]] == [], json.dumps(doc["suspects"])
     # the warm-up before the fault was quiet too
     rc, doc = st.diagnose(st.window(0, last_quiet_seq, "warmup.jsonl"))
-    assert [s for s in doc["suspects"] if s["host"] or s["link"]] == [], doc["suspects"]
+    assert [s for s in doc["suspects"] if s["host"] or s["link"]] == [], json.dumps(doc["suspects"])
 
     # ---- 5. no daemon, h6's link shaped with no marking: locate names it
     stop = _stop_daemon(st.cfg, st.state)

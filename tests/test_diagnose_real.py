@@ -27,6 +27,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cgroup_helpers import Cgroup, RankMover, environ, rank_of
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 HOSTS = ("hA", "hB", "hC", "hD")
 OPS, SIZES, ITERATIONS = "allreduce,allgather,alltoall", "1MB,2MB", "20"
@@ -38,65 +40,16 @@ def _replace(path, text):
     os.replace(tmp, path)
 
 
-class Cgroup:
-    """A cpu-quota cgroup (v2 cpu.max or v1 cpu.cfs_quota_us) the engine ranks of one run are
-    moved into as they start: their CPU time is capped, as on a host with a CPU hog."""
+def throttler(cgroup, marker, ranks):
+    """A RankMover of this test's engine ranks (marked by an environment variable) whose rank is in `ranks`."""
+    marker, ranks = marker.encode(), {str(r).encode() for r in ranks}
 
-    def __init__(self, quota_us, period_us=100000):
-        name = f"collbench-test-{uuid.uuid4().hex[:8]}"
-        v2 = Path("/sys/fs/cgroup/cgroup.controllers")
-        if v2.exists():
-            self.dir = Path("/sys/fs/cgroup") / name
-            self.dir.mkdir()
-            (self.dir / "cpu.max").write_text(f"{quota_us} {period_us}\n")
-        else:
-            self.dir = Path("/sys/fs/cgroup/cpu") / name
-            self.dir.mkdir()
-            (self.dir / "cpu.cfs_period_us").write_text(f"{period_us}\n")
-            (self.dir / "cpu.cfs_quota_us").write_text(f"{quota_us}\n")
-
-    def add(self, pid):
-        (self.dir / "cgroup.procs").write_text(f"{pid}\n")
-
-    def remove(self):
-        for _ in range(100):
-            try:
-                self.dir.rmdir()
-                return
-            except OSError:
-                time.sleep(0.1)
-
-
-class Throttler(threading.Thread):
-    """Moves the engine ranks of this test's run (marked by an environment variable) whose rank is
-    in `ranks` into the cgroup, as they appear."""
-
-    def __init__(self, cgroup, marker, ranks):
-        super().__init__(daemon=True)
-        self.cgroup, self.marker, self.ranks = cgroup, marker.encode(), {str(r).encode() for r in ranks}
-        self.stop = threading.Event()
-        self.moved = set()
-
-    def run(self):
-        while not self.stop.is_set():
-            for p in os.listdir("/proc"):
-                if not p.isdigit() or int(p) in self.moved:
-                    continue
-                try:
-                    cmd = Path(f"/proc/{p}/cmdline").read_bytes()
-                    env = Path(f"/proc/{p}/environ").read_bytes().split(b"\0")
-                except OSError:
-                    continue
-                if b"collbench-engine" not in cmd or self.marker not in env:
-                    continue
-                rank = next((e.split(b"=", 1)[1] for e in env if e.startswith(b"OMPI_COMM_WORLD_RANK=")), None)
-                if rank in self.ranks:
-                    try:
-                        self.cgroup.add(int(p))
-                        self.moved.add(int(p))
-                    except OSError:
-                        pass
-            time.sleep(0.005)
+    def wants(proc):
+        if b"collbench-engine" not in (proc / "cmdline").read_bytes():
+            return False
+        env = environ(proc)
+        return marker in env and rank_of(env) in ranks
+    return RankMover(cgroup, wants)
 
 
 class Driver(threading.Thread):
@@ -153,7 +106,7 @@ def once(bed, results, throttle_ranks=(), quota_us=8000, driver=None):
     threads, cgroup = [], None
     if throttle_ranks:
         cgroup = Cgroup(quota_us)
-        threads.append(Throttler(cgroup, marker, throttle_ranks))
+        threads.append(throttler(cgroup, marker, throttle_ranks))
     if driver is not None:
         threads.append(driver)
     for t in threads:

@@ -13,13 +13,11 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
 
 from conftest import REPO, namespace_testbed
-from test_diagnose_real import Cgroup
+from cgroup_helpers import Cgroup, RankMover
 
 pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
 
@@ -37,30 +35,11 @@ def _collbench(*args, netns=None, timeout=180):
                           timeout=timeout, cwd=REPO)
 
 
-class HostThrottler(threading.Thread):
-    """Moves every engine rank running in one testbed host's namespace into the cgroup as it starts."""
-
-    def __init__(self, cgroup, netns):
-        super().__init__(daemon=True)
-        self.cgroup, self.inode = cgroup, os.stat(f"/run/netns/{netns}").st_ino
-        self.stop = threading.Event()
-        self.moved = set()
-
-    def run(self):
-        while not self.stop.is_set():
-            for p in os.listdir("/proc"):
-                if not p.isdigit() or int(p) in self.moved:
-                    continue
-                try:
-                    if b"collbench-engine" not in open(f"/proc/{p}/cmdline", "rb").read():
-                        continue
-                    if os.stat(f"/proc/{p}/ns/net").st_ino != self.inode:
-                        continue
-                    self.cgroup.add(int(p))
-                    self.moved.add(int(p))
-                except OSError:
-                    continue
-            time.sleep(0.005)
+def host_throttler(cgroup, netns):
+    """A RankMover of every engine rank running in one testbed host's network namespace."""
+    inode = os.stat(f"/run/netns/{netns}").st_ino
+    return RankMover(cgroup, lambda proc: b"collbench-engine" in (proc / "cmdline").read_bytes()
+                     and os.stat(proc / "ns" / "net").st_ino == inode)
 
 
 def once(bed, results):
@@ -93,7 +72,7 @@ def bed(tmp_path_factory):
 def test_a_cpu_throttled_host_is_named_slow_host(bed):
     h4 = bed["hosts"][THROTTLED]
     cg = Cgroup(QUOTA_US, period_us=PERIOD_US)
-    t = HostThrottler(cg, h4["netns"])
+    t = host_throttler(cg, h4["netns"])
     t.start()
     try:
         results = once(bed, os.path.join(bed["root"], "throttled.jsonl"))
@@ -109,19 +88,19 @@ def test_a_cpu_throttled_host_is_named_slow_host(bed):
     print(f"h4's rank: off its CPU the most in {waited} of {len(recs)} throttled steps; "
           f"the slowest (straggler_rank) in {slowest}")
     rc, doc = diagnose(bed, results)
-    assert rc == 1 and doc["regressions"], doc
+    assert rc == 1 and doc["regressions"], json.dumps(doc)
     top = doc["suspects"][0]
-    assert (top["host"], top["cause"]) == (h4["addr"], "slow_host"), doc["suspects"]
+    assert (top["host"], top["cause"]) == (h4["addr"], "slow_host"), json.dumps(doc["suspects"])
     off = top["evidence"]["off_cpu"]
     assert off["host"] == h4["addr"] and off["slow_steps_waited_for"] >= off["slow_steps"] / 2, off
     assert off["on_cpu_share"] <= 0.4 * off["peers_on_cpu_share"], off
-    assert not [s for s in doc["suspects"] if s["host"] not in (None, h4["addr"])], doc["suspects"]
+    assert not [s for s in doc["suspects"] if s["host"] not in (None, h4["addr"])], json.dumps(doc["suspects"])
 
 
 def test_a_quiet_run_names_no_suspect(bed):
     rc, doc = diagnose(bed, once(bed, os.path.join(bed["root"], "quiet2.jsonl")))
     # the latency of a quiet run on a shared machine may still stray past a three-run baseline's
     # bound (then the verdict is `unexplained`); what must never happen is a named culprit
-    assert doc["verdict"] in ("no regression", "unexplained"), doc["suspects"]
-    assert [s for s in doc["suspects"] if s["host"] or s["link"]] == [], doc["suspects"]
+    assert doc["verdict"] in ("no regression", "unexplained"), json.dumps(doc["suspects"])
+    assert [s for s in doc["suspects"] if s["host"] or s["link"]] == [], json.dumps(doc["suspects"])
     assert rc == (0 if doc["verdict"] == "no regression" else 1)

@@ -25,7 +25,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, is_root
+from conftest import REPO, namespace_testbed
 from lab import testbed
 
 pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
@@ -64,19 +64,10 @@ def unshape(host):
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
-    assert is_root(), "the testbed needs root"
     root = tmp_path_factory.mktemp("diagnose-testbed")
-    desc = testbed.up(4, str(root / "tb"), python=sys.executable)
-    try:
-        with open(desc["config"], "a") as f:
-            f.write("step_timeout: 120s\ncongestion:\n  enabled: true\n")
+    with namespace_testbed(4, root / "tb", "step_timeout: 120s\ncongestion:\n  enabled: true\n") as desc:
         desc["root"] = str(root)      # outside the testbed directory, which down() removes
         yield desc
-    finally:
-        namespaces = [h["netns"] for h in desc["hosts"]]
-        testbed.down(desc["dir"])
-        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        assert not [ns for ns in namespaces if ns in listed]
 
 
 def alternate(bed, name, fault=None):

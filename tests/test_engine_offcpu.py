@@ -4,15 +4,12 @@ is named as the rank the others waited for; CBREC lines without the fields (an o
 still make records, without them; values out of range are left out."""
 
 import json
-import threading
-import time
-from pathlib import Path
 
 from collbench.config import Step
 from collbench.engines import builtin as builtin_engine, launcher
 from collbench.results import records
 from engine_helpers import engine_bin, engine_cfg  # noqa: F401
-from test_diagnose_real import Cgroup
+from cgroup_helpers import Cgroup, RankMover, environ, rank_of
 
 RANKS = 4
 THROTTLED = 2
@@ -22,33 +19,10 @@ def ctx_for(cfg):
     return records.RunContext(cfg, "builtin", launcher.mpi_version(cfg))
 
 
-class RankThrottler(threading.Thread):
-    """Moves the rank `rank` of this test's engine (its private binary) into the cgroup as it starts."""
-
-    def __init__(self, cgroup, exe, rank):
-        super().__init__(daemon=True)
-        self.cgroup, self.exe, self.rank = cgroup, exe, str(rank).encode()
-        self.stop = threading.Event()
-        self.moved = set()
-
-    def run(self):
-        while not self.stop.is_set():
-            for p in Path("/proc").iterdir():
-                if not p.name.isdigit() or int(p.name) in self.moved:
-                    continue
-                try:
-                    if str((p / "exe").readlink()) != self.exe:
-                        continue
-                    env = (p / "environ").read_bytes().split(b"\0")
-                except OSError:
-                    continue
-                if b"OMPI_COMM_WORLD_RANK=" + self.rank in env:
-                    try:
-                        self.cgroup.add(int(p.name))
-                        self.moved.add(int(p.name))
-                    except OSError:
-                        pass
-            time.sleep(0.005)
+def rank_throttler(cgroup, exe, rank):
+    """A RankMover of rank `rank` of this test's engine (its private binary)."""
+    rank = str(rank).encode()
+    return RankMover(cgroup, lambda proc: str((proc / "exe").readlink()) == exe and rank_of(environ(proc)) == rank)
 
 
 def plan():
@@ -70,7 +44,7 @@ def test_a_cpu_throttled_rank_is_the_off_cpu_rank(tmp_path, engine_bin):  # noqa
     # 5 % of a CPU in 20 ms periods: a step's loop spans many periods, so no step runs on one
     # period's unspent quota alone
     cg = Cgroup(1000, period_us=50000)
-    t = RankThrottler(cg, engine_bin, THROTTLED)
+    t = rank_throttler(cg, engine_bin, THROTTLED)
     t.start()
     try:
         recs = list(builtin_engine.run_steps(cfg, plan(), ctx_for(cfg)))
