@@ -246,6 +246,19 @@ def test_routine_tcp_retransmissions_beside_delivered_packets_are_no_evidence(tm
     assert rc == 1 and (doc["suspects"][0]["host"], doc["suspects"][0]["cause"]) == ("h3", "link_errors")
 
 
+def test_retransmissions_spread_over_every_host_name_no_link(tmp_path):
+    # every host retransmits alike (8 % of what it delivers) in the slow steps: load or the whole
+    # fabric, not one host's cable
+    slow = {f"h{h}|{name}@netstat": n for h in range(8)
+            for name, n in (("TCPFastRetrans", 4000), ("TCPDelivered", 48000))}
+    rc, doc, _ = diagnose(write(tmp_path / "r.jsonl", series(slow_moved=slow, noise=False)))
+    assert rc == 1 and [s["cause"] for s in doc["suspects"]] == ["unexplained"], doc["suspects"]
+    # the same on one host more than on all the others together is its link
+    slow["h6|TCPFastRetrans@netstat"] = 40000
+    rc, doc, _ = diagnose(write(tmp_path / "r2.jsonl", series(slow_moved=slow, noise=False)))
+    assert rc == 1 and (doc["suspects"][0]["host"], doc["suspects"][0]["cause"]) == ("h6", "link_errors")
+
+
 def test_without_results_the_state_directory_is_read(tmp_path):
     state = tmp_path / "state"
     state.mkdir()

@@ -99,7 +99,12 @@ def _pfc(cs):
 
 
 def _link_errors(cs):
-    best = _best(cs)
+    """A host's link, when its errors or retransmissions concentrate on it; None when they are
+    spread over the hosts (every host retransmitting alike is load or the whole fabric, not one
+    cable: a burst on a random host must not name it)."""
+    best = _best([c for c in cs if c.share >= CONCENTRATED])
+    if best is None:
+        return None
     return Suspect(LINK_ERRORS, host=best.host, port=_port(best), score=_score(best), counters=[best],
                    detail=f"{best.host}'s {best.name} at {best.where} (cable, optics or a flapping link: "
                           "errors, losses and the retransmissions they cost)")
@@ -143,8 +148,9 @@ def suspects_of(ev, nodes):
             pfc.score *= 0.5     # pauses beside ECN marks are less likely the cause than the marks
         if not any(pfc.host == s.host for s in out):
             out.append(pfc)
-    if LINK_ERRORS in by_family:
-        out.append(_link_errors(by_family[LINK_ERRORS]))
+    link = _link_errors(by_family.get(LINK_ERRORS, ()))
+    if link:
+        out.append(link)
     slow = _slow_host(ev, nodes)
     if slow:
         info, score = slow
