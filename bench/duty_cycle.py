@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Duty cycle of the stress daemon: long-lived MPI job vs one mpirun per step (the seed's way).
+"""Duty cycle of the stress daemon: long-lived MPI job vs one mpirun per step (the prototype's way).
 
 Runs the real daemon loop (collbench.stress.daemon.Daemon) twice over the same plan on the
 same ranks, each for a fixed wall-clock window, and prints
@@ -11,8 +11,8 @@ where a step's time inside collectives is the engine's [t_start, t_end] (barrier
 timed iterations). The window opens when the daemon starts (before mpirun is launched), so
 launch cost counts against the mode that pays it.
 
-    .venv/bin/python bench/duty_cycle.py                 # seed ops/sizes, iterations / 10, 20 s each
-    .venv/bin/python bench/duty_cycle.py --plan seed     # the plan of the prototype this project replaces, as is
+    .venv/bin/python bench/duty_cycle.py                     # the prototype's ops/sizes, iterations / 10, 20 s each
+    .venv/bin/python bench/duty_cycle.py --plan prototype    # the plan of the prototype this project replaces, as is
 """
 
 import argparse
@@ -34,7 +34,7 @@ from collbench.results.state_dir import StatePaths  # noqa: E402
 
 def bench_plan(kind, scale):
     plan = default_plan(PROTOTYPE_PLAN)
-    if kind == "seed":
+    if kind == "prototype":
         return plan
     return [Step(s.op, s.size_bytes, max(1, s.iterations // scale), max(1, s.warmup // scale), s.datatype)
             for s in plan]
@@ -67,11 +67,14 @@ def main():
     p.add_argument("--config", help="collbench config (default: this machine, shm)")
     p.add_argument("--np", type=int, default=4, help="ranks (default 4)")
     p.add_argument("--seconds", type=float, default=20.0, help="window per mode (default 20)")
-    p.add_argument("--plan", choices=("scaled", "seed"), default="scaled",
+    p.add_argument("--plan", choices=("scaled", "prototype", "seed"), default="scaled",
                    help="scaled: the prototype's ops and sizes with iterations / --scale (default); "
-                        "seed: the prototype's plan as is")
+                        "prototype: the prototype's plan as is (seed: its old name)")
     p.add_argument("--scale", type=int, default=10, help="iteration divisor for --plan scaled")
     args = p.parse_args()
+    if args.plan == "seed":
+        print("bench/duty_cycle.py: --plan seed is now --plan prototype", file=sys.stderr)
+        args.plan = "prototype"
 
     cfg = load_config(args.config)
     cfg.ranks = args.np
@@ -84,7 +87,7 @@ def main():
           f"{os.cpu_count()} CPUs")
     rows = []
     for mode, label in (("loop", "long-lived job (builtin --loop)"),
-                        ("step", "one mpirun per step (seed)")):
+                        ("step", "one mpirun per step (prototype)")):
         duty, nres, nfail = run_window(cfg, plan, mode, args.seconds)
         rows.append((label, duty, nres, nfail))
         print(f"  {label:<34} duty cycle {duty:6.3f}   {nres:5d} records  {nfail} failures", flush=True)
