@@ -3,6 +3,7 @@ their evidence, and a clean matrix (with measurement noise) gives none."""
 
 import pytest
 
+from collbench.pair_matrix import TopoMatrix
 from collbench.topo.outliers import find_outliers
 
 from topo_helpers import rack_matrix
@@ -71,3 +72,18 @@ def test_flat_fabric_single_class():
 def test_two_hosts_cannot_be_compared():
     rep = find_outliers(rack_matrix(2, 1, seed=1, slow_link=(0, 1)))
     assert not rep.any and len(rep.classes) == 1
+
+
+def test_a_value_class_that_structure_empties_is_no_crash():
+    # two racks of 4 (intra 10); between them half the pairs at 50 and half at 250 -- the 50 links
+    # already join the racks, so every 250 pair meets at that level and its value class is left
+    # empty (topo measure crashed on min() of it)
+    p = 8
+    v = [[None] * p for _ in range(p)]
+    for i in range(p):
+        for j in range(i + 1, p):
+            x = 10.0 if i // 4 == j // 4 else (50.0 if (i + j) % 2 else 250.0)
+            v[i][j] = v[j][i] = x
+    rep = find_outliers(TopoMatrix.from_rows([f"node{i}" for i in range(p)], "latency", v))
+    assert len(rep.classes) == 2 and all(c.pairs for c in rep.classes)
+    assert sum(c.pairs for c in rep.classes) == p * (p - 1) // 2

@@ -209,7 +209,13 @@ def find_outliers(matrix, ratio=DEFAULT_RATIO, gap_ratio=DEFAULT_GAP_RATIO, min_
 
     def classify(logs):
         vcls, n = _classes(logs, min_class, gap)
-        return (_structural(p, pairs, vcls, n) if n > 1 else vcls), n
+        if n < 2:
+            return vcls, n
+        # a value class may be left without pairs (they all meet at a faster level): number the
+        # classes that hold pairs, fastest first
+        scls = _structural(p, pairs, vcls, n)
+        used = {c: k for k, c in enumerate(sorted(set(scls)))}
+        return [used[c] for c in scls], len(used)
 
     def host_effects(logs, cls, ncls):
         med = [_median([logs[k] for k in range(len(logs)) if cls[k] == c]) for c in range(ncls)]
