@@ -24,6 +24,7 @@ OSU_FIXTURES = FIXTURES / "osu-7.4"
 REAL_PART_MARKERS = ("mpi", "slow", "netns")
 
 
+@pytest.hookimpl(tryfirst=True)    # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """Groups for `pytest -n 2 --dist loadgroup` (scripts/run_tests.sh): every real-part test in
     one group, so they run one at a time on one worker as in a serial run, while the other worker

@@ -80,14 +80,8 @@ def leftover_processes(desc):
 
 
 def wait_for_only_daemons(desc, timeout=60):
-    deadline = time.monotonic() + timeout
-    while True:
-        left = leftover_processes(desc)
-        if not left:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"after {timeout:g}s the nodes still run more than Slurm's daemons: {left}")
-        time.sleep(0.5)
+    wait_for(lambda: not leftover_processes(desc), timeout, "the nodes to run nothing but Slurm's daemons",
+             describe=lambda: f"still running: {leftover_processes(desc)}")
 
 
 class Cluster:
@@ -245,7 +239,8 @@ def test_once_inside_sbatch(cluster, tmp_path):
                    str(script)], env=cluster.env, timeout=240)
     except subprocess.TimeoutExpired as e:
         job = (e.stdout or b"").decode().strip()
-        run(["scancel", job], env=cluster.env, timeout=30) if job.isdigit() else None
+        if job.isdigit():
+            run(["scancel", job], env=cluster.env, timeout=30)
         raise AssertionError(f"sbatch --wait did not return in 240 s: {cluster.jobs_and_processes()}\n"
                              f"{cluster.log_lines(job)}") from None
     assert res.returncode == 0, res.stdout + res.stderr + "".join(p.read_text() for p in tmp_path.glob("out-*"))
