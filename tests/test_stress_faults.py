@@ -13,7 +13,7 @@ import pytest
 
 from conftest import wait_for
 
-from collbench.proctree import cmdline, pid_alive
+from collbench.proctree import cmdline, pid_alive, read_stat
 from collbench.stress.mpi_output import RawOutputLog
 from collbench.results.results_log import ResultsLog
 from stress_helpers import Stress, job_processes, wait_gone, write_config
@@ -277,6 +277,13 @@ def test_failed_rotation_is_an_event_not_a_crash(stress):
     assert events(live(s), "stop")
 
 
+def freeze(pid):
+    """SIGSTOP, then wait until the kernel has stopped it: kill() returns first, and a daemon still
+    running for a moment may write a file into the directory the test is about to delete."""
+    os.kill(pid, signal.SIGSTOP)
+    assert wait_for(lambda: getattr(read_stat(pid), "state", None) == "T", timeout=10), read_stat(pid)
+
+
 def test_deleted_state_dir_found_refused_recreated_and_stopped(stress):
     s = stress()
     pid = s.start()
@@ -284,7 +291,7 @@ def test_deleted_state_dir_found_refused_recreated_and_stopped(stress):
     run_id = s.records()[0]["run_id"]
 
     # Frozen, the daemon cannot notice yet: status, start and run must find it by /proc alone.
-    os.kill(pid, signal.SIGSTOP)
+    freeze(pid)
     try:
         last_seq = s.records()[-1]["seq"]
         shutil.rmtree(s.state_dir)
@@ -320,7 +327,7 @@ def test_deleted_state_dir_found_refused_recreated_and_stopped(stress):
 
     # Deleted again and frozen: `stop` finds it by /proc and stops it.
     procs = list(job_processes(pid))
-    os.kill(pid, signal.SIGSTOP)
+    freeze(pid)
     try:
         shutil.rmtree(s.state_dir)
         stopper = subprocess.Popen(s.cmd("stop"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
