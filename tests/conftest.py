@@ -20,20 +20,6 @@ FIXTURES = REPO / "tests" / "fixtures"
 OSU_FIXTURES = FIXTURES / "osu-7.4"
 
 
-# Markers of tests that start real parts (mpirun ranks, namespace testbeds, Slurm, Prometheus).
-REAL_PART_MARKERS = ("mpi", "slow", "netns")
-
-
-@pytest.hookimpl(tryfirst=True)    # before xdist's own hook, which reads the groups
-def pytest_collection_modifyitems(config, items):
-    """Groups for `pytest -n 2 --dist loadgroup` (scripts/run_tests.sh): every real-part test in
-    one group, so they run one at a time on one worker as in a serial run, while the other worker
-    takes the quick tests, each file whole (its module fixtures built once)."""
-    for item in items:
-        real = any(item.get_closest_marker(m) for m in REAL_PART_MARKERS)
-        item.add_marker(pytest.mark.xdist_group("real-parts" if real else item.nodeid.split("::")[0]))
-
-
 @pytest.fixture
 def repo():
     return REPO
