@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from collbench.congestion.counters import NP, RP
 from collbench.congestion.keys import priority
+from collbench.off_cpu import MAX_ON_CPU_RATIO
 from collbench.diagnose.evidence import (CONGESTION, LINK_ERRORS, PFC, SLOW_HOST, STORM, UNEXPLAINED,
                                          MIN_OFF_CPU_STEPS, MIN_STEP_SHARE)
 
@@ -170,11 +171,12 @@ def suspects_of(ev, nodes):
                        + (" with no congestion counter moving on it" if host not in ev.moved_hosts
                           else "; its counters moved, but no more than in the good steps")))
     if not out:
+        lacking = "; ".join(x.split(":")[0] for x in ev.lacking)
         out.append(Suspect(UNEXPLAINED, lacking=list(ev.lacking),
                            detail="a regression with no evidence: no counter moved more during the slow steps than "
                                   "in the good ones or on the peers, and no host's rank kept the others waiting "
-                                  "(on its CPU at most 40 % as much as its peers) in most slow steps" + (" (lacking: " + "; ".join(x.split(":")[0] for x in ev.lacking) + ")"
-                                                   if ev.lacking else "")))
+                                  f"(on its CPU at most {MAX_ON_CPU_RATIO * 100:.0f} % as much as its peers) in most slow "
+                                  "steps" + (f" (lacking: {lacking})" if lacking else "")))
     for s in out:
         s.lacking = s.lacking or list(ev.lacking)
     out.sort(key=lambda s: -s.score)
