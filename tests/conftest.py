@@ -16,6 +16,11 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:   # the lab package (lab/testbed.py) lives beside collbench, unpackaged
     sys.path.insert(0, str(REPO))
 FIXTURES = REPO / "tests" / "fixtures"
+# A suite started in the background by a non-interactive shell (`./scripts/run_tests.sh &`, nohup)
+# inherits SIGINT ignored, and so would every command the tests start, which then never see the
+# Ctrl-C the interrupt tests send. A handled signal is reset to the default on exec: handle it here.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 # Real OSU 7.4 output, captured once and kept in the repository (a clone has nothing beside it).
 OSU_FIXTURES = FIXTURES / "osu-7.4"
 

@@ -5,8 +5,9 @@ host's counters before and after each step's timed loop.
 Two hosts are emulated on this machine (the engine's COLLBENCH_ENGINE_HOST_OF_RANK hook names
 ranks 0-1 "hA" and 2-3 "hB"), each reading its own fixture tree (congestion.hosts): RDMA sysfs
 and mlx5 `ethtool -S` output cannot exist here. A background thread drives hB's PFC pause and
-ECN-mark counters upward and injects faults into hA's (a counter file that vanishes, one that
-goes backwards, one that holds garbage) while the ranks run. The netstat test runs real TCP over
+ECN-mark counters upward and injects faults into hA's (a counter that goes backwards, one that
+holds garbage) while the ranks run; a second one, woken by the engine's own reads (inotify),
+deletes an hA counter between a step's two snapshots so that it vanishes. The netstat test runs real TCP over
 loopback and reads the kernel's own /proc/net/netstat.
 """
 
@@ -23,6 +24,7 @@ from pathlib import Path
 import yaml
 
 from collbench.results.record_parser import ParseError, parse_record
+from inotify_helpers import OpenWatch
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 ECN = "np_ecn_marked_roce_packets"
@@ -46,8 +48,8 @@ def _fixture_host(root, name):
 
 class Driver(threading.Thread):
     """Every ~2 ms: hB's ECN marks (mlx5_1 port 1) and priority-3 pauses (ens1f0np0, rx) go up;
-    hA's np_cnp_sent vanishes and comes back, its rp_cnp_handled goes down by one, its
-    out_of_sequence flips between garbage and its (unchanged) value."""
+    hA's rp_cnp_handled goes down by one, its out_of_sequence flips between garbage and its
+    (unchanged) value."""
 
     def __init__(self, hosts):
         super().__init__(daemon=True)
@@ -56,7 +58,7 @@ class Driver(threading.Thread):
         self.ecn = sys_b / "class/infiniband/mlx5_1/ports/1/hw_counters" / ECN
         self.eth = eth_b / "ens1f0np0"
         hw_a = sys_a / "class/infiniband/mlx5_0/ports/1/hw_counters"
-        self.vanishing, self.backwards, self.garbage = hw_a / "np_cnp_sent", hw_a / "rp_cnp_handled", hw_a / "out_of_sequence"
+        self.backwards, self.garbage = hw_a / "rp_cnp_handled", hw_a / "out_of_sequence"
         self.driven = {"ecn": 0, "pause": 0, "duration_us": 0}
         self.ticks = 0
 
@@ -81,16 +83,55 @@ class Driver(threading.Thread):
             self.driven["ecn"] += 7
             self.driven["pause"] += 3
             self.driven["duration_us"] += 500
-            if self.ticks % 2:
-                self.vanishing.unlink(missing_ok=True)
-                _replace(self.garbage, "N/A (no PMA)\n")
-            else:
-                _replace(self.vanishing, "1000\n")
-                _replace(self.garbage, saved_seq)
+            _replace(self.garbage, "N/A (no PMA)\n" if self.ticks % 2 else saved_seq)
             back -= 1
             _replace(self.backwards, f"{back}\n")
             self.ticks += 1
             time.sleep(0.002)
+
+
+class Vanisher(threading.Thread):
+    """hA's np_cnp_sent is deleted as soon as the engine has opened it, and put back once the next
+    snapshot has passed it (that snapshot's later read of hA's ethtool file shows it has); then one
+    snapshot reads it untouched. The cycle is three snapshots long, so the deletions fall on before-
+    and after-step snapshots in turn: every second one makes the counter vanish within a step (read
+    before, absent after) however long the steps take. Timing-driven toggling missed that in about
+    a third of runs."""
+
+    def __init__(self, hosts):
+        super().__init__(daemon=True)
+        self.stop = threading.Event()
+        (sys_a, eth_a), _ = hosts["hA"], hosts["hB"]
+        self.hw = sys_a / "class/infiniband/mlx5_0/ports/1/hw_counters"
+        self.eth = eth_a
+        self.deleted = 0
+        self.ready = threading.Event()
+
+    def run(self):
+        counter = self.hw / "np_cnp_sent"
+        text = counter.read_text()
+        state, eth_reads = "armed", 0
+        with OpenWatch([self.hw, self.eth]) as watch:
+            self.ready.set()
+            while not self.stop.is_set():
+                opened = watch.next(0.05)
+                if opened is None:
+                    continue
+                where, name = opened
+                if where == self.hw and name == counter.name:
+                    if state == "armed":
+                        counter.unlink()
+                        self.deleted += 1
+                        state, eth_reads = "deleted", 0
+                    elif state == "skip":
+                        state = "armed"
+                elif where == self.eth and name == "ens1f0np0" and state == "deleted":
+                    eth_reads += 1
+                    if eth_reads == 2:         # the snapshot after the deleting one found it absent
+                        _replace(counter, text)
+                        state = "skip"
+        if not counter.exists():
+            _replace(counter, text)
 
 
 def _run_once(tmp_path, config, args, env=None):
@@ -116,14 +157,18 @@ def test_only_the_driven_host_carries_its_pauses_and_marks_and_faults_are_skippe
             name: {"sysfs_root": str(sysfs), "ethtool_root": str(eth), "netstat": str(FIXTURES / "procfs/net/netstat")}
             for name, (sysfs, eth) in hosts.items()}},
     }
-    driver = Driver(hosts)
+    driver, vanisher = Driver(hosts), Vanisher(hosts)
     driver.start()
+    vanisher.start()
+    assert vanisher.ready.wait(10)
     try:
         recs = _run_once(tmp_path, config, ["--ops", "allreduce,bcast,alltoall", "--sizes", "256KB,1MB",
                                             "--iterations", "100"])
     finally:
         driver.stop.set()
+        vanisher.stop.set()
         driver.join()
+        vanisher.join()
     results = [r for r in recs if r["type"] == "result"]
     assert len(results) == 6 and not [r for r in recs if r["type"] == "failure"]
     for r in results:
@@ -155,7 +200,8 @@ def test_only_the_driven_host_carries_its_pauses_and_marks_and_faults_are_skippe
     totals = [r["congestion"]["totals"].get(ECN, 0) for r in results]
     assert totals == ecn
     faults = [r["congestion"]["faults"] for r in results]
-    assert sum(f.get("vanished", 0) for f in faults) >= 1
+    assert vanisher.deleted >= 3
+    assert 1 <= sum(f.get("vanished", 0) for f in faults) <= vanisher.deleted, (faults, vanisher.deleted)
     assert sum(f.get("backwards", 0) for f in faults) >= 1
     assert sum(f["garbage"] for f in faults) > 2 * len(results)   # the injected garbage on top of the fixtures'
     assert all(r["congestion"]["skipped"]["hA"] >= r["congestion"]["skipped"]["hB"] for r in results)
