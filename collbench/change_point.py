@@ -8,10 +8,17 @@ wobble a shift). Each observation x adds z = min((x - m) / s, Z_CAP) - DRIFT to 
 shift is on while S > H. Because one observation adds at most Z_CAP - DRIFT = 3 < H = 10, a
 single spike (or three in a row) never fires: the latency must stay high for at least four steps.
 S is capped at 2 H so the flag clears within ~10 steps of the latency coming back.
+
+A shift must also be big enough to matter: the flag needs the median of the excursion's latest
+RECENT steps at least min_ratio x m (MIN_RATIO, the regression threshold `diagnose` and `baseline`
+use; the exporter takes alerts.shift_ratio). A smaller, lasting change of level (a machine's load,
+a firmware's few per cent) is not a shift: the reference follows it as it follows slow drift.
 """
 
 import statistics
 from collections import deque
+
+from collbench.baselines.comparison import DEFAULT_THRESHOLD
 
 WARMUP = 12          # observations before the reference is trusted
 WINDOW = 50          # in-control observations the reference is taken from
@@ -19,6 +26,8 @@ REL_FLOOR = 0.05     # sigma is at least 5 % of the median
 Z_CAP = 4.0
 DRIFT = 1.0
 H = 10.0
+RECENT = 8           # latest steps of an excursion its size is judged on
+MIN_RATIO = DEFAULT_THRESHOLD   # a shift is at least this x the reference (1.2: +20 %)
 
 
 def robust_reference(values):
@@ -30,11 +39,17 @@ def robust_reference(values):
 
 class ShiftDetector:
     """Feed latencies one at a time (add); `shift` says whether a persistent shift is on,
-    `statistic` is S, `change_index` the observation where the current excursion began."""
+    `statistic` is S, `change_index` the observation where the current excursion began, `ratio`
+    the median of the excursion's latest RECENT steps (the latest RECENT in control) over the
+    reference median."""
 
-    __slots__ = ("window", "count", "statistic", "shift", "change_index", "median", "sigma", "_stale")
+    __slots__ = ("window", "count", "statistic", "shift", "change_index", "median", "sigma", "_stale",
+                 "recent", "ratio", "min_ratio")
 
-    def __init__(self):
+    def __init__(self, min_ratio=MIN_RATIO):
+        self.min_ratio = min_ratio
+        self.recent = deque(maxlen=RECENT)
+        self.ratio = None
         self.window = deque(maxlen=WINDOW)
         self.count = 0
         self.statistic = 0.0
@@ -56,6 +71,8 @@ class ShiftDetector:
             if len(self.window) >= WARMUP:
                 self.median, self.sigma = robust_reference(list(self.window))
                 self._stale = False
+                self.recent.extend(list(self.window)[-RECENT:])
+                self.ratio = statistics.median(self.recent) / self.median if self.median > 0 else 1.0
             return None
         z = min((x - self.median) / self.sigma, Z_CAP)
         before = self.statistic
@@ -64,9 +81,14 @@ class ShiftDetector:
             self.change_index = i
         elif self.statistic == 0.0:
             self.change_index = None
-        self.shift = self.statistic > H
-        if self.statistic < H / 2 and not self.shift:
-            # in control: the reference follows slow drift, never a shift in progress
+        self.recent.append(x)
+        n = RECENT if self.change_index is None else min(RECENT, i - self.change_index + 1)
+        self.ratio = statistics.median(list(self.recent)[-n:]) / self.median if self.median > 0 else 1.0
+        big = self.ratio >= self.min_ratio
+        self.shift = self.statistic > H and big
+        if not self.shift and (self.statistic < H / 2 or not big):
+            # in control: the reference follows slow drift and small changes of level, never a
+            # shift in progress
             self.window.append(x)
             self._stale = True
             if i % 10 == 0:

@@ -110,3 +110,61 @@ def test_a_series_without_results_for_max_age_is_not_exported():
     assert shift_samples() == [({"op": "allreduce", "size": "4MB"}, 1.0)]
     now[0] += 61
     assert shift_samples() == []
+
+
+def test_a_lasting_change_below_the_ratio_is_no_shift_and_the_reference_follows_it():
+    rng = random.Random(11)
+    level = [100 * rng.gauss(1, 0.02) for _ in range(60)]
+    higher = [110 * rng.gauss(1, 0.02) for _ in range(200)]        # +10 %: a machine's load, not a fault
+    d, fired = _run(level + higher)
+    assert not any(fired)
+    assert d.statistic < H / 2 and 105 < d.median < 115, (d.statistic, d.median)   # followed, back in control
+    before = d.median
+    for _ in range(10):                                              # +30 % on the new level: a shift
+        d.add(1.3 * before * rng.gauss(1, 0.02))
+    assert d.shift and 1.2 < d.ratio < 1.4, d.ratio
+
+
+def test_min_ratio_sets_how_big_a_shift_must_be():
+    rng = random.Random(3)
+    level = [100 * rng.gauss(1, 0.02) for _ in range(40)]
+    for factor, ratio, fires in ((1.3, 1.2, True), (1.3, 1.5, False), (1.8, 1.5, True)):
+        d = ShiftDetector(min_ratio=ratio)
+        fired = []
+        for x in level + [factor * 100 * rng.gauss(1, 0.02) for _ in range(30)]:
+            d.add(x)
+            fired.append(d.shift)
+        assert any(fired) == fires, (factor, ratio)
+        assert abs(d.ratio - factor) < 0.1 or not fires
+
+
+def test_exporter_takes_the_ratio_from_alerts_shift_ratio(tmp_path, free_port):
+    log = tmp_path / "results.jsonl"
+    log.write_text("")
+    cfg = tmp_path / "collbench.yaml"
+    cfg.write_text("alerts:\n  shift_ratio: 1.5\n")
+    rng = random.Random(9)
+    seq = 0
+
+    def add(values):
+        nonlocal seq
+        text = ""
+        for v in values:
+            seq += 1
+            text += result_line(seq, op=OP, avg_us=v, ts=time.time())
+        append(log, text)
+
+    with ExporterProcess(["--config", str(cfg), "--results-log", str(log), "--state-dir", str(tmp_path),
+                          "--poll-interval", "0.1", "--collectors", "results,latency_shift"], free_port) as ex:
+        ex.wait_ready(timeout=60)
+        add([100 * rng.gauss(1, 0.02) for _ in range(WARMUP + 8)])
+        m = _scrape_after(ex, seq)
+        assert sample(m, "collbench_latency_shift_min_ratio") == 1.5
+        add([130 * rng.gauss(1, 0.02) for _ in range(6)])                  # 1.3x: under this config's 1.5
+        m = _scrape_after(ex, seq)
+        assert sample(m, "collbench_latency_shift", op=OP, size=SIZE) == 0
+        assert 1.2 < sample(m, "collbench_latency_shift_ratio", op=OP, size=SIZE) < 1.4
+        add([200 * rng.gauss(1, 0.02) for _ in range(6)])                  # 2x: a shift
+        m = _scrape_after(ex, seq)
+        assert sample(m, "collbench_latency_shift", op=OP, size=SIZE) == 1
+        assert sample(m, "collbench_latency_shift_ratio", op=OP, size=SIZE) > 1.5

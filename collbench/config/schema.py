@@ -97,6 +97,7 @@ ALERTS_SCHEMA = {
     "regression_ratio": (POS_FLOAT, 1.5),    # CollbenchLatencyRegression: live / baseline above this
     "regression_k": (NONNEG_FLOAT, 3.0),     # ... and above the baseline median + k x its sigma
     "regression_for": (STR, None),           # ... for this long (default: alerts.for)
+    "shift_ratio": (POS_FLOAT, 1.2),         # CollbenchLatencyShift: the shifted steps' median / the reference at least
 }
 # launcher: srun, and the stress loop as a Slurm job (collbench/stress/slurm_job.py)
 SLURM_SCHEMA = {

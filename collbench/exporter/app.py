@@ -28,6 +28,7 @@ from collbench.exporter.collectors import CollectorSet, DeviceFilter
 from collbench.exporter.collectors.baseline import BaselineCollector
 from collbench.exporter.collectors.congestion_top import CongestionTopCollector
 from collbench.exporter.collectors.ethtool import EthtoolCollector
+from collbench.change_point import MIN_RATIO
 from collbench.exporter.collectors.latency_shift import LatencyShiftCollector
 from collbench.exporter.collectors.legacy import LegacyCollector
 from collbench.exporter.collectors.netstat import NetstatCollector
@@ -48,7 +49,8 @@ COLLECTORS = {
     "netstat": lambda ex, _: NetstatCollector(ex.settings.procfs_root),
     "congestion_top": lambda ex, _: CongestionTopCollector(ex.state, getattr(ex.settings, "congestion_top_k", 3),
                                                            ex.clock),
-    "latency_shift": lambda ex, _: LatencyShiftCollector(ex.state, ex.clock),
+    "latency_shift": lambda ex, _: LatencyShiftCollector(ex.state, ex.clock,
+                                                         getattr(ex.settings, "shift_ratio", MIN_RATIO)),
 }
 BACKFILL_BYTES = 8 << 20    # ~14000 records: 15 min of a busy plan is ~700
 STALL_POLLS = 5             # /health: unhealthy after this many poll intervals without a poll

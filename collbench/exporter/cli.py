@@ -106,6 +106,7 @@ def exporter_settings(args):
     if not ex.get("results_log"):
         ex["results_log"] = paths.results_log
     ex["counters_only"] = counters_only
+    ex["shift_ratio"] = cfg.alerts.shift_ratio     # the latency_shift collector's size gate
 
     if args.baseline is not None:
         ex["baseline"] = args.baseline

@@ -1,10 +1,13 @@
 """A persistent latency shift per op and size, tested online as results arrive (change_point:
 a one-sided CUSUM on a robust scale; a one-step spike is not a shift, a shift that persists is).
 
-    collbench_latency_shift{op,size}                1 while a persistent upward shift is on, else 0
+    collbench_latency_shift{op,size}                1 while a persistent upward shift of at least
+                                                    alerts.shift_ratio is on, else 0
     collbench_latency_shift_cusum{op,size}          the CUSUM statistic (fires above ..._threshold)
     collbench_latency_shift_threshold               the statistic's threshold (change_point.H)
     collbench_latency_shift_reference_seconds{op,size}  the in-control median the test compares with
+    collbench_latency_shift_ratio{op,size}          the latest steps' median over that reference
+    collbench_latency_shift_min_ratio               alerts.shift_ratio: the smallest ratio that is a shift
 
 The results state feeds each new result (tailing, oldest first) to `observe`; records the exporter
 reads back at start-up are not replayed (the test needs them in order), so a series is judged
@@ -20,7 +23,7 @@ import time
 
 from prometheus_client.core import GaugeMetricFamily
 
-from collbench.change_point import H, ShiftDetector
+from collbench.change_point import H, MIN_RATIO, ShiftDetector
 from collbench.exporter.collectors import Collector
 
 MAX_SERIES = 4096
@@ -29,7 +32,8 @@ MAX_SERIES = 4096
 class LatencyShiftCollector(Collector):
     name = "latency_shift"
 
-    def __init__(self, state=None, clock=time.time):
+    def __init__(self, state=None, clock=time.time, min_ratio=MIN_RATIO):
+        self.min_ratio = min_ratio
         self._lock = threading.Lock()
         self._detectors = {}      # Series.key -> [op, size, ShiftDetector, ts of its latest result]
         self.dropped = 0
@@ -48,7 +52,7 @@ class LatencyShiftCollector(Collector):
                 if len(self._detectors) >= MAX_SERIES:
                     self.dropped += 1
                     return
-                entry = self._detectors[ser.key] = [ser.op, ser.size, ShiftDetector(), ser.ts]
+                entry = self._detectors[ser.key] = [ser.op, ser.size, ShiftDetector(self.min_ratio), ser.ts]
             entry[2].add(ser.avg_s)
             entry[3] = ser.ts
 
@@ -61,10 +65,11 @@ class LatencyShiftCollector(Collector):
                     continue
                 cur = rows.get((op, size))
                 if cur is None or det.statistic > cur[0]:
-                    rows[(op, size)] = (det.statistic, det.shift, det.median)
+                    rows[(op, size)] = (det.statistic, det.shift, det.median, det.ratio)
         shift = GaugeMetricFamily("collbench_latency_shift",
                                   "1 while the latency of this op and size has shifted up and stayed up (a CUSUM "
-                                  "over robust z-scores above its threshold: a one-step spike never sets it), else 0.",
+                                  "over robust z-scores above its threshold: a one-step spike never sets it) by at "
+                                  "least collbench_latency_shift_min_ratio, else 0.",
                                   labels=["op", "size"])
         stat = GaugeMetricFamily("collbench_latency_shift_cusum",
                                  "The CUSUM statistic of the latency shift test (0 in control; the flag is set above "
@@ -72,12 +77,20 @@ class LatencyShiftCollector(Collector):
         ref = GaugeMetricFamily("collbench_latency_shift_reference_seconds",
                                 "The in-control median latency the shift test compares each new step with.",
                                 labels=["op", "size"])
-        for (op, size), (s, on, median) in sorted(rows.items()):
+        ratio = GaugeMetricFamily("collbench_latency_shift_ratio",
+                                  "The median of the latest steps (of the current excursion, if any) over the "
+                                  "reference: how big the shift is.", labels=["op", "size"])
+        for (op, size), (s, on, median, r) in sorted(rows.items()):
             shift.add_metric([op, size], 1.0 if on else 0.0)
             stat.add_metric([op, size], s)
             ref.add_metric([op, size], median)
+            ratio.add_metric([op, size], r)
         yield shift
         yield stat
         yield ref
+        yield ratio
+        yield GaugeMetricFamily("collbench_latency_shift_min_ratio",
+                                "The smallest ratio to the reference that collbench_latency_shift calls a shift "
+                                "(alerts.shift_ratio).", value=self.min_ratio)
         yield GaugeMetricFamily("collbench_latency_shift_threshold",
                                 "The CUSUM statistic above which collbench_latency_shift is 1.", value=H)
