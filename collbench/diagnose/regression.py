@@ -4,15 +4,18 @@ With a baseline: a series regressed when its median latency is above the baselin
 (baseline.comparison.regression_bound_us: the same bound as `baseline compare` and the
 CollbenchLatencyRegression alert); its slow steps are those above the bound, the good ones the rest.
 Without one: a persistent shift within the series itself (change_point.ShiftDetector: a spike is
-not a shift); the slow steps are those of the excursions that fired, the good ones all others,
-and the shift must also be at least `threshold` times the good steps' median.
+not a shift); the slow steps are those of the excursions that fired -- an excursion fires only
+when its latest steps reach `threshold` times the reference (the exporter's alerts.shift_ratio
+gate), so a long log's small changes of level never join the slow steps and dilute a real shift's
+evidence -- the good ones all others, and the shift must also be at least `threshold` times the
+good steps' median.
 """
 
 import statistics
 from dataclasses import dataclass, field
 
 from collbench.baselines.comparison import DEFAULT_K, DEFAULT_THRESHOLD, regression_bound_us
-from collbench.change_point import DRIFT, H, WARMUP, ShiftDetector
+from collbench.change_point import DRIFT, WARMUP, ShiftDetector
 
 MIN_SHIFT_STEPS = WARMUP + 4      # a shift needs the warm-up and four steps to show
 
@@ -49,7 +52,7 @@ def against_baseline(key, steps, entry, threshold=DEFAULT_THRESHOLD, k=DEFAULT_K
 
 def shift(key, steps, threshold=DEFAULT_THRESHOLD):
     """A Regression when the series holds a persistent shift upward, else None."""
-    det = ShiftDetector()
+    det = ShiftDetector(min_ratio=threshold)
     slow, excursion, fired = [], [], False
     for i, s in enumerate(steps):
         z = det.add(s.latency_us)
@@ -58,7 +61,7 @@ def shift(key, steps, threshold=DEFAULT_THRESHOLD):
         if det.statistic > 0:
             if z > DRIFT:              # the steps that pushed the statistic up
                 excursion.append(i)
-            fired = fired or det.statistic > H
+            fired = fired or det.shift
         if det.statistic == 0 or i == len(steps) - 1:
             if fired:
                 slow += excursion
