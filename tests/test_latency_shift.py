@@ -168,3 +168,22 @@ def test_exporter_takes_the_ratio_from_alerts_shift_ratio(tmp_path, free_port):
         m = _scrape_after(ex, seq)
         assert sample(m, "collbench_latency_shift", op=OP, size=SIZE) == 1
         assert sample(m, "collbench_latency_shift_ratio", op=OP, size=SIZE) > 1.5
+
+
+def test_a_shifted_rank_count_wins_over_a_larger_statistic_without_a_shift():
+    """Two rank counts of one op and size, exported as one series: 8 ranks wander up 15 % (its
+    statistic at the cap, no shift), 4 ranks shift 2x (a smaller statistic so far): the flag is on."""
+    from types import SimpleNamespace
+    from collbench.exporter.collectors.latency_shift import LatencyShiftCollector
+    col = LatencyShiftCollector()
+    rng = random.Random(4)
+
+    def feed(ranks, values):
+        for v in values:
+            col.observe(SimpleNamespace(key=("allreduce", 4 << 20, 2, ranks), op="allreduce", size="4MB",
+                                        avg_s=v * 1e-6, ts=time.time()))
+    feed(8, [100 * rng.gauss(1, 0.01) for _ in range(WARMUP)] + [115.0] * 7)
+    feed(4, [100 * rng.gauss(1, 0.01) for _ in range(WARMUP)] + [200.0] * 4)
+    fams = {fam.name: fam.samples for fam in col.collect()}
+    assert [s.value for s in fams["collbench_latency_shift_cusum"]] == [12.0]      # 4 x (4 - 1): the 4-rank one
+    assert [s.value for s in fams["collbench_latency_shift"]] == [1.0]

@@ -24,11 +24,11 @@ import time
 
 from prometheus_client import CollectorRegistry
 
+from collbench.change_point import MIN_RATIO
 from collbench.exporter.collectors import CollectorSet, DeviceFilter
 from collbench.exporter.collectors.baseline import BaselineCollector
 from collbench.exporter.collectors.congestion_top import CongestionTopCollector
 from collbench.exporter.collectors.ethtool import EthtoolCollector
-from collbench.change_point import MIN_RATIO
 from collbench.exporter.collectors.latency_shift import LatencyShiftCollector
 from collbench.exporter.collectors.legacy import LegacyCollector
 from collbench.exporter.collectors.netstat import NetstatCollector

@@ -12,7 +12,7 @@ a one-sided CUSUM on a robust scale; a one-step spike is not a shift, a shift th
 The results state feeds each new result (tailing, oldest first) to `observe`; records the exporter
 reads back at start-up are not replayed (the test needs them in order), so a series is judged
 after WARMUP new steps. Several node/rank counts of one op and size are tested apart and exported
-as one series (the largest statistic). The table of series is bounded (MAX_SERIES); a series with no result
+as one series (one whose flag is on, else the largest statistic). The table of series is bounded (MAX_SERIES); a series with no result
 for exporter.max_age is not exported, as the latency series are not.
 The alert CollbenchLatencyShift (monitoring/rules.py) joins the flag with
 collbench_step_congestion_top to name the top suspect host.
@@ -64,7 +64,9 @@ class LatencyShiftCollector(Collector):
                 if not det.ready or (horizon is not None and ts < horizon):
                     continue
                 cur = rows.get((op, size))
-                if cur is None or det.statistic > cur[0]:
+                # a shift of any node/rank count wins over a larger statistic without one (a
+                # change of level too small to be a shift)
+                if cur is None or (det.shift, det.statistic) > (cur[1], cur[0]):
                     rows[(op, size)] = (det.statistic, det.shift, det.median, det.ratio)
         shift = GaugeMetricFamily("collbench_latency_shift",
                                   "1 while the latency of this op and size has shifted up and stayed up (a CUSUM "
