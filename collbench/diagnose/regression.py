@@ -4,20 +4,23 @@ With a baseline: a series regressed when its median latency is above the baselin
 (baseline.comparison.regression_bound_us: the same bound as `baseline compare` and the
 CollbenchLatencyRegression alert); its slow steps are those above the bound, the good ones the rest.
 Without one: a persistent shift within the series itself (change_point.ShiftDetector: a spike is
-not a shift); the slow steps are those of the excursions that fired -- an excursion fires only
-when its latest steps reach `threshold` times the reference (the exporter's alerts.shift_ratio
-gate), so a long log's small changes of level never join the slow steps and dilute a real shift's
-evidence -- the good ones all others, and the shift must also be at least `threshold` times the
-good steps' median.
+not a shift); an excursion fires only when its latest steps reach `threshold` times the reference
+(the exporter's alerts.shift_ratio gate). The good steps are those of no fired excursion; the slow
+ones those of the fired excursions -- their upper level when they hold two (_upper_level), so a
+milder change of level in a long log, on its own or running into the shift, never dilutes a real
+shift's evidence. The slow steps' median must be at least
+`threshold` times the good steps'.
 """
 
+import math
 import statistics
 from dataclasses import dataclass, field
 
 from collbench.baselines.comparison import DEFAULT_K, DEFAULT_THRESHOLD, regression_bound_us
 from collbench.change_point import DRIFT, WARMUP, ShiftDetector
 
-MIN_SHIFT_STEPS = WARMUP + 4      # a shift needs the warm-up and four steps to show
+SHIFT_STEPS = 4                   # a shift shows in four steps at least (change_point)
+MIN_SHIFT_STEPS = WARMUP + SHIFT_STEPS   # ... after the warm-up
 
 
 @dataclass
@@ -73,11 +76,39 @@ def shift(key, steps, threshold=DEFAULT_THRESHOLD):
     if not good:
         return None
     ref = statistics.median(steps[i].latency_us for i in good)
+    slow = _upper_level(slow, [steps[i].latency_us for i in slow], threshold)
     cur = statistics.median(steps[i].latency_us for i in slow)
     if cur < threshold * ref:
         return None
-    return Regression(key, "shift", ref, cur, det.median + DRIFT * det.sigma, slow, good, len(steps),
+    return Regression(key, "shift", ref, cur, min(steps[i].latency_us for i in slow), slow, good, len(steps),
                       steps[slow[0]].ts)
+
+
+def _upper_level(indices, latencies, threshold):
+    """The fired steps that are the shift. When they hold two levels -- a milder change of level
+    that ran into the shift or fired on its own, and the shift -- the upper one, so the milder
+    one's counters never dilute the shift's evidence: the best split in two (least squares over
+    log latency) whose upper part has at least SHIFT_STEPS steps and a median at least `threshold`
+    times the lower part's. Otherwise all of them."""
+    order = sorted(range(len(indices)), key=lambda j: latencies[j])
+    logs = [math.log(max(latencies[j], 1e-9)) for j in order]
+    n = len(logs)
+    total, total_sq = sum(logs), sum(x * x for x in logs)
+    best, best_k, low, low_sq = None, None, 0.0, 0.0
+    for k in range(1, n - SHIFT_STEPS + 1):       # lower part logs[:k], upper part logs[k:]
+        low += logs[k - 1]
+        low_sq += logs[k - 1] ** 2
+        high, high_sq = total - low, total_sq - low_sq
+        sse = (low_sq - low * low / k) + (high_sq - high * high / (n - k))
+        if best is None or sse < best:
+            best, best_k = sse, k
+    if best_k is None:
+        return indices
+    lower = [latencies[j] for j in order[:best_k]]
+    upper = [latencies[j] for j in order[best_k:]]
+    if statistics.median(upper) < threshold * statistics.median(lower):
+        return indices
+    return sorted(indices[j] for j in order[best_k:])
 
 
 def detect(series, baseline=None, threshold=DEFAULT_THRESHOLD, k=DEFAULT_K):
