@@ -10,8 +10,8 @@ the rules `collbench rules` generated, `for: 1s`) sends to a real Alertmanager. 
   1. warm-up: the shift test's reference is taken; no CollbenchLatencyShift;
   2. a quiet run as long as a fault phase takes (QUIET_S): no shift alert firing, and `diagnose`
      on that window's records names no suspect. It runs before the fault, not after it: in 2
-     of 5 runs here the steps stayed 10-30 % slower for tens of seconds after h3's marking and
-     queue were removed (17-20 ms against a 15.2 ms reference; the ranks' off-CPU share was
+     of 4 runs here (both with two busy loops beside) the steps stayed 10-30 % slower for tens of
+     seconds after h3's marking and queue were removed (17-20 ms against a 15.2 ms reference; the ranks' off-CPU share was
      unchanged, the slowest rank on no one host; TCP windows backed off by the marks are a
      candidate cause, not established), a real shift that the alert rightly called one, so a
      window after the fault is not a quiet run;
