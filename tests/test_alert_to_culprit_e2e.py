@@ -11,10 +11,10 @@ the rules `collbench rules` generated, `for: 1s`) sends to a real Alertmanager. 
   2. a quiet run as long as a fault phase takes (QUIET_S): no shift alert firing, and `diagnose`
      on that window's records names no suspect. It runs before the fault, not after it: in 2
      of 4 runs here (both with two busy loops beside) the steps stayed 10-30 % slower for tens of
-     seconds after h3's marking and queue were removed (17-20 ms against a 15.2 ms reference; the ranks' off-CPU share was
-     unchanged, the slowest rank on no one host; TCP windows backed off by the marks are a
-     candidate cause, not established), a real shift that the alert rightly called one, so a
-     window after the fault is not a quiet run;
+     seconds after h3's marking and queue were removed (17-20 ms against a 15.2 ms reference;
+     the ranks' off-CPU share was unchanged, the slowest rank on no one host; TCP windows backed
+     off by the marks are a candidate cause, not established), so a window after the fault is
+     not a quiet run;
   3. congestion: h3's egress is ECN-marked for real (`testbed.ecn_mark`, nftables) and queued
      behind a 400 Mbit/s tbf bottleneck -> the alert fires in Alertmanager with host=h3's address
      in its labels and summary, and `collbench diagnose` on the daemon's results names h3 with
