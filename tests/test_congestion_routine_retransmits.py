@@ -1,7 +1,7 @@
-"""Routine TCP retransmissions (< 1 % of the packets the host delivered in the step) are no
-evidence, by one rule (congestion.attribution.signals) for the exporter's top host — the series
-the CollbenchLatencyShift alert's suspect comes from — and for `collbench diagnose`: neither
-names a host for them; beyond the share, both do."""
+"""Routine TCP retransmissions (< 1 % of the packets the host delivered in the step; out-of-order
+arrivals: of those it received) are no evidence, by one rule (congestion.attribution.signals) for
+the exporter's top host — the series the CollbenchLatencyShift alert's suspect comes from — and
+for `collbench diagnose`: neither names a host for them; beyond the share, both do."""
 
 import json
 
@@ -75,3 +75,18 @@ def test_the_rule_is_per_host_and_place(tmp_path):
     assert attribution.routine_retransmits("TCPFastRetrans", 40, 480000)
     assert not attribution.routine_retransmits("TCPFastRetrans", 40, None)
     assert not attribution.routine_retransmits("InCEPkts", 1, 480000)      # not a retransmission counter
+
+
+def test_out_of_order_arrivals_are_weighed_against_the_packets_the_host_received(tmp_path):
+    """TCPOFOQueue is the receiver's count: a bcast leaf receives ~700 packets of a 1MB step and
+    delivers (TCPDelivered, its own sends acked) almost none. One out-of-order arrival there is
+    routine (seen on the testbed: a quiet run's one TCPOFOQueue named a host link_errors); beside
+    no received packets, or beyond the share, it still counts."""
+    moved = {"h1|TCPDelivered@netstat": 2100, "h4|InECT0Pkts@netstat": 700, "h4|InNoECTPkts@netstat": 12,
+             "h4|TCPOFOQueue@netstat": 1}
+    rec = record(0, moved)
+    assert exporter_top(rec) == [] and diagnose_hosts(tmp_path, rec) == []
+    moved["h4|TCPOFOQueue@netstat"] = 60                                     # 8 %
+    assert exporter_top(record(0, moved)) == [("h4", "TCPOFOQueue@netstat")]
+    rec = record(0, {"h1|TCPDelivered@netstat": 2100, "h4|TCPOFOQueue@netstat": 1})
+    assert diagnose_hosts(tmp_path, rec) == [("h4", "TCPOFOQueue@netstat")]

@@ -25,20 +25,26 @@ from collbench.congestion.record_field import host_of
 VOLUME = frozenset({"InECT0Pkts", "InECT1Pkts", "InNoECTPkts", "TCPDelivered"})
 MAX_K = 16          # the most hosts any view asks for (exporter.congestion_top_k's bound)
 
-# TCP loss recovery that every busy host shows: below this share of the packets the host delivered
-# in the step (its TCPDelivered at the same place), retransmissions are no evidence (a loaded veth
-# or NIC retransmits a few). The one rule for every view: the exporter's top host (and so the
-# CollbenchLatencyShift alert's suspect) and `collbench diagnose` both read signals() below.
+# TCP loss recovery that every busy host shows: below this share of the packets the host moved in
+# the step, retransmissions and out-of-order arrivals are no evidence (a loaded veth or NIC loses
+# or reorders a few). The packets are counted on the counter's side, at the same place: a sender's
+# retransmissions against what it delivered (TCPDelivered), a receiver's out-of-order queueing
+# against what it received (IpExt In*Pkts: every IP packet has one ECN codepoint) -- a receiving
+# leaf of a bcast delivers almost nothing itself. The one rule for every view: the exporter's top
+# host (and so the CollbenchLatencyShift alert's suspect) and `collbench diagnose` both read
+# signals() below.
 TCP_RETRANS = frozenset({"TCPFastRetrans", "TCPLostRetransmit", "TCPSlowStartRetrans", "TCPOFOQueue",
                          "TCPSpuriousRTOs", "TCPRetransFail"})
+TCP_RECEIVED = frozenset({"TCPOFOQueue"})                 # of those, counted by the receiver
+RECEIVED = ("InNoECTPkts", "InECT0Pkts", "InECT1Pkts", "InCEPkts")
 ROUTINE_RETRANS_SHARE = 0.01
 
 
-def routine_retransmits(name, delta, delivered):
+def routine_retransmits(name, delta, packets):
     """True when `delta` of TCP retransmission counter `name` is routine loss recovery beside the
-    `delivered` packets (None: unknown, never routine)."""
-    return (name in TCP_RETRANS and isinstance(delivered, int) and not isinstance(delivered, bool)
-            and delta < ROUTINE_RETRANS_SHARE * delivered)
+    `packets` the host moved on that side (None: unknown, never routine)."""
+    return (name in TCP_RETRANS and isinstance(packets, int) and not isinstance(packets, bool)
+            and delta < ROUTINE_RETRANS_SHARE * packets)
 
 
 class HostMoved(NamedTuple):
@@ -60,14 +66,23 @@ def _side(name):
 
 @lru_cache(maxsize=1 << 16)
 def _parts(record_key):
-    """(host, counter key, delivered key or None) of a signal's record key "<host>|<counter>@<where>";
-    None for a traffic counter. Cached: the same few thousand keys come back in every step, and
-    the cached strings are shared by every step that holds them."""
+    """(host, counter key, the record keys of the packets its routine share is of, or None) of a
+    signal's record key "<host>|<counter>@<where>"; None for a traffic counter. Cached: the same few
+    thousand keys come back in every step, and the cached strings are shared by every step that
+    holds them."""
     host, k = host_of(record_key)
     name, where = split(k)
     if name in VOLUME:
         return None
-    return host, k, f"{host}|TCPDelivered@{where}" if name in TCP_RETRANS else None
+    if name in TCP_RECEIVED:
+        return host, k, tuple(f"{host}|{r}@{where}" for r in RECEIVED)
+    return host, k, (f"{host}|TCPDelivered@{where}",) if name in TCP_RETRANS else None
+
+
+def _packets(moved, keys):
+    """The packets of `keys` in a step's moved counters (None when none of them moved)."""
+    got = [moved[key] for key in keys if type(moved.get(key)) is int]
+    return sum(got) if got else None
 
 
 def signal_items(field):
@@ -81,8 +96,8 @@ def signal_items(field):
         parts = _parts(rk)
         if parts is None:
             continue
-        host, k, delivered = parts
-        if delivered is not None and routine_retransmits(split(k)[0], delta, moved.get(delivered)):
+        host, k, volume = parts
+        if volume is not None and routine_retransmits(split(k)[0], delta, _packets(moved, volume)):
             continue
         yield host, k, delta
 
