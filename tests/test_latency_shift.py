@@ -24,38 +24,42 @@ def _scrape_after(ex, seq):
     return m
 
 
-def test_exporter_flags_a_persistent_shift_and_not_a_spike(tmp_path, free_port):
-    log = tmp_path / "results.jsonl"
-    log.write_text("")
-    rng = random.Random(5)
-    seq = 0
+class _Log:
+    """A results log the test appends result lines of OP to, numbered in order."""
 
-    def add(values):
-        nonlocal seq
+    def __init__(self, path):
+        self.path, self.seq = path, 0
+        path.write_text("")
+
+    def add(self, values):
         text = ""
         for v in values:
-            seq += 1
-            text += result_line(seq, op=OP, avg_us=v, ts=time.time())
-        append(log, text)
+            self.seq += 1
+            text += result_line(self.seq, op=OP, avg_us=v, ts=time.time())
+        append(self.path, text)
 
-    with ExporterProcess(["--results-log", str(log), "--state-dir", str(tmp_path), "--poll-interval", "0.1",
+
+def test_exporter_flags_a_persistent_shift_and_not_a_spike(tmp_path, free_port):
+    log = _Log(tmp_path / "results.jsonl")
+    rng = random.Random(5)
+    with ExporterProcess(["--results-log", str(log.path), "--state-dir", str(tmp_path), "--poll-interval", "0.1",
                           "--collectors", "results,congestion_top,latency_shift"], free_port) as ex:
         ex.wait_ready(timeout=60)
-        add([100 * rng.gauss(1, 0.02) for _ in range(WARMUP + 8)])
-        m = _scrape_after(ex, seq)
+        log.add([100 * rng.gauss(1, 0.02) for _ in range(WARMUP + 8)])
+        m = _scrape_after(ex, log.seq)
         assert sample(m, "collbench_latency_shift", op=OP, size=SIZE) == 0
         assert sample(m, "collbench_latency_shift_threshold") == H
         assert 95 < sample(m, "collbench_latency_shift_reference_seconds", op=OP, size=SIZE) * 1e6 < 105
-        add([5000.0] + [100 * rng.gauss(1, 0.02) for _ in range(3)])      # a 50x spike: one step
-        m = _scrape_after(ex, seq)
+        log.add([5000.0] + [100 * rng.gauss(1, 0.02) for _ in range(3)])      # a 50x spike: one step
+        m = _scrape_after(ex, log.seq)
         assert sample(m, "collbench_latency_shift", op=OP, size=SIZE) == 0
         assert sample(m, "collbench_latency_shift_cusum", op=OP, size=SIZE) < H
-        add([160 * rng.gauss(1, 0.02) for _ in range(6)])                  # 1.6x, and it stays
-        m = _scrape_after(ex, seq)
+        log.add([160 * rng.gauss(1, 0.02) for _ in range(6)])                  # 1.6x, and it stays
+        m = _scrape_after(ex, log.seq)
         assert sample(m, "collbench_latency_shift", op=OP, size=SIZE) == 1
         assert sample(m, "collbench_latency_shift_cusum", op=OP, size=SIZE) > H
-        add([100 * rng.gauss(1, 0.02) for _ in range(25)])                 # back to normal: it clears
-        m = _scrape_after(ex, seq)
+        log.add([100 * rng.gauss(1, 0.02) for _ in range(25)])                 # back to normal: it clears
+        m = _scrape_after(ex, log.seq)
         assert sample(m, "collbench_latency_shift", op=OP, size=SIZE) == 0
         assert sample(m, "collbench_collector_success", collector="latency_shift") == 1
 
@@ -139,33 +143,22 @@ def test_min_ratio_sets_how_big_a_shift_must_be():
 
 
 def test_exporter_takes_the_ratio_from_alerts_shift_ratio(tmp_path, free_port):
-    log = tmp_path / "results.jsonl"
-    log.write_text("")
+    log = _Log(tmp_path / "results.jsonl")
     cfg = tmp_path / "collbench.yaml"
     cfg.write_text("alerts:\n  shift_ratio: 1.5\n")
     rng = random.Random(9)
-    seq = 0
-
-    def add(values):
-        nonlocal seq
-        text = ""
-        for v in values:
-            seq += 1
-            text += result_line(seq, op=OP, avg_us=v, ts=time.time())
-        append(log, text)
-
-    with ExporterProcess(["--config", str(cfg), "--results-log", str(log), "--state-dir", str(tmp_path),
+    with ExporterProcess(["--config", str(cfg), "--results-log", str(log.path), "--state-dir", str(tmp_path),
                           "--poll-interval", "0.1", "--collectors", "results,latency_shift"], free_port) as ex:
         ex.wait_ready(timeout=60)
-        add([100 * rng.gauss(1, 0.02) for _ in range(WARMUP + 8)])
-        m = _scrape_after(ex, seq)
+        log.add([100 * rng.gauss(1, 0.02) for _ in range(WARMUP + 8)])
+        m = _scrape_after(ex, log.seq)
         assert sample(m, "collbench_latency_shift_min_ratio") == 1.5
-        add([130 * rng.gauss(1, 0.02) for _ in range(6)])                  # 1.3x: under this config's 1.5
-        m = _scrape_after(ex, seq)
+        log.add([130 * rng.gauss(1, 0.02) for _ in range(6)])                  # 1.3x: under this config's 1.5
+        m = _scrape_after(ex, log.seq)
         assert sample(m, "collbench_latency_shift", op=OP, size=SIZE) == 0
         assert 1.2 < sample(m, "collbench_latency_shift_ratio", op=OP, size=SIZE) < 1.4
-        add([200 * rng.gauss(1, 0.02) for _ in range(6)])                  # 2x: a shift
-        m = _scrape_after(ex, seq)
+        log.add([200 * rng.gauss(1, 0.02) for _ in range(6)])                  # 2x: a shift
+        m = _scrape_after(ex, log.seq)
         assert sample(m, "collbench_latency_shift", op=OP, size=SIZE) == 1
         assert sample(m, "collbench_latency_shift_ratio", op=OP, size=SIZE) > 1.5
 
