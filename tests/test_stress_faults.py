@@ -268,7 +268,14 @@ def test_failed_rotation_is_an_event_not_a_crash(stress):
         shutil.rmtree(b)
     assert wait_for(lambda: blockers[0].is_file() and blockers[1].is_file(), timeout=180, interval=0.5), \
         f"rotation did not resume; daemon.log:\n{s.daemon_log()}"
-    both = file_records(blockers[0]) + live(s)
+    def rotated_and_live():
+        # the daemon keeps rotating (64KB, keep 1): a rotation between the two reads would drop a
+        # file's worth; the rotated file's inode is the same before and after when none came between
+        ino = blockers[0].stat().st_ino
+        recs = file_records(blockers[0]) + live(s)
+        return recs if blockers[0].stat().st_ino == ino else None
+    both = wait_for(rotated_and_live, timeout=30, interval=0.1)
+    assert both, "the log rotated between every two reads for 30 s"
     seqs = [r["seq"] for r in both]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "a record was lost or duplicated"
     assert pid_alive(pid) and s.run("status").returncode == 0
