@@ -72,7 +72,7 @@ class ShiftDetector:
                 self.median, self.sigma = robust_reference(list(self.window))
                 self._stale = False
                 self.recent.extend(list(self.window)[-RECENT:])
-                self.ratio = statistics.median(self.recent) / self.median if self.median > 0 else 1.0
+                self.ratio = self._ratio(self.recent)
             return None
         z = min((x - self.median) / self.sigma, Z_CAP)
         before = self.statistic
@@ -83,7 +83,7 @@ class ShiftDetector:
             self.change_index = None
         self.recent.append(x)
         n = RECENT if self.change_index is None else min(RECENT, i - self.change_index + 1)
-        self.ratio = statistics.median(list(self.recent)[-n:]) / self.median if self.median > 0 else 1.0
+        self.ratio = self._ratio(list(self.recent)[-n:])
         big = self.ratio >= self.min_ratio
         self.shift = self.statistic > H and big
         if not self.shift and (self.statistic < H / 2 or not big):
@@ -94,6 +94,10 @@ class ShiftDetector:
             if i % 10 == 0:
                 self._refresh()
         return z
+
+    def _ratio(self, values):
+        """The median of `values` over the reference median."""
+        return statistics.median(values) / self.median if self.median > 0 else 1.0
 
     def _refresh(self):
         if self._stale and len(self.window) >= WARMUP:

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 from collbench.congestion.counters import NP, RP
 from collbench.congestion.keys import priority
-from collbench.off_cpu import MAX_ON_CPU_RATIO
 from collbench.diagnose.evidence import (CONGESTION, LINK_ERRORS, PFC, SLOW_HOST, STORM, UNEXPLAINED,
                                          MIN_OFF_CPU_STEPS, MIN_STEP_SHARE)
+from collbench.off_cpu import MAX_ON_CPU_RATIO
 
 CONCENTRATED = 0.5          # a host holding at least half of a counter's movement
 LINK_CONCENTRATED = 0.75    # a link: both ends hold most of their side's movement
