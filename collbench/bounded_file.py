@@ -1,35 +1,126 @@
-"""A small input file read with bounds, and the `NAME=value` settings files read through it.
+"""Untrusted files read with bounds, and the `NAME=value` settings files read through them.
 
-Every file a user hands a verb (an order file, another tool's output, a tuning env file) is
-untrusted: it may be missing, a directory, gigabytes, or binary. read_bytes/read_text read at most
-`max_bytes` (one byte more tells a larger file apart) and refuse the rest with a UserError (exit 2)
-naming the file and what was expected, never a traceback.
+Every file collbench reads from outside (sysfs and procfs counters, a state directory, another
+tool's output, a tuning env file, a results log) may be missing, a directory, a FIFO that never
+answers (a stand-in for a stuck driver), an endless device (/dev/zero), gigabytes, or binary.
+
+- read_limited / read_limited_text: the one primitive. Regular files only unless devices are
+  expected; at most max_bytes (one byte more tells a larger file apart); NUL bytes refused in text;
+  an optional deadline (the read runs in a daemon thread, so a read the kernel never completes
+  costs a parked thread, never the caller). Raises UntrustedFileError; the caller decides whether
+  that is a counted error (the exporter) or a UserError (a verb's input).
+- read_bytes / read_text: the same for a verb's input, failing with a UserError (exit 2) naming the
+  file and what was expected, never a traceback.
 """
 
+import errno
+import os
 import re
+import stat
+import threading
 
 from collbench.errors import UserError
 
 
-def read_bytes(path, max_bytes, where, expected):
-    """The bytes of the file at path; where: how the error names it (e.g. "--order FILE"),
-    expected: what it should have been (e.g. "a rank order")."""
+class UntrustedFileError(Exception):
+    """A file that could not be read within its bounds; str() says why, without the path (the
+    caller names the file as its user knows it)."""
+
+
+def _kind(mode):
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _read_fd_limited(path, max_bytes, allow_devices):
     try:
-        with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)
+        # O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting forever;
+        # regular files ignore it, so the read below is an ordinary one.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except ValueError:
+        raise UntrustedFileError("the path holds a NUL byte") from None
     except OSError as e:
-        raise UserError(f"{where}: cannot read it ({e.strerror or e})") from None
+        raise UntrustedFileError(f"cannot read it ({e.strerror or e})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            if not (allow_devices and (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode))):
+                raise UntrustedFileError(f"{_kind(mode)}, not a regular file")
+            os.set_blocking(fd, True)
+        chunks, total = [], 0
+        while total <= max_bytes:
+            try:
+                chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
+            except OSError as e:
+                if e.errno == errno.EINTR:
+                    continue
+                raise UntrustedFileError(f"cannot read it ({e.strerror or e})") from None
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        data = b"".join(chunks)
+    finally:
+        os.close(fd)
     if len(data) > max_bytes:
-        raise UserError(f"{where}: larger than {_size(max_bytes)} (expected {expected})")
+        raise UntrustedFileError(f"larger than {_size(max_bytes)}")
     return data
 
 
-def read_text(path, max_bytes, where, expected):
-    """read_bytes decoded as UTF-8."""
+def read_limited(path, max_bytes, allow_devices=False, timeout_s=None):
+    """The bytes of the file at path: a regular file (allow_devices: also a character device or
+    FIFO, for a verb told to read one), at most max_bytes, within timeout_s seconds when given
+    (None: no deadline, for files that cannot block). UntrustedFileError otherwise."""
+    if timeout_s is None:
+        return _read_fd_limited(path, max_bytes, allow_devices)
+    box = {}
+
+    def read():
+        try:
+            box["data"] = _read_fd_limited(path, max_bytes, allow_devices)
+        except BaseException as e:   # handed to the caller's thread
+            box["error"] = e
+
+    worker = threading.Thread(target=read, name="bounded-read", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise UntrustedFileError(f"no answer within {timeout_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["data"]
+
+
+def read_limited_text(path, max_bytes, allow_devices=False, timeout_s=None):
+    """read_limited decoded as UTF-8; NUL bytes (a binary file, or a device read by mistake) refused."""
+    data = read_limited(path, max_bytes, allow_devices, timeout_s)
+    if b"\0" in data:
+        raise UntrustedFileError("holds NUL bytes, not text")
     try:
-        return read_bytes(path, max_bytes, where, expected).decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise UserError(f"{where}: not UTF-8 text (expected {expected})") from None
+        raise UntrustedFileError("not UTF-8 text") from None
+
+
+def read_bytes(path, max_bytes, where, expected, allow_devices=False, timeout_s=None):
+    """The bytes of the file at path; where: how the error names it (e.g. "--order FILE"),
+    expected: what it should have been (e.g. "a rank order")."""
+    try:
+        return read_limited(path, max_bytes, allow_devices, timeout_s)
+    except UntrustedFileError as e:
+        raise UserError(f"{where}: {e} (expected {expected})") from None
+
+
+def read_text(path, max_bytes, where, expected, allow_devices=False, timeout_s=None):
+    """read_bytes decoded as UTF-8, NUL bytes refused."""
+    try:
+        return read_limited_text(path, max_bytes, allow_devices, timeout_s)
+    except UntrustedFileError as e:
+        raise UserError(f"{where}: {e} (expected {expected})") from None
 
 
 def read_settings(path, names, where, expected, value=r"\S{1,1024}", max_bytes=1 << 20, required=True):
