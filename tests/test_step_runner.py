@@ -144,5 +144,7 @@ def test_stderr_reason_picks_the_telling_line():
     assert stderr_reason(died) == "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed)."
     own = f"collbench-engine: plan p line 2: unknown op 'x'\n{box}\nPrimary job  terminated normally\n{box}"
     assert stderr_reason(own) == "collbench-engine: plan p line 2: unknown op 'x'"
-    assert stderr_reason(f"{box}\nmpirun was unable to launch\nmore\n{box}") == "mpirun was unable to launch"
+    # a box's first paragraph, in one line (Open MPI wraps its sentences at 74 columns)
+    assert stderr_reason(f"{box}\nmpirun was unable to launch\nmore\n\nsecond paragraph\n{box}") == \
+        "mpirun was unable to launch more"
     assert stderr_reason("") == ""

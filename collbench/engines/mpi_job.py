@@ -184,14 +184,56 @@ class MpiJob:
 
 # mpirun's own account of a dead rank, worth more than any other line of its stderr
 _RANK_DIED = re.compile(r"noticed that process rank \d+ .*(exited|signal)|exited on signal \d+")
+# what the launcher (ssh, rsh) says when it cannot reach a host: the cause behind Open MPI's
+# "ORTE was unable to reliably start one or more daemons" and "does not know how to route" boxes
+_LAUNCH_FAILED = re.compile(r"^(?:ssh|rsh|bash|sh|srun|orted)\b.*:|Could not resolve hostname|Permission denied"
+                            r"|Host key verification failed|Connection (?:refused|timed out|closed)"
+                            r"|No route to host|Name or service not known|command not found", re.I)
+# the lines of an Open MPI box that name the host concerned ("target node:  n2", "Node: n2")
+_BOX_NODE = re.compile(r"^(?:target node|node|host|hostname):\s*(\S+)$", re.I)
+
+
+def _boxes(lines):
+    """(lines outside mpirun's ----- boxes, [lines of each box]). The tail kept of a job's stderr
+    may start inside a box, so the separators are paired from the end (a job's stderr ends
+    after its last box closed); a box whose opening was cut off is dropped."""
+    seps = [i for i, ln in enumerate(lines) if ln and set(ln) <= set("-=")]
+    if len(seps) % 2:                 # the first separator closes a box whose start was cut off
+        cut, seps = seps[0] + 1, seps[1:]
+    else:
+        cut = 0
+    outside, boxes, prev = [], [], cut
+    for a, b in zip(seps[::2], seps[1::2]):
+        outside += [ln for ln in lines[prev:a] if ln]
+        boxes.append([ln for ln in lines[a + 1:b]])
+        prev = b + 1
+    outside += [ln for ln in lines[prev:] if ln]
+    return outside, boxes
+
+
+def _box_headline(box):
+    """An Open MPI box's first paragraph in one line, and the node it names, if any."""
+    para = []
+    for ln in box:
+        if not ln and para:
+            break
+        if ln:
+            para.append(ln)
+    text = " ".join(para)[:300]
+    nodes = [m.group(1) for m in (_BOX_NODE.match(ln) for ln in box) if m]
+    if nodes:
+        text += f" ({', '.join(f'node {n}' for n in nodes[-1:])})"
+    return text
 
 
 def stderr_reason(stderr_tail, program_prefix="collbench-engine:"):
     """The one line of a job's stderr that best says what went wrong ("" if none).
 
     mpirun's note of a rank that died wins; then the program's own last message (lines
-    starting with program_prefix; None for programs without one, such as OSU); then the last
-    line outside mpirun's ----- boxes; then the first line inside one.
+    starting with program_prefix; None for programs without one, such as OSU); then what the
+    launcher said of a host it could not reach (ssh: Could not resolve hostname ...); then the
+    last line outside mpirun's ----- boxes; then the first paragraph of the first whole box
+    (Open MPI's banners end in boilerplate such as "We apologize for the problem": never that).
     """
     lines = [ln.strip() for ln in (stderr_tail or "").splitlines()]
     for ln in lines:
@@ -200,13 +242,17 @@ def stderr_reason(stderr_tail, program_prefix="collbench-engine:"):
     own = [ln for ln in lines if program_prefix and ln.startswith(program_prefix)]
     if own:
         return own[-1]
-    outside, boxed, in_box = [], [], False
-    for ln in lines:
-        if ln and set(ln) <= set("-="):
-            in_box = not in_box
-        elif ln:
-            (boxed if in_box else outside).append(ln)
-    return outside[-1] if outside else (boxed[0] if boxed else "")
+    outside, boxes = _boxes(lines)
+    launch = [ln for ln in outside if _LAUNCH_FAILED.search(ln)]
+    if launch:
+        return launch[0]
+    if outside:
+        return outside[-1]
+    for box in boxes:
+        headline = _box_headline(box)
+        if headline:
+            return headline
+    return ""
 
 
 def describe_exit(returncode):

@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, field
 
 from collbench import proctree
+from collbench.bounded_file import UntrustedFileError, read_limited_text
+from collbench.bounded_repr import bounded_repr
 from collbench.config import flag_path
 from collbench.errors import UserError
 
@@ -123,27 +125,36 @@ def write_pid_file(paths, pid):
     os.replace(tmp, paths.pid)
 
 
+# The state directory may hold anything (a FIFO, a link to /dev/zero, gigabytes): its files are
+# read bounded, and a file that is not what the daemon writes counts as garbled (a stale daemon).
+MAX_PID_FILE = 64
+MAX_STATE_FILE = 1 << 20
+READ_TIMEOUT_S = 5.0
+
+
 def read_pid_file(paths):
     """The pid in the pid file, None if there is none; a garbled file counts as stale (0)."""
     try:
-        with open(paths.pid) as f:
-            text = f.read().strip()
-    except FileNotFoundError:
-        return None
-    except OSError:
-        return 0
-    return int(text) if text.isdigit() else 0
+        text = read_limited_text(paths.pid, MAX_PID_FILE, timeout_s=READ_TIMEOUT_S).strip()
+    except UntrustedFileError:
+        return 0 if os.path.lexists(paths.pid) else None    # gone meanwhile: a clean stop
+    return int(text) if text.isascii() and text.isdigit() and 0 < int(text) < 1 << 31 else 0
 
 
 def read_state(paths):
+    """The state file's object, None if there is none; {} when it is not one (garbled)."""
     try:
-        with open(paths.state, encoding="utf-8") as f:
-            data = json.load(f)
-        return data if isinstance(data, dict) else {}
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
+        data = json.loads(read_limited_text(paths.state, MAX_STATE_FILE, timeout_s=READ_TIMEOUT_S))
+    except UntrustedFileError:
+        return {} if os.path.lexists(paths.state) else None
+    except (ValueError, RecursionError):
         return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _pid(v):
+    """A pid from the state file: a positive int a kernel can have, else None."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 < v < 1 << 31 else None
 
 
 def remove_pid_file(paths, pid=None):
@@ -316,8 +327,10 @@ def _status_from_files(paths):
     pid_file = read_pid_file(paths)
     if pid_file is None and info.get("status") in (None, STOPPED):
         return DaemonStatus(STOPPED, None, "", info)    # a clean stop removes the pid file
-    pid = pid_file if pid_file is not None else info.get("pid")
+    pid = pid_file if pid_file is not None else _pid(info.get("pid"))
     start_ticks = info.get("proc_start") if info.get("pid") == pid else None
+    if not (isinstance(start_ticks, int) and not isinstance(start_ticks, bool)):
+        start_ticks = None
     if pid and is_daemon(pid, start_ticks):
         return DaemonStatus(RUNNING, pid, "", info)
     if pid_file is not None:
@@ -325,7 +338,7 @@ def _status_from_files(paths):
                f"pid {pid} is not running" if not proctree.pid_alive(pid) else
                f"pid {pid} is now another process")
         return DaemonStatus(CRASHED, pid, f"stale pid file ({why})", info)
-    return DaemonStatus(CRASHED, pid, f"the state file says {info.get('status')!r} "
+    return DaemonStatus(CRASHED, pid, f"the state file says {bounded_repr(info.get('status'))} "
                                       "but no daemon is running", info)
 
 
