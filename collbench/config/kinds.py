@@ -6,6 +6,7 @@ import math
 import re
 
 
+from collbench.names import netdev_name_problem
 from collbench.sizes import parse_message_size, parse_size
 from collbench.thresholds import parse_duration_us
 
@@ -241,7 +242,30 @@ def _priorities():
     return Kind(check, expected)
 
 
+def _netdev_names():
+    """doctor.netdevs: interface names, each joined to <sysfs_root>/class/net/ (never a path)."""
+    expected = "a list of interface names (1 to 15 printable ASCII characters, no / : , or spaces, not . or ..)"
+
+    def check(v):
+        if not isinstance(v, list) or len(v) > 256 or any(netdev_name_problem(x) for x in v):
+            raise ValueError(expected)
+        return list(v)
+    return Kind(check, expected)
+
+
+def _link_width():
+    expected = "a link width such as 4X (1 to 3 digits and X)"
+
+    def check(v):
+        if not isinstance(v, str) or not re.fullmatch(r"[0-9]{1,3}[Xx]", v):
+            raise ValueError(expected)
+        return v.upper()
+    return Kind(check, expected)
+
+
 DOCTOR_HOSTS = _doctor_hosts()
+NETDEV_NAMES = _netdev_names()
+LINK_WIDTH = _link_width()
 PRIORITIES = _priorities()
 PRIORITY = _ranged(int, "a priority 0..7", 0, 7)
 DSCP = _ranged(int, "a DSCP value 0..63", 0, 63)

@@ -1,7 +1,7 @@
 """The config's schema: every top-level key and section, declared once (SCHEMA). A plain key maps
 to (kind, default; None: not set), a section to its own schema; the loader walks this table."""
 
-from collbench.config.kinds import (BOOL, DOCTOR_HOSTS, DSCP, FRACTION, HOST_SOURCES, Kind, NONNEG_FLOAT, NONNEG_SECONDS, PATH, PORT, POS_FLOAT,
+from collbench.config.kinds import (BOOL, DOCTOR_HOSTS, DSCP, FRACTION, HOST_SOURCES, Kind, LINK_WIDTH, NETDEV_NAMES, NONNEG_FLOAT, NONNEG_SECONDS, PATH, PORT, POS_FLOAT,
                                     POS_INT, POS_SECONDS, RANKS, ROTATE_KEEP, SECONDS, SIZE, STR, STR_LIST,
                                     STR_MAP, TOP_K, NONNEG_INT, PRIORITIES, PRIORITY, choice)
 from collbench.engines import NAMES as ENGINE_NAMES
@@ -58,12 +58,12 @@ CONGESTION_SCHEMA = {
 DOCTOR_SCHEMA = {
     "sysfs_root": (PATH, "/sys"),            # /sys/class/net and /sys/class/infiniband under it
     "qos_dir": (PATH, None),                 # files <netdev> holding `mlnx_qos -i <netdev>`; unset: run mlnx_qos
-    "netdevs": (STR_LIST, None),             # default: the RDMA ports' netdevs, else every netdev but lo
+    "netdevs": (NETDEV_NAMES, None),         # default: the RDMA ports' netdevs, else every netdev but lo
     "hosts": (DOCTOR_HOSTS, {}),             # per-host sysfs_root / qos_dir read here (fixture trees)
     "remote": (BOOL, False),                 # read each host over SSH (master.hosts_ssh_config, remote_dir, python)
     "mtu": (POS_INT, None),
     "link_gbps": (POS_FLOAT, None),          # an RDMA port's rate, e.g. 100
-    "link_width": (STR, None),               # e.g. 4X
+    "link_width": (LINK_WIDTH, None),        # e.g. 4X
     "pfc_priorities": (PRIORITIES, None),    # PFC-enabled priorities, e.g. [3]
     "ecn_priorities": (PRIORITIES, None),    # ECN enabled (roce_np and roce_rp) on these
     "trust": (choice("pcp", "dscp"), None),

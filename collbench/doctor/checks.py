@@ -11,6 +11,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+from collbench.bounded_repr import bounded_text
+
 HEALTHY, DEGRADED, FAILED = "healthy", "degraded", "failed"
 _RANK = {HEALTHY: 0, DEGRADED: 1, FAILED: 2}
 _RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*Gb/sec(?:\s*\((\d+X)\b)?")
@@ -48,6 +50,18 @@ def _i(v):
 
 def _s(v):
     return v if isinstance(v, str) else None
+
+
+def _why(d, key):
+    """' (why)' when a facts dict's `unreadable` says why `key` could not be read; else ''."""
+    why = _s(_unreadable(d).get(key))
+    return f" ({why})" if why else ""
+
+
+def _unreadable(d):
+    """{file: why} of what a host's facts could not read or found garbled (typed: remote facts)."""
+    return {bounded_text(k, 80): bounded_text(x, 200) for k, x in _d(d.get("unreadable")).items()
+            if isinstance(k, str) and isinstance(x, str)}
 
 
 def _prios(v):
@@ -151,6 +165,7 @@ class HostView:
         f = _d(facts)
         self.ports = [p for p in _l(f.get("rdma")) if isinstance(p, dict)]
         self.netdevs = {k: _d(v) for k, v in _d(f.get("netdevs")).items() if isinstance(k, str)}
+        self.problems = [bounded_text(p, 300) for p in _l(f.get("problems")) if isinstance(p, str)]
 
     def mtus(self):
         """The MTUs of the interfaces that are up (a down one carries nothing)."""
@@ -184,6 +199,8 @@ def judge(hosts, cfg, results_by_host=None):
             v.add(FAILED, h.error)
             continue
         view = views[h.host]
+        for problem in view.problems:     # the sysfs tree holds something that is not what it should
+            v.add(DEGRADED, problem)
         if not view.netdevs:
             v.add(FAILED, "no network interface found (doctor.netdevs, sysfs_root)")
         for name, d in sorted(view.netdevs.items()):
@@ -200,10 +217,15 @@ def _netdev(v, name, d, exp, env, maj, maj_mtu, views):
         if d.get("chosen") == "all":     # not an RDMA port's, not named in the config: not ours to judge
             v.notes.append(f"{name}: {state or 'unreadable'} (not an RDMA interface; doctor.netdevs to check it)")
             return
-        v.add(FAILED, f"{name}: link is {state or 'unreadable'} (operstate)")
+        v.add(FAILED, f"{name}: link is {state or 'unreadable'} (operstate){_why(d, 'operstate')}")
+    for key, why in sorted(_unreadable(d).items()):     # garbage or unreadable settings are findings
+        if key not in ("mtu", "operstate"):
+            v.add(DEGRADED, f"{name}: {key} unreadable ({why})")
+    if _s(d.get("qos_unreadable")):
+        v.add(DEGRADED, f"{name}: mlnx_qos output unreadable ({bounded_text(d['qos_unreadable'], 200)})")
     mtu = _i(d.get("mtu"))
     if mtu is None:
-        v.add(DEGRADED, f"{name}: MTU unreadable")
+        v.add(DEGRADED, f"{name}: MTU unreadable{_why(d, 'mtu')}")
     elif exp.mtu is not None and mtu != exp.mtu:
         v.add(DEGRADED, f"{name}: MTU {mtu}, the config expects {exp.mtu}")
     elif maj_mtu.others(mtu):
@@ -267,11 +289,15 @@ def _ports(v, view, exp, env, rates, maj_rate, maj_gid, n_hosts):
         label = f"{_s(p.get('device'))} port {_s(p.get('port'))}"
         state, phys = _s(p.get("state")) or "", _s(p.get("phys_state")) or ""
         if "ACTIVE" not in state.upper():
-            v.add(FAILED, f"{label}: state {state or 'unreadable'}")
+            v.add(FAILED, f"{label}: state {state or 'unreadable'}{_why(p, 'state')}")
+        ethernet = (_s(p.get("link_layer")) or "Ethernet").lower() == "ethernet"
+        for key, why in sorted(_unreadable(p).items()):
+            if key not in ("state", "rate") and (ethernet or not key.startswith("gid")):
+                v.add(DEGRADED, f"{label}: {key} unreadable ({why})")
         if phys and "LINKUP" not in phys.upper().replace(" ", ""):
             v.add(FAILED, f"{label}: physical state {phys}")
         if gbps is None:
-            v.add(DEGRADED, f"{label}: rate unreadable ({(_s(p.get('rate')) or '')[:40]!r})")
+            v.add(DEGRADED, f"{label}: rate unreadable ({(_s(p.get('rate')) or '')[:40]!r}){_why(p, 'rate')}")
         else:
             if exp.link_gbps is not None and gbps != exp.link_gbps:
                 v.add(DEGRADED, f"{label}: {gbps:g} Gb/s, the config expects {exp.link_gbps:g}")

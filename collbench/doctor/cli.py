@@ -9,6 +9,7 @@ import json
 import os
 import sys
 
+from collbench.bounded_repr import terminal_safe
 from collbench.config import load_config
 from collbench.doctor import checks, gather, latest_results
 from collbench.tables import Column, csv_text
@@ -58,13 +59,14 @@ def cmd_doctor(args):
     hosts = gather.gather(cfg)
     verdicts = checks.judge(hosts, cfg, by_host)
     if summary:
-        print(f"collbench doctor: results: {summary}", file=sys.stderr)
+        print(f"collbench doctor: results: {terminal_safe(summary)}", file=sys.stderr)
     sys.stdout.write(render(verdicts, args.format))
     return 1 if any(v.verdict != checks.HEALTHY for v in verdicts) else 0
 
 
 def _rows(verdicts):
-    return [{"host": v.host, "verdict": v.verdict, "reasons": "; ".join(t for _, t in v.reasons)} for v in verdicts]
+    return [{"host": terminal_safe(v.host), "verdict": v.verdict,
+             "reasons": terminal_safe("; ".join(t for _, t in v.reasons))} for v in verdicts]
 
 
 def render(verdicts, fmt):
@@ -73,13 +75,15 @@ def render(verdicts, fmt):
         return json.dumps({"hosts": [v.to_dict() for v in verdicts], "counts": counts}, indent=1) + "\n"
     if fmt == "csv":
         return csv_text(COLUMNS, _rows(verdicts))
+    # every value may come from a file of the host's (operstate), the config or a results log:
+    # shown, never obeyed by the terminal (JSON escapes control characters itself)
     lines = []
     for v in verdicts:
-        lines.append(f"{v.host}  {v.verdict.upper()}")
-        lines += [f"  {lv}: {t}" for lv, t in v.reasons]
-        lines += [f"  note: {t}" for t in v.notes]
+        lines.append(f"{terminal_safe(v.host)}  {v.verdict.upper()}")
+        lines += [f"  {lv}: {terminal_safe(t)}" for lv, t in v.reasons]
+        lines += [f"  note: {terminal_safe(t)}" for t in v.notes]
     bad = [v for v in verdicts if v.verdict != checks.HEALTHY]
     lines.append("")
     lines.append(f"{len(verdicts) - len(bad)} of {len(verdicts)} host(s) healthy"
-                 + (f"; look at {', '.join(v.host for v in bad)}" if bad else ""))
+                 + (f"; look at {', '.join(terminal_safe(v.host) for v in bad)}" if bad else ""))
     return "\n".join(lines) + "\n"
