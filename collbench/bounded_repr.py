@@ -44,6 +44,26 @@ def bounded_text(text, limit=MESSAGE_CHARS):
     return f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
+PATH_CHARS = 160    # a path in a message
+
+
+def shown_path(path, limit=PATH_CHARS):
+    """A path as a message shows it: whole when short, else its start and its end (the file's
+    name) around the count of characters left out; a 5,000-character path is never a 5,000-
+    character error line."""
+    path = str(path)
+    if len(path) <= limit:
+        return path
+    keep = limit - 40
+    return f"{path[:keep // 2]}...({len(path) - keep} characters)...{path[-(keep - keep // 2):]}"
+
+
+def bounded_lines(text, limit=1000):
+    """text with every line longer than `limit` shortened in its middle (shown_path's way): the
+    last bound on any message collbench prints."""
+    return "\n".join(shown_path(line, limit) for line in str(text).split("\n"))
+
+
 # C0 controls (but tab and newline, which a table may hold), DEL and C1 controls: what a
 # terminal acts on (escape sequences, cursor moves, title changes) rather than shows.
 _CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x09), *range(0x0b, 0x20), 0x7f, *range(0x80, 0xa0))}

@@ -8,7 +8,7 @@ import os
 import sys
 
 from collbench import __version__
-from collbench.bounded_repr import terminal_safe
+from collbench.bounded_repr import bounded_lines, terminal_safe
 from collbench.errors import UserError
 
 # subcommand -> the module whose register(subparsers) adds it (with set_defaults(func=...))
@@ -85,7 +85,8 @@ def _run(argv, out):
             args = parser.parse_args(argv)
             code = args.func(args) or 0
         except UserError as e:  # its text may quote a file's bytes: shown, never obeyed by the terminal
-            print(f"collbench: error: {terminal_safe(str(e), one_line=False)}", file=sys.stderr)
+            # and bounded: a value it quotes (a path, a flag) may be any length
+            print(f"collbench: error: {terminal_safe(bounded_lines(str(e)), one_line=False)}", file=sys.stderr)
             code = e.exit_code
         except KeyboardInterrupt:
             print("collbench: interrupted", file=sys.stderr)

@@ -176,6 +176,8 @@ def format_us(us, digits=2, scaled_digits=None, missing="-", significant=None, m
         return f"{us:.{digits}f} {micro}"
     if us < 1e6:
         return f"{us / 1e3:.{big}f} ms"
+    if us >= 1e12:      # past 11 days: a hopeless but finite value (1e308) in a few characters
+        return f"{us / 1e6:.3g} s"
     return f"{us / 1e6:.{big}f} s"
 
 

@@ -264,7 +264,7 @@ def cmd_save(args):
     if args.sources:
         if any(getattr(args, f) is not None for f in ("np", "ops", "sizes", "iterations")):
             raise UserError("--np/--ops/--sizes/--iterations apply to --runs, not to --from")
-        since = parse_since(args.since, time.time()) if args.since else None
+        since = parse_since(args.since, time.time()) if args.since is not None else None
         collector, _ = _read(args.sources, since)
         source = {"kind": "results", "files": [os.path.abspath(p) for p in args.sources]}
     else:
@@ -328,7 +328,7 @@ def cmd_compare(args):
     if args.results:
         if args.runs is not None or args.iterations is not None:
             raise UserError("--runs/--iterations measure now: give them without RESULTS")
-        since = parse_since(args.since, time.time()) if args.since else None
+        since = parse_since(args.since, time.time()) if args.since is not None else None
         collector, source = _read(args.results, since)
         extra["input"] = [s.as_dict() for s in source.stats]
     else:

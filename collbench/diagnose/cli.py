@@ -147,7 +147,7 @@ def _check_same_cluster(baseline, loaded):
 def cmd_diagnose(args):
     from collbench.atomic_file import write_output
     from collbench.diagnose import output
-    since = parse_since(args.since, time.time()) if args.since else None
+    since = parse_since(args.since, time.time()) if args.since is not None else None
     paths = args.results
     need_state = not paths or args.baseline
     state = _state_dir(args) if need_state else None

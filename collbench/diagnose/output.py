@@ -113,7 +113,7 @@ def table_text(d):
         cols = [Column("series", align="left"), Column("method", align="left"), Column("reference"),
                 Column("current"), Column("ratio"), Column("slow", "slow/steps")]
         rows = [{"series": terminal_safe(label(r.key)), "method": r.method, "reference": format_us(r.reference_us),
-                 "current": format_us(r.current_us), "ratio": f"{r.ratio:.2f}x",
+                 "current": format_us(r.current_us), "ratio": f"{r.ratio:.2f}x" if r.ratio < 1e6 else f"{r.ratio:.3g}x",
                  "slow": f"{len(r.slow)}/{r.steps}"} for r in d.regressions]
         out.append(f"regressions ({d.method_text()}):")
         out += table_lines(cols, rows, indent="  ")

@@ -13,11 +13,11 @@ shift's evidence. The slow steps' median must be at least
 """
 
 import math
-import statistics
 from dataclasses import dataclass, field
 
 from collbench.baselines.comparison import DEFAULT_K, DEFAULT_THRESHOLD, regression_bound_us
 from collbench.change_point import DRIFT, WARMUP, ShiftDetector
+from collbench.stats import median
 
 SHIFT_STEPS = 4                   # a shift shows in four steps at least (change_point)
 MIN_SHIFT_STEPS = WARMUP + SHIFT_STEPS   # ... after the warm-up
@@ -45,11 +45,11 @@ def against_baseline(key, steps, entry, threshold=DEFAULT_THRESHOLD, k=DEFAULT_K
     """A Regression when the series' median is above the baseline entry's bound, else None."""
     bound = regression_bound_us(entry.median_us, entry.sigma_us, threshold, k)
     lat = [s.latency_us for s in steps]
-    if not lat or statistics.median(lat) <= bound:
+    if not lat or median(lat) <= bound:
         return None
     slow = [i for i, x in enumerate(lat) if x > bound]
     good = [i for i, x in enumerate(lat) if x <= bound]
-    return Regression(key, "baseline", entry.median_us, statistics.median(lat[i] for i in slow), bound,
+    return Regression(key, "baseline", entry.median_us, median(lat[i] for i in slow), bound,
                       slow, good, len(steps), steps[slow[0]].ts)
 
 
@@ -75,9 +75,9 @@ def shift(key, steps, threshold=DEFAULT_THRESHOLD):
     good = [i for i in range(len(steps)) if i not in in_fired]
     if not good:
         return None
-    ref = statistics.median(steps[i].latency_us for i in good)
+    ref = median(steps[i].latency_us for i in good)
     slow = _upper_level(slow, [steps[i].latency_us for i in slow], threshold)
-    cur = statistics.median(steps[i].latency_us for i in slow)
+    cur = median(steps[i].latency_us for i in slow)
     if cur < threshold * ref:
         return None
     return Regression(key, "shift", ref, cur, min(steps[i].latency_us for i in slow), slow, good, len(steps),
@@ -106,7 +106,7 @@ def _upper_level(indices, latencies, threshold):
         return indices
     lower = [latencies[j] for j in order[:best_k]]
     upper = [latencies[j] for j in order[best_k:]]
-    if statistics.median(upper) < threshold * statistics.median(lower):
+    if median(upper) < threshold * median(lower):
         return indices
     return sorted(indices[j] for j in order[best_k:])
 

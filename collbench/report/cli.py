@@ -97,7 +97,7 @@ def run(args):
     if args.png:
         if os.path.exists(args.png) and not os.path.isdir(args.png):
             raise UserError(f"--png {args.png}: exists and is not a directory")
-    since = parse_since(args.since, time.time()) if args.since else None
+    since = parse_since(args.since, time.time()) if args.since is not None else None
     if args.peak_from and not os.path.isfile(args.peak_from):
         raise UserError(f"--peak-from {args.peak_from}: no such file")
     if args.config:

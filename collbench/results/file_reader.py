@@ -18,6 +18,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+from collbench.bounded_repr import bounded_repr, shown_path
 from collbench.errors import UserError
 from collbench.results.lines import LineSplitter
 from collbench.results.record_parser import ParseError, is_record, parse_record
@@ -174,22 +175,22 @@ def expand_inputs(paths, flag="RESULTS"):
             names = sorted((n for n in os.listdir(p) if re.fullmatch(r"results\.jsonl(\.\d+)?", n)),
                            key=lambda n: int(n.rsplit(".", 1)[1]) if n[-1].isdigit() else 0)
             if not names:
-                raise UserError(f"{flag} {p}: directory has no results.jsonl (expected a results file "
+                raise UserError(f"{flag} {shown_path(p)}: directory has no results.jsonl (expected a results file "
                                 "or a stress state directory)")
             files = [os.path.join(p, n) for n in names]
         elif os.path.exists(p):
             files = [p]
         else:
-            raise UserError(f"{flag} {p}: no such file")
+            raise UserError(f"{flag} {shown_path(p)}: no such file")
         for f in files:
             try:
                 st = os.stat(f)
             except OSError as e:
-                raise UserError(f"{flag} {f}: cannot read: {e.strerror}") from None
+                raise UserError(f"{flag} {shown_path(f)}: cannot read: {e.strerror}") from None
             if not os.path.isfile(f):
-                raise UserError(f"{flag} {f}: not a regular file")
+                raise UserError(f"{flag} {shown_path(f)}: not a regular file")
             if not os.access(f, os.R_OK):
-                raise UserError(f"{flag} {f}: not readable")
+                raise UserError(f"{flag} {shown_path(f)}: not readable")
             if (st.st_dev, st.st_ino) in seen:
                 continue
             seen.add((st.st_dev, st.st_ino))
@@ -207,7 +208,7 @@ def read_file(path, stats, since=None, start=0, end=None, first_lineno=1):
     try:
         f = open(path, "rb")
     except OSError as e:
-        raise UserError(f"{path}: cannot read: {e.strerror}") from None
+        raise UserError(f"{shown_path(path)}: cannot read: {e.strerror}") from None
     with f:
         if start:
             f.seek(start)
@@ -380,21 +381,29 @@ class ResultsInput:
         return text
 
 
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$")
+# ASCII digits only (\\d takes '٣'), a bounded count of them (float('9' * 10**6) is slow)
+_DURATION_RE = re.compile(r"^\s*([0-9]{1,30}(?:\.[0-9]{1,30})?)\s*(s|m|h|d|w)\s*$")
 _DURATION_MULT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 def parse_since(value, now):
-    """--since: a duration back from now (30m, 2h, 7d) or an RFC 3339 / ISO time -> Unix seconds."""
+    """--since: a duration back from now (30m, 2h, 7d) or an RFC 3339 / ISO time -> Unix seconds.
+    UserError (exit 2) for anything else, an empty value, or a duration reaching before 1970."""
     from datetime import datetime, timezone
+    expected = "expected a duration (30m, 2h, 7d) or a time (2026-11-22T15:00:00Z)"
     m = _DURATION_RE.match(value)
     if m:
-        return now - float(m.group(1)) * _DURATION_MULT[m.group(2)]
+        since = now - float(m.group(1)) * _DURATION_MULT[m.group(2)]
+        if not since >= 0:
+            raise UserError(f"--since {bounded_repr(value)}: reaches back before 1970 ({expected}, at most "
+                            f"{int(now // 86400)}d)")
+        return since
     try:
+        if len(value) > 64:
+            raise ValueError(value)
         dt = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise UserError(f"--since {value!r}: expected a duration (30m, 2h, 7d) or a time "
-                        "(2026-11-22T15:00:00Z)") from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return dt.timestamp()
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=timezone.utc)
+        return dt.timestamp()
+    except (ValueError, OverflowError, OSError):
+        raise UserError(f"--since {bounded_repr(value)}: {expected}") from None

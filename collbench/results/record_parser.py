@@ -24,6 +24,7 @@ no reader interprets them; the readers' JSON output passes them through.
 
 import json
 import re
+import sys
 
 from collbench.ops import DATATYPES, OPS
 from collbench.sizes import format_size
@@ -312,8 +313,9 @@ def _event_name(key, v):
 _OP = _choice(*OPS)
 _ID = _string(256)
 _COUNT = _integer(0)
-_LATENCY = _number(0.0)
-_BANDWIDTH = _nullable(_number(0.0))
+# any finite value >= 0 (docs/LOG_FORMAT.md): a latency of 1e308 is a (hopeless) measurement, not a bad line
+_LATENCY = _number(0.0, sys.float_info.max)
+_BANDWIDTH = _nullable(_number(0.0, sys.float_info.max))
 _UNIX = _number(0.0, MAX_TS)
 
 # What every reader needs of every record, and what it may use when present.
