@@ -16,7 +16,9 @@ Per host (config `congestion`, docs/CONGESTION.md):
 import os
 from typing import NamedTuple, Optional, Tuple
 
+from collbench.bounded_repr import bounded_repr
 from collbench.congestion import counters
+from collbench.errors import UserError
 
 SPEC_VERSION = 1
 DEFAULT_SYSFS_ROOT = "/sys"
@@ -26,6 +28,7 @@ MAX_PATH = 1024
 MAX_NAME = 64
 MAX_NETDEVS = 16
 MAX_HOSTS = 65536
+MAX_SPEC = 256 * 1024    # collbench_engine.c's CONG_MAX_SPEC: a larger spec fails every launch
 
 
 class HostSources(NamedTuple):
@@ -77,7 +80,7 @@ def xmit_wait_tick_ns(cfg):
 
 def _token(kind, value):
     if not value or any(ch.isspace() for ch in value) or len(value.encode("utf-8")) >= MAX_PATH:
-        raise ValueError(f"congestion {kind} {value!r}: expected a non-empty path without spaces, "
+        raise ValueError(f"congestion {kind} {bounded_repr(value)}: expected a non-empty path without spaces, "
                          f"below {MAX_PATH} bytes")
     return value
 
@@ -110,6 +113,26 @@ def spec_text(cfg):
     for section in ("IpExt", "TcpExt") if reads_netstat(cfg) else ():
         lines.append(" ".join(["netstat", section] + counters.names("netstat", section)))
     return "\n".join(lines) + "\n"
+
+
+def check_spec(cfg):
+    """The spec text of cfg, or a UserError (exit 2, before anything is launched) naming the
+    config's congestion section when the engine would refuse it: a token it cannot hold, or a
+    spec past MAX_SPEC (a YAML anchor repeats per-host paths cheaply: 100 hosts of 1,000-character
+    paths is 300 KB), which would otherwise fail one launch per step."""
+    where = f"{getattr(cfg, 'source', None) or 'the config'}: congestion"
+    try:
+        text = spec_text(cfg)
+    except ValueError as e:
+        raise UserError(f"{where}: {e}") from None
+    size = len(text.encode("utf-8"))
+    if size > MAX_SPEC:
+        hosts = len(getattr(_section(cfg), "hosts", None) or {})
+        raise UserError(f"{where}: the counter sources of its {hosts} per-host entries (congestion.hosts) make a "
+                        f"spec of {size} bytes, the engine reads at most {MAX_SPEC} (256 KB): give the hosts that "
+                        "share paths none of their own (congestion.sysfs_root, netstat, ethtool_root serve them "
+                        "all), or shorter paths")
+    return text
 
 
 def write_spec(cfg, path):

@@ -284,9 +284,12 @@ class BuiltinEngine(Engine):
     loops_in_one_job = True
 
     def preflight(self, cfg, steps):
-        """The engine binary (built now if need be), every step's algorithm, a launcher command."""
+        """The engine binary (built now if need be), every step's algorithm, the congestion spec,
+        a launcher command."""
         algorithms.check_steps(cfg, steps)
         check_plan_size(steps)
+        if congestion_sources.enabled(cfg):     # the engine's spec limits, before any launch
+            congestion_sources.check_spec(cfg)
         launcher.build_command(cfg, [ensure_engine(cfg), "--plan", os.devnull])
 
     def measure(self, cfg, steps, ctx, runner, on_progress=None, plan_path=None, iteration=None):
