@@ -87,6 +87,9 @@ def rdma_ports(sysfs, problems=None):
     out = []
     base = os.path.join(sysfs, "class", "infiniband")
     for dev in _list(base, problems, "class/infiniband (expected the RDMA devices' directory)"):
+        if not os.path.isdir(os.path.join(base, dev)):
+            problems.append(f"class/infiniband/{bounded_repr(dev, 40)}: not a directory (expected an RDMA device)")
+            continue
         for port in _list(os.path.join(base, dev, "ports"), problems,
                           f"class/infiniband/{bounded_repr(dev, 40)}/ports (expected an RDMA device's ports)"):
             p = os.path.join(base, dev, "ports", port)

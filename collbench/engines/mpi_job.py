@@ -112,7 +112,11 @@ class MpiJob:
             yield item
 
     def stderr_tail(self, n=20):
-        return "\n".join(list(self._stderr)[-n:])
+        """The last n lines of stderr, after the launcher's first lines on a host it could not
+        reach (ssh: Could not resolve hostname ...) when Open MPI's banners pushed them out."""
+        kept = list(self._stderr)
+        cause = [ln for ln in kept[:-n] if _LAUNCH_FAILED.search(ln.strip())][:2]
+        return "\n".join(cause + kept[-n:])
 
     def descendants(self):
         """Pids of the job's live process tree below the launcher."""
@@ -189,6 +193,8 @@ _RANK_DIED = re.compile(r"noticed that process rank \d+ .*(exited|signal)|exited
 _LAUNCH_FAILED = re.compile(r"^(?:ssh|rsh|bash|sh|srun|orted)\b.*:|Could not resolve hostname|Permission denied"
                             r"|Host key verification failed|Connection (?:refused|timed out|closed)"
                             r"|No route to host|Name or service not known|command not found", re.I)
+# Open MPI's note that it aggregated its help messages: true of every failure, says nothing
+_BOILERPLATE = re.compile(r'Set MCA parameter "?orte_base_help_aggregate|more process(?:es)? ha(?:s|ve) sent help message')
 # the lines of an Open MPI box that name the host concerned ("target node:  n2", "Node: n2")
 _BOX_NODE = re.compile(r"^(?:target node|node|host|hostname):\s*(\S+)$", re.I)
 
@@ -242,10 +248,11 @@ def stderr_reason(stderr_tail, program_prefix="collbench-engine:"):
     own = [ln for ln in lines if program_prefix and ln.startswith(program_prefix)]
     if own:
         return own[-1]
-    outside, boxes = _boxes(lines)
-    launch = [ln for ln in outside if _LAUNCH_FAILED.search(ln)]
+    launch = [ln for ln in lines if _LAUNCH_FAILED.search(ln)]
     if launch:
         return launch[0]
+    outside, boxes = _boxes(lines)
+    outside = [ln for ln in outside if not _BOILERPLATE.search(ln)]
     if outside:
         return outside[-1]
     for box in boxes:
