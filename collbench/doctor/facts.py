@@ -23,6 +23,8 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
+import time
 
 from collbench.bounded_file import UntrustedFileError, read_limited_text
 from collbench.bounded_repr import bounded_repr, bounded_text
@@ -32,6 +34,8 @@ MAX_FILE = 4096          # a sysfs attribute is a line
 MAX_ENTRIES = 256        # netdevs, devices, ports, GIDs looked at
 MAX_QOS = 64 << 10
 READ_TIMEOUT_S = 2.0     # a sysfs read a stuck driver never answers costs this, then a parked thread
+HOST_READ_BUDGET_S = 15.0  # all of one host's reads: a driver stuck on every file cannot cost 2 s x 1000 files
+_budget = threading.local()
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 
 # what each attribute may hold; anything else is garbage, reported (never read as absent)
@@ -47,7 +51,12 @@ def _read(path, unreadable=None, key=None, kind=None):
     `kind` (default: key's last part) may hold, is None too, and recorded in unreadable[key]."""
     kind = kind or (key.rsplit("/", 1)[-1] if key else "")
     try:
-        text = read_limited_text(path, MAX_FILE, timeout_s=READ_TIMEOUT_S).strip()
+        deadline = getattr(_budget, "deadline", None)
+        left = READ_TIMEOUT_S if deadline is None else min(READ_TIMEOUT_S, deadline - time.monotonic())
+        if left <= 0:
+            raise UntrustedFileError(f"not read: the host's {HOST_READ_BUDGET_S:g} s for its files were spent on "
+                                     "reads that did not answer")
+        text = read_limited_text(path, MAX_FILE, timeout_s=left).strip()
     except UntrustedFileError as e:
         # a GID's ndevs file of an InfiniBand port fails its read by design (no netdev)
         quiet = kind == "ndevs" and str(e).startswith("cannot read it")
@@ -170,7 +179,7 @@ def qos_facts(name, qos_dir):
         if not os.path.lexists(path):
             return {}
         try:
-            return parse_mlnx_qos(read_limited_text(path, MAX_QOS, timeout_s=READ_TIMEOUT_S))
+            return parse_mlnx_qos(read_limited_text(path, MAX_QOS, timeout_s=READ_TIMEOUT_S))  # its own 2 s
         except UntrustedFileError as e:
             return {"qos_unreadable": f"{bounded_text(path, 160)}: {e}"}
     tool = shutil.which("mlnx_qos")
@@ -187,6 +196,14 @@ def qos_facts(name, qos_dir):
 def host_facts(sysfs_root="/sys", qos_dir=None, netdevs=None):
     """Everything `doctor` knows of one host: {"rdma": [...], "netdevs": {name: {...}},
     "problems": [what is there but is not what it should be]}."""
+    _budget.deadline = time.monotonic() + HOST_READ_BUDGET_S
+    try:
+        return _host_facts(sysfs_root, qos_dir, netdevs)
+    finally:
+        _budget.deadline = None
+
+
+def _host_facts(sysfs_root, qos_dir, netdevs):
     problems = []
     ports = rdma_ports(sysfs_root, problems)
     names, chosen = list(netdevs or ()), "config"

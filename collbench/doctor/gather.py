@@ -57,7 +57,7 @@ def _remote(cfg, host):
         return HostFacts(host, error=f"unreachable: ssh exit {r.returncode}: {why}")
     try:
         return HostFacts(host, json.loads(r.stdout[:MAX_ANSWER].decode("utf-8")))
-    except ValueError:
+    except (ValueError, RecursionError):     # RecursionError: nesting past Python's limit
         return HostFacts(host, error="its facts are not JSON (collbench missing or too old there?)")
 
 
