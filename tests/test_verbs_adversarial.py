@@ -271,6 +271,8 @@ DIAGNOSE = [
     Case("diagnose_since_empty", _diagnose("--since", ""), 2, want=("--since ''", "expected a duration")),
     Case("diagnose_since_non_ascii_digits", _diagnose("--since", "٣d"), 2, want=("--since",)),
     Case("diagnose_5000_character_path", _long_path, 2, check=_short_error),
+    Case("diagnose_since_5000_characters", _diagnose("--since", "7" * 5000 + "x"), 2, want=("--since",),
+         check=lambda out, err, ctx: len(err) < 600 or pytest.fail(f"{len(err)} characters: {err[:200]}")),
     Case("diagnose_latency_1e308_is_a_record", _diagnose(latencies=[12.0] * 20 + [1e308] * 20), 1,
          want=("1e+302 s",), check=_every_line_a_record),
 ]
