@@ -190,7 +190,7 @@ class MpiJob:
 _RANK_DIED = re.compile(r"noticed that process rank \d+ .*(exited|signal)|exited on signal \d+")
 # what the launcher (ssh, rsh) says when it cannot reach a host: the cause behind Open MPI's
 # "ORTE was unable to reliably start one or more daemons" and "does not know how to route" boxes
-_LAUNCH_FAILED = re.compile(r"^(?:ssh|rsh|bash|sh|srun|orted)\b.*:|Could not resolve hostname|Permission denied"
+_LAUNCH_FAILED = re.compile(r"^(?:ssh|rsh)\b.*:|^srun: error:|Could not resolve hostname|Permission denied"
                             r"|Host key verification failed|Connection (?:refused|timed out|closed)"
                             r"|No route to host|Name or service not known|command not found", re.I)
 # Open MPI's note that it aggregated its help messages: true of every failure, says nothing
