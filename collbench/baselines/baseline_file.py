@@ -24,13 +24,13 @@ import json
 import math
 import os
 import re
-import stat
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from collbench import __version__
 from collbench.atomic_file import write_output
+from collbench.bounded_file import UntrustedFileError, read_limited
 from collbench.bounded_repr import bounded_repr
 from collbench.errors import UserError
 from collbench.ops import OPS, get_op
@@ -300,15 +300,11 @@ def load(name_or_path, state_dir):
     if size > MAX_FILE_BYTES:
         raise UserError(f"baseline {path}: {size} bytes, over the {MAX_FILE_BYTES >> 20} MB limit")
     try:
-        # non-blocking and regular files only: a FIFO put in its place must not hang the reader
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise UserError(f"baseline {path}: not a regular file")
-            data = json.loads(f.read(MAX_FILE_BYTES + 1).decode("utf-8"), parse_constant=_no_constant,
-                              object_pairs_hook=_no_duplicate_keys)
-    except OSError as e:
-        raise UserError(f"baseline {path}: cannot read: {e.strerror}") from None
+        # the one bounded reader: regular files only (a FIFO put in its place must not hang it)
+        raw = read_limited(path, MAX_FILE_BYTES)
+        data = json.loads(raw.decode("utf-8"), parse_constant=_no_constant, object_pairs_hook=_no_duplicate_keys)
+    except UntrustedFileError as e:
+        raise UserError(f"baseline {path}: {e}") from None
     except UnicodeDecodeError:
         raise UserError(f"baseline {path}: not UTF-8 text") from None
     except (ValueError, RecursionError) as e:
