@@ -13,6 +13,7 @@ import os
 import sys
 
 from collbench import cli_values, engines, harness
+from collbench.bounded_repr import terminal_safe
 from collbench.config import apply_overrides, load_config
 from collbench.errors import UserError
 from collbench.locate.probes import MpiProber
@@ -114,15 +115,17 @@ def cmd_locate(args):
     if job.stopped:
         return job.exit_code
     doc = dict(result.to_dict(), hosts=hosts, op=args.op, size=format_size(steps[0].size_bytes), ratio=args.ratio)
+    # a probe's failure quotes what ssh and mpirun printed: shown, never obeyed by the terminal
+    # (JSON escapes control characters itself)
     if args.format == "json":
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     elif args.format == "csv":
-        sys.stdout.write(csv_text(CSV_COLUMNS, csv_rows(doc)))
-        print(f"collbench locate: {result.verdict}", file=out)
+        sys.stdout.write(terminal_safe(csv_text(CSV_COLUMNS, csv_rows(doc)), one_line=False))
+        print(f"collbench locate: {terminal_safe(result.verdict)}", file=out)
     else:
-        sys.stdout.write(table_text(doc))
+        sys.stdout.write(terminal_safe(table_text(doc), one_line=False))
     if failed is not None:
-        print(f"collbench locate: {result.verdict}", file=out)
+        print(f"collbench locate: {terminal_safe(result.verdict)}", file=out)
         return 1
     return 1 if result.culprit else 0
 
