@@ -1,7 +1,8 @@
 """The config's schema: every top-level key and section, declared once (SCHEMA). A plain key maps
 to (kind, default; None: not set), a section to its own schema; the loader walks this table."""
 
-from collbench.config.kinds import (BOOL, DOCTOR_HOSTS, DSCP, FRACTION, HOST_SOURCES, Kind, LINK_WIDTH, NETDEV_NAMES, NONNEG_FLOAT, NONNEG_SECONDS, PATH, PORT, POS_FLOAT,
+from collbench.config.kinds import (BOOL, DOCTOR_HOSTS, DSCP, FRACTION, HOST_SOURCES, Kind, LINK_WIDTH, NETDEV_NAMES,
+                                    NONNEG_FLOAT, NONNEG_SECONDS, PATH, PORT, POS_FLOAT,
                                     POS_INT, POS_SECONDS, RANKS, ROTATE_KEEP, SECONDS, SIZE, STR, STR_LIST,
                                     STR_MAP, TOP_K, NONNEG_INT, PRIORITIES, PRIORITY, choice)
 from collbench.engines import NAMES as ENGINE_NAMES
