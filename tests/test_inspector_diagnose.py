@@ -1,0 +1,99 @@
+"""`diagnose --inspector` (issue 29 item 3) without a testbed: a job's Inspector files (the
+stand-in writer) whose allreduce shifts up half-way, explained with the counters of a stress
+loop's results log that ran beside it (`--counters-from`): the host whose sender-side counter
+moved in the slow minutes only is named; a job with no shift names nobody; no counters source, a
+Prometheus that cannot be reached, or no Inspector record exit 2. The same with a real Prometheus
+and real congestion: tests/test_inspector_testbed_e2e.py."""
+
+import json
+import subprocess
+import sys
+
+from conftest import REPO
+from lab.inspector_writer import InspectorWriter
+
+from collbench.results.records import dumps
+
+T0 = 1_790_000_000.0
+HOSTS = ("h1", "h2", "h3", "h4")
+
+
+def collbench(*args):
+    return subprocess.run([sys.executable, "-m", "collbench", *args], capture_output=True, text=True, timeout=120,
+                          cwd=REPO)
+
+
+def job(tmp_path, slow_from=None, n=60):
+    """One AllReduce of 4 MB per second over 4 hosts (one rank each, verbose traces); from
+    collective `slow_from` on, 3x slower."""
+    d = tmp_path / "nccl-inspector-31"
+    d.mkdir()
+    writers = [InspectorWriter(str(d), h, 100 + r, shape="2.30", clock=lambda: T0 + n + 5) for r, h in enumerate(HOSTS)]
+    for sn in range(1, n + 1):
+        t = T0 + sn
+        for r, w in enumerate(writers):
+            us = (3000 if slow_from and sn >= slow_from else 1000) + 7 * ((sn * 3 + r) % 5)
+            start = int(t * 1e6)
+            w.record(comm_id="0xabcdef01234567", comm_name="dp", rank=r, n_ranks=4, nnodes=4, func="AllReduce",
+                     sn=sn, msg_bytes=4 << 20, exec_us=us,
+                     trace=dict(start_sn=1, stop_sn=2, start_ts=start, stop_ts=start + 5,
+                                kernels=[(3, 9, 8, start + 20, start + 20 + us, start + 20 + us)]))
+    for w in writers:
+        w.dump()
+    return d
+
+
+def stress_log(tmp_path, congested_from=None, n=60):
+    """A stress loop's results: one step every 2 s beside the job, each with the counters that
+    moved; h3's TCPDeliveredCE moves from `congested_from` on (its outgoing path marked), InCEPkts on
+    the receivers a little always."""
+    from collbench.config import load_config
+    from collbench.results.records import RunContext, result_record
+    ctx = RunContext(load_config(None), "builtin", "Open MPI 4.1.4")
+    lines = []
+    for i in range(n // 2 + 2):
+        t = T0 + 2 * i
+        rec = result_record(ctx, "allreduce", 1 << 20, "float", 500.0, 450.0, 550.0, 10, 2, ts=t + 2)
+        moved = {"h1|InCEPkts@netstat": 3, "h2|InCEPkts@netstat": 2}
+        if congested_from is not None and t >= T0 + congested_from:
+            moved.update({"h3|TCPDeliveredCE@netstat": 4000, "h4|InCEPkts@netstat": 3000, "h1|InCEPkts@netstat": 900})
+        rec.update(seq=i + 1, t_start=t, t_end=t + 2,
+                   congestion={"source": "engine", "t_start": t, "t_end": t + 2, "moved": moved})
+        lines.append(dumps(rec) + "\n")
+    p = tmp_path / "stress.jsonl"
+    p.write_text("".join(lines))
+    return p
+
+
+def test_a_shifted_job_names_the_host_whose_counters_moved_in_the_slow_minutes(tmp_path):
+    d = job(tmp_path, slow_from=35)
+    log = stress_log(tmp_path, congested_from=34)
+    r = collbench("diagnose", "--inspector", str(d), "--counters-from", str(log), "--format", "json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["regressions"] and doc["regressions"][0]["op"] == "allreduce", doc["regressions"]
+    top = doc["suspects"][0]
+    # h3's sender side and h4's receiver side both concentrate: the path h3 -> h4 (diagnose's rule)
+    assert top["cause"] == "congestion" and (top["host"], top["link"]) == (None, ["h3", "h4"]), doc["suspects"]
+    assert [(c["host"], c["counter"]) for c in top["evidence"]["counters"]] == \
+        [("h3", "TCPDeliveredCE"), ("h4", "InCEPkts")]
+    assert not [s for s in doc["suspects"] if s["host"] not in (None, "h3")]
+    assert "60 collective(s)" in r.stderr
+
+
+def test_a_steady_job_names_nobody_and_bad_sources_exit_2(tmp_path):
+    d = job(tmp_path)
+    log = stress_log(tmp_path, congested_from=34)
+    r = collbench("diagnose", "--inspector", str(d), "--counters-from", str(log), "--format", "json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["verdict"] == "no regression"
+    r = collbench("diagnose", "--inspector", str(d))
+    assert r.returncode == 2 and "--prometheus URL" in r.stderr
+    r = collbench("diagnose", "--inspector", str(d), "--prometheus", "http://127.0.0.1:9")
+    assert r.returncode == 2 and "cannot reach it" in r.stderr, r.stderr
+    r = collbench("diagnose", "--inspector", str(d), "--prometheus", "file:///etc/passwd")
+    assert r.returncode == 2 and "expected http(s)://HOST:PORT" in r.stderr, r.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = collbench("diagnose", "--inspector", str(empty), "--counters-from", str(log))
+    assert r.returncode == 2 and "no NCCL Inspector collective" in r.stderr, r.stderr
