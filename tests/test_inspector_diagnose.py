@@ -97,3 +97,59 @@ def test_a_steady_job_names_nobody_and_bad_sources_exit_2(tmp_path):
     empty.mkdir()
     r = collbench("diagnose", "--inspector", str(empty), "--counters-from", str(log))
     assert r.returncode == 2 and "no NCCL Inspector collective" in r.stderr, r.stderr
+
+
+def test_a_prometheus_answer_is_untrusted(tmp_path):
+    """What comes back from --prometheus is checked: not JSON, an error status, a wrong shape, values
+    that are not numbers, series without a host label -- each a clear exit 2 or skipped, never a
+    traceback; a good answer's counters are named as the engine names them."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from collbench.congestion.from_prometheus import Prometheus, PrometheusError
+    answers = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            path = self.path.split("?")[0]
+            body = answers.get(path, b"{}")
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        names = json.dumps({"status": "success", "data": ["collbench_netstat_tcp_delivered_ce_packets_total",
+                                                         "collbench_rdma_np_cnp_sent_total", "up"]}).encode()
+        answers["/api/v1/label/__name__/values"] = b"<html>not prometheus</html>"
+        try:
+            Prometheus(url).increases(T0, T0 + 10, 5)
+            raise AssertionError("no error")
+        except PrometheusError as e:
+            assert "not JSON" in str(e)
+        answers["/api/v1/label/__name__/values"] = names
+        answers["/api/v1/query_range"] = json.dumps({"status": "error", "errorType": "bad_data",
+                                                     "error": "parse error"}).encode()
+        try:
+            Prometheus(url).increases(T0, T0 + 10, 5)
+            raise AssertionError("no error")
+        except PrometheusError as e:
+            assert "bad_data: parse error" in str(e)
+        answers["/api/v1/query_range"] = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
+            {"metric": {"host": "h3", "device": "mlx5_0", "port": "1"}, "values": [[T0 + 5, "12.4"], [T0 + 10, "NaN"]]},
+            {"metric": {"device": "mlx5_0", "port": "1"}, "values": [[T0 + 5, "7"]]},          # no host: skipped
+            {"metric": {"host": "h4"}, "values": [[T0 + 5, "x"], "bad", [T0 + 10, "3"]]},
+            {"metric": {"host": "bad host!"}, "values": [[T0 + 5, "1"]]}]}}).encode()
+        got = Prometheus(url).increases(T0, T0 + 10, 5)
+        assert got[T0 + 5] == {"h3|TCPDeliveredCE@netstat": 12, "h3|np_cnp_sent@mlx5_0/1": 12}
+        # (the same answer for both metrics: an RDMA series without device and port names no port)
+        assert got[T0 + 10] == {"h4|TCPDeliveredCE@netstat": 3}
+        d = job(tmp_path)
+        answers["/api/v1/query_range"] = b"[" * 100000
+        r = collbench("diagnose", "--inspector", str(d), "--prometheus", url)
+        assert r.returncode == 2 and "not JSON" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    finally:
+        srv.shutdown()

@@ -123,3 +123,34 @@ def test_repeats_of_229_count_once_and_communicators_are_bounded(tmp_path, free_
         # communicator 0x1e: an allgather of 30 MB per rank, in the 16MB bucket
         assert sample(m, "collbench_inspector_ops", op="allgather", size="16MB", nranks="2", nodes="1",
                       comm_name="0x1e") == 1
+
+
+def test_prometheus_textfiles_are_read_when_they_change_and_forgotten_when_unlinked(tmp_path, free_port):
+    d = tmp_path / "prom"
+    d.mkdir()
+    w = InspectorWriter(str(d), "n7", 3, shape="2.30", prom=True, uuid="0a1b2c3d-0000-4000-8000-000000000001",
+                        job_id="12", clock=time.time)
+    w.path = str(tmp_path / "json-elsewhere.log")      # the JSON log out of the followed directory
+    for sn in (1, 2):
+        w.record(comm_id="0x9", comm_name="pp", rank=0, n_ranks=16, nnodes=2, func="Broadcast", sn=sn,
+                 msg_bytes=(3 << 20) + sn, exec_us=2000 + 100 * sn)
+    w.dump()
+    with ExporterProcess(["--counters-only", "--collectors", "netstat", "--inspector-dir", str(d)], free_port) as ex:
+        ex.wait_ready(timeout=60)
+        lab = dict(op="bcast", size="2MB", nranks="16", nodes="2", comm_name="pp")
+        # one bucket ("3-4MB": its lower bound 3 MB, the 2MB bucket), its mean 2150 us: one observation
+        m = scrape_when(ex, lambda m: sample(m, "collbench_inspector_ops", **lab) == 1)
+        assert sample(m, "collbench_inspector_latency_seconds", quantile="0.5", **lab) == pytest.approx(2150e-6)
+        assert sample(m, "collbench_inspector_slowest_host_latency_seconds", slowest_host="n7", **lab) is not None
+        m = ex.metrics()      # unchanged: not read again
+        assert sample(m, "collbench_inspector_ops", **lab) == 1
+        w.record(comm_id="0x9", comm_name="pp", rank=0, n_ranks=16, nnodes=2, func="Broadcast", sn=3,
+                 msg_bytes=3 << 20, exec_us=4000)
+        time.sleep(0.01)
+        w.dump()
+        m = scrape_when(ex, lambda m: sample(m, "collbench_inspector_ops", **lab) == 2)
+        assert sample(m, "collbench_inspector_latency_seconds", quantile="1", **lab) == pytest.approx(4000e-6)
+        w.finalize()       # the job's end: the plugin unlinks its Prometheus files
+        m = ex.metrics()
+        assert sample(m, "collbench_collector_success", collector="inspector") == 1
+        assert sample(m, "collbench_inspector_records_total") == 2
