@@ -79,6 +79,12 @@ def test_a_shifted_job_names_the_host_whose_counters_moved_in_the_slow_minutes(t
         [("h3", "TCPDeliveredCE"), ("h4", "InCEPkts")]
     assert not [s for s in doc["suspects"] if s["host"] not in (None, "h3")]
     assert "60 collective(s)" in r.stderr
+    # the same from the records `import nccl-inspector` wrote
+    results = tmp_path / "job.jsonl"
+    assert collbench("import", "nccl-inspector", str(d), "--results", str(results)).returncode == 0
+    r = collbench("diagnose", "--inspector", str(results), "--counters-from", str(log), "--format", "json")
+    assert r.returncode == 1 and "60 result record(s)" in r.stderr, r.stdout + r.stderr
+    assert json.loads(r.stdout)["suspects"][0]["link"] == ["h3", "h4"]
 
 
 def test_a_steady_job_names_nobody_and_bad_sources_exit_2(tmp_path):

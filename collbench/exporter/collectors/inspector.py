@@ -70,12 +70,22 @@ class _Series:
     """The window's observations of one series, and one change-point test per rank: ranks of one
     collective differ systematically (the early ranks wait for the late one), so each rank is
     tested against its own reference and the series is shifted when any rank is."""
-    __slots__ = ("obs", "detectors", "min_ratio")
+    __slots__ = ("obs", "detectors", "min_ratio", "bytes")
 
     def __init__(self, min_ratio):
-        self.obs = deque(maxlen=MAX_OBS)      # (ts, exec_us, busbw B/s or None, host, nbytes)
+        self.obs = deque()                    # (ts, exec_us, busbw B/s or None, host, nbytes), at most MAX_OBS
         self.detectors = {}                   # (host, rank) -> ShiftDetector
         self.min_ratio = min_ratio
+        self.bytes = 0                        # the bytes of obs: the communicator's traffic, kept as it goes
+
+    def append(self, o):
+        if len(self.obs) >= MAX_OBS:
+            self.popleft()
+        self.obs.append(o)
+        self.bytes += o[4]
+
+    def popleft(self):
+        self.bytes -= self.obs.popleft()[4]
 
     def test(self, host, rank, exec_us):
         det = self.detectors.get((host, rank))
@@ -227,7 +237,7 @@ class InspectorCollector(Collector):
                 return
             ser = self.series[labels] = _Series(self.min_ratio)
         _, busbw = get_op(op_name).bandwidth(size, nranks, exec_us)
-        ser.obs.append((ts, exec_us, busbw, host, get_op(op_name).data_bytes(size, nranks)))
+        ser.append((ts, exec_us, busbw, host, get_op(op_name).data_bytes(size, nranks)))
         ser.test(host, rank, exec_us)
 
     def _read_prom(self, path):
@@ -279,13 +289,13 @@ class InspectorCollector(Collector):
         traffic, rows = {}, []
         for labels, ser in list(self.series.items()):
             while ser.obs and ser.obs[0][0] < horizon:
-                ser.obs.popleft()
+                ser.popleft()
             if not ser.obs:
                 if not (ser.shift() or (False,))[0]:
                     del self.series[labels]
                 continue
             rows.append((labels, ser))
-            traffic[labels[4]] = traffic.get(labels[4], 0) + sum(o[4] for o in ser.obs)
+            traffic[labels[4]] = traffic.get(labels[4], 0) + ser.bytes
         keep = set(sorted(traffic, key=lambda c: (-traffic[c], c))[:self.top_k])
         lat = GaugeMetricFamily("collbench_inspector_latency_seconds",
                                 "Latency quantiles (0.5, 0.99, 1 = max) over exporter.inspector_window of the "
