@@ -99,14 +99,23 @@ def _int(d, key, where, lo=0, hi=MAX_BYTES):
     return v
 
 
+_CHECKED = set()      # (key, value) of strings already checked: hosts, ids, names repeat on every line
+MAX_CHECKED = 1 << 16
+
+
 def _str(d, key, where, pattern=None, maxlen=256, optional=False):
     v = d.get(key)
     if v is None and optional:
         return None
+    if type(v) is str and (key, v) in _CHECKED:
+        return v
     if not isinstance(v, str) or len(v) > maxlen or not v.isprintable() or \
             (pattern is not None and not pattern.fullmatch(v)):
         raise FormatError(f"{where}.{key}: expected {'a ' + pattern.pattern if pattern else 'a short string'}, "
                           f"got {_what(v)}")
+    if len(_CHECKED) >= MAX_CHECKED:
+        _CHECKED.clear()
+    _CHECKED.add((key, v))
     return v
 
 
@@ -174,18 +183,14 @@ def parse_line(line):
                           f"got {_what(timing)}")
     comm_name = _str(header, "comm_name", "header", maxlen=256, optional=True)
     return InspectorOp(
-        comm_id=_str(header, "id", "header", _COMM_ID), comm_name=comm_name, rank=rank, n_ranks=n_ranks,
-        nnodes=nnodes, version=_str(meta, "inspector_output_format_version", "metadata", maxlen=32),
-        git_rev=_str(meta, "git_rev", "metadata", maxlen=128) if meta.get("git_rev") != "" else "",
-        dump_us=_int(meta, "dump_timestamp_us", "metadata", hi=1 << 62),
-        hostname=_str(meta, "hostname", "metadata", _HOST), pid=_int(meta, "pid", "metadata", hi=1 << 32),
-        kind=kind, func=func, sn=_int(perf, f"{p}_sn", where, hi=1 << 62),
-        msg_bytes=_int(perf, f"{p}_msg_size_bytes", where), exec_us=_int(perf, f"{p}_exec_time_us", where, hi=MAX_US),
-        timing_source=timing, algbw_gbs=_gbs(perf, f"{p}_algobw_gbs", where),
-        busbw_gbs=_gbs(perf, f"{p}_busbw_gbs", where),
-        peer=_int(perf, "p2p_peer", where, 0, MAX_RANKS) if kind == "p2p" else None,
-        **dict(zip(("start_us", "stop_us", "kernel_start_us", "kernel_stop_us", "channels"),
-                   _trace(perf, p, where))))
+        _str(header, "id", "header", _COMM_ID), comm_name, rank, n_ranks, nnodes,
+        _str(meta, "inspector_output_format_version", "metadata", maxlen=32),
+        _str(meta, "git_rev", "metadata", maxlen=128), _int(meta, "dump_timestamp_us", "metadata", hi=1 << 62),
+        _str(meta, "hostname", "metadata", _HOST), _int(meta, "pid", "metadata", hi=1 << 32),
+        kind, func, _int(perf, f"{p}_sn", where, hi=1 << 62), _int(perf, f"{p}_msg_size_bytes", where),
+        _int(perf, f"{p}_exec_time_us", where, hi=MAX_US), timing, _gbs(perf, f"{p}_algobw_gbs", where),
+        _gbs(perf, f"{p}_busbw_gbs", where), _int(perf, "p2p_peer", where, 0, MAX_RANKS) if kind == "p2p" else None,
+        *_trace(perf, p, where))
 
 
 # ------------------------------------------------------------------ Prometheus textfiles
