@@ -178,7 +178,6 @@ def test_diagnose_inspector_with_prometheus_names_the_congested_host(bed, tmp_pa
         reader = threading.Thread(target=lambda: [stand_in.feed(line) for line in mpirun.stdout], daemon=True)
         reader.start()
         time.sleep(QUIET_S)
-        congested_at = time.time()
         testbed.ecn_mark(bed["dir"], {h2["alias"]: "256kbytes"})
         ns(h2, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", "200mbit", "burst", "64kb",
            "latency", "100ms", check=True)
@@ -215,7 +214,6 @@ def test_diagnose_inspector_with_prometheus_names_the_congested_host(bed, tmp_pa
         first = top["evidence"]["counters"][0]
         assert (first["host"], first["counter"]) == (h2["name"], "TCPDeliveredCE"), top["evidence"]
         assert not [s for s in doc["suspects"] if s["host"] not in (None, h2["name"])], named
-        assert congested_at > 0
     finally:
         if mpirun is not None and mpirun.poll() is None:
             stop_process(mpirun, timeout=10)

@@ -51,7 +51,7 @@ def load(paths):
     out = Loaded()
     found, errors = files.list_files(paths)
     out.errors += errors
-    ops, job_of_comm = [], {}
+    ops, job_of_comm, path_of = [], {}, {}
     for path in found:
         src = files.read_source(path)
         fs = FileSummary(path, job_id=src.job_id)
@@ -80,12 +80,13 @@ def load(paths):
             fs.verbose += op.start_us is not None
             fs.form = _newest(fs.form, _json_form(op))
             ops.append(op)
+            path_of[id(op)] = path
             if src.job_id:
                 job_of_comm.setdefault(op.comm_id, src.job_id)
     colls, out.p2p, out.duplicates = spread.join(ops)
     out.collectives = colls
     for c in colls.values():
-        rec = collective_record(c, job_of_comm.get(c.comm_id), _source(c, found))
+        rec = collective_record(c, job_of_comm.get(c.comm_id), os.path.abspath(path_of[id(c.first)]))
         if rec is None:
             out.skip(f"{c.func} (collbench has no such op)")
             continue
@@ -94,11 +95,6 @@ def load(paths):
         out.skip("point-to-point Send/Recv (collbench has no p2p op; read, not recorded)", len(out.p2p))
     out.records.sort(key=lambda r: (r["ts"], r.get("comm_id", ""), r.get("coll_sn", 0)))
     return out
-
-
-def _source(c, found):
-    """The file of the collective's lowest rank, when it came from one file."""
-    return os.path.abspath(found[0]) if len(found) == 1 else None
 
 
 ORDER = ("json-2.28", "json-2.28/2.29", "json-2.30+")
