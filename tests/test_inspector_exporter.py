@@ -6,6 +6,7 @@ spike), repeats counted once, the first dump's truncation and a new job's file r
 start, files deleted at the end forgotten, bad lines counted, series bounded to the top-k
 communicators by bytes."""
 
+import os
 import statistics
 import time
 
@@ -154,3 +155,27 @@ def test_prometheus_textfiles_are_read_when_they_change_and_forgotten_when_unlin
         m = ex.metrics()
         assert sample(m, "collbench_collector_success", collector="inspector") == 1
         assert sample(m, "collbench_inspector_records_total") == 2
+
+
+def test_a_large_log_found_mid_job_is_read_from_its_recent_end(tmp_path):
+    """The exporter started while a job had written more than START_BYTES: it reads the recent end,
+    starting at a line boundary (no bad line from the cut), and every line after."""
+    from collbench.exporter.collectors.inspector import START_BYTES, InspectorCollector
+    w = InspectorWriter(str(tmp_path), "n1", 9, shape="2.30", clock=time.time)
+    sn = 0
+    while not os.path.exists(w.path) or os.path.getsize(w.path) < START_BYTES + (1 << 20):
+        for _ in range(2000):
+            sn += 1
+            w.record(**ar(sn, 1000 + sn % 5))
+        w.dump()
+    lines = sum(1 for _ in open(w.path))
+    col = InspectorCollector(str(tmp_path), clock=time.time)
+    got = 0
+    for _ in range(10):
+        got += col.poll()
+    assert col.bad_lines == 0
+    tail_lines = sum(1 for _ in open(w.path, "rb").read()[-START_BYTES:].split(b"\n")[1:] if _)
+    assert got == tail_lines < lines
+    w.record(**ar(sn + 1, 1000))
+    w.dump()
+    assert col.poll() == 1

@@ -47,7 +47,8 @@ from collbench.sizes import format_size
 MAX_FILES = 4096
 MAX_SERIES = 4096
 MAX_OBS = 512            # per series: the window's quantiles are of at most the latest 512
-MAX_READ = 64 << 20      # bytes per scrape over all files
+MAX_READ = 8 << 20       # bytes per scrape over all files (~17,000 records: a scrape of a few seconds at most)
+START_BYTES = 8 << 20    # a log first seen larger than this is read from its last START_BYTES (the window's)
 MAX_PROM_BYTES = 16 << 20
 MAX_RANKS_TESTED = 64   # per series: the change-point tests of at most 64 ranks
 MAX_SEEN = 1 << 18       # (communicator, op, rank) -> latest sn, for the 2.28/2.29 repeats
@@ -60,10 +61,11 @@ def size_bucket(nbytes):
 
 
 class _Tail:
-    __slots__ = ("ident", "offset", "partial")
+    __slots__ = ("ident", "offset", "partial", "mid_line")
 
-    def __init__(self, ident):
-        self.ident, self.offset, self.partial = ident, 0, b""
+    def __init__(self, ident, offset=0):
+        self.ident, self.offset, self.partial = ident, offset, b""
+        self.mid_line = offset > 0       # started inside the file: its first line is a part
 
 
 class _Series:
@@ -177,7 +179,9 @@ class InspectorCollector(Collector):
             if tail is None or tail.ident != ident or st.st_size < tail.offset:
                 if tail is not None:
                     self.resets += 1               # truncated on the first dump, rewritten, replaced
-                tail = self._tails[path] = _Tail(ident)
+                    tail = self._tails[path] = _Tail(ident)
+                else:       # first seen (the exporter started during a job): its recent end only
+                    tail = self._tails[path] = _Tail(ident, max(0, st.st_size - START_BYTES))
             want = min(st.st_size - tail.offset, budget)
             if want <= 0:
                 return 0, 0
@@ -188,6 +192,12 @@ class InspectorCollector(Collector):
             os.close(fd)
         tail.offset += len(data)
         data = tail.partial + data
+        if tail.mid_line:
+            cut = data.find(b"\n")
+            if cut < 0:
+                tail.partial = b"" if len(data) > MAX_LINE else data
+                return 0, len(data)
+            data, tail.mid_line = data[cut + 1:], False
         lines = data.split(b"\n")
         tail.partial = lines.pop()
         if len(tail.partial) > MAX_LINE:
