@@ -132,6 +132,7 @@ def test_every_shape_one_record_per_collective_with_the_rank_spread(tmp_path, sh
     assert ("comm_name" in ar) == (shape == "2.30")
     ag = [r for r in recs if r["op"] == "allgather"][0]
     assert ag["size_bytes"] == 1 << 20      # per rank, as collbench's allgather
+    assert ar["transport"] == "unknown" and "transport" in ar["unknown"]
 
 
 def test_verbose_traces_name_the_rank_that_entered_last_and_p2p_is_counted(tmp_path):
@@ -190,8 +191,11 @@ def test_prometheus_textfiles_229_and_230(tmp_path):
 
 def test_report_and_baseline_read_the_imported_records(tmp_path):
     d = job(tmp_path, "2.30", steps=6)
-    recs, _ = records_of(tmp_path, d)
     results = tmp_path / "out.jsonl"
+    r = collbench("import", "nccl-inspector", str(d), "--results", str(results), "--transport", "ucx")
+    assert r.returncode == 0, r.stderr
+    recs = [json.loads(line) for line in results.read_text().splitlines()]
+    assert {r["transport"] for r in recs} == {"ucx"} and not [r for r in recs if "transport" in r["unknown"]]
     html = tmp_path / "r.html"
     r = collbench("report", str(results), "-o", str(html), "--no-peak")
     assert r.returncode == 0, r.stderr

@@ -36,6 +36,10 @@ def cmd_import_inspector(args):
             "; ".join(f"{terminal_safe(f.path)}:{ln}: {w}" for f in loaded.files for ln, w in f.bad[:2]) or \
             "no Inspector record"
         raise UserError(f"nothing to import from {len(loaded.files)} file(s): {why}")
+    if args.transport != "unknown":     # the job's transport, for baseline keys (the records cannot say)
+        for rec in loaded.records:
+            rec["transport"] = args.transport
+            rec["unknown"] = [u for u in rec.get("unknown", []) if u != "transport"]
     rows = [{"file": f.path, "form": f.form or "-", "job": f.job_id or "-", "lines": f.lines, "ops": f.ops,
              "p2p": f.p2p, "verbose": f.verbose, "bad_lines": f.bad_lines, "error": f.error or ""}
             for f in loaded.files]
