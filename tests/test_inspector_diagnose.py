@@ -159,3 +159,24 @@ def test_a_prometheus_answer_is_untrusted(tmp_path):
         assert r.returncode == 2 and "not JSON" in r.stderr and "Traceback" not in r.stderr, r.stderr
     finally:
         srv.shutdown()
+
+
+def test_against_a_baseline_of_the_job_on_a_good_day(tmp_path):
+    """--baseline: a baseline saved from a good day's imported records; a job slow all along (no
+    shift within it to find) regresses against it, and the counters name the path."""
+    (tmp_path / "good").mkdir()
+    good = job(tmp_path / "good")
+    results = tmp_path / "good.jsonl"
+    assert collbench("import", "nccl-inspector", str(good), "--results", str(results)).returncode == 0
+    state = tmp_path / "state"
+    r = collbench("baseline", "save", "good-day", "--from", str(results), "--state-dir", str(state))
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "bad").mkdir()
+    bad = job(tmp_path / "bad", slow_from=1)
+    log = stress_log(tmp_path, congested_from=0)
+    r = collbench("diagnose", "--inspector", str(bad), "--counters-from", str(log), "--baseline", "good-day",
+                  "--state-dir", str(state), "--format", "json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["method"] == "baseline" and doc["regressions"][0]["ratio"] > 2, doc["regressions"]
+    assert doc["suspects"][0]["link"] == ["h3", "h4"], doc["suspects"]

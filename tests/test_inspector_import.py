@@ -180,6 +180,17 @@ def test_prometheus_textfiles_229_and_230(tmp_path):
     w.dump()
     text = open(w.prom_path).read()
     assert 'message_size="8-9KB",algo_proto="RING_LL"} 1100\n' in text and "# " not in text
+    # the RCCL fork's form: HELP/TYPE lines, a `cluster` label, its counters (known, not read)
+    rccl = tmp_path / "rccl.prom"
+    rccl.write_text("# HELP nccl_bus_bandwidth_gbs RCCL collective bus bandwidth in GB/s\n"
+                    "# TYPE nccl_bus_bandwidth_gbs gauge\n"
+                    + text.replace('version="v5.1",', 'version="v5.1",cluster="mi300",')
+                    + 'nccl_collectives_total{version="v5.1",slurm_job_id="77",node="n1",gpu="GPU0"} 3\n')
+    recs, _ = records_of(tmp_path, rccl)
+    assert [(r["op"], r["latency_avg_us"]) for r in recs] == [("allreduce", 1100.0)]
+    r = collbench("import", "nccl-inspector", str(rccl), "--format", "json")
+    (summary,) = json.loads(r.stdout)
+    assert (summary["form"], summary["bad_lines"], summary["p2p"]) == ("prom-2.30", 0, 1), summary
     recs, out = records_of(tmp_path, w.prom_path)
     assert "prom-2.30" in out
     (r,) = recs

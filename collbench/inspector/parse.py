@@ -204,6 +204,9 @@ PROM_COLL_229 = {"nccl_algorithm_bandwidth_gbs": "algbw", "nccl_bus_bandwidth_gb
 PROM_230 = {"nccl_bus_bandwidth_gbs": ("coll", "busbw"), "nccl_collective_exec_time_microseconds": ("coll", "exec_us"),
             "nccl_p2p_bus_bandwidth_gbs": ("p2p", "busbw"), "nccl_p2p_exec_time_microseconds": ("p2p", "exec_us")}
 MAX_PROM_SAMPLES = 1 << 20
+# the RCCL port's fork (ravel7525/rocm-systems) adds these opt-in counters beside the samples: known, not read
+PROM_COUNTERS_RCCL = {"nccl_collectives_total", "nccl_collectives_dropped_total", "nccl_p2p_total",
+                      "nccl_p2p_dropped_total"}
 
 
 class PromCollective(NamedTuple):
@@ -323,6 +326,8 @@ def parse_prom(text):
             bad.append((n, "not a `name{labels} value` sample"))
             continue
         name, where = m.group(1), f"line {n}"
+        if name in PROM_COUNTERS_RCCL:
+            continue
         try:
             labels = _labels(m.group(2), where)
             value = _value(m.group(3), where)
