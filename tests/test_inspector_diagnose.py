@@ -85,6 +85,11 @@ def test_a_shifted_job_names_the_host_whose_counters_moved_in_the_slow_minutes(t
     r = collbench("diagnose", "--inspector", str(results), "--counters-from", str(log), "--format", "json")
     assert r.returncode == 1 and "60 result record(s)" in r.stderr, r.stdout + r.stderr
     assert json.loads(r.stdout)["suspects"][0]["link"] == ["h3", "h4"]
+    # the plugin's lines in a .jsonl file (as perf_summary_exporter globs them) are read as Inspector lines
+    lines = tmp_path / "all-ranks.jsonl"
+    lines.write_text("".join(p.read_text() for p in sorted(d.glob("*.log"))))
+    r = collbench("diagnose", "--inspector", str(lines), "--counters-from", str(log), "--format", "json")
+    assert r.returncode == 1 and "1 Inspector file(s), 60 collective(s)" in r.stderr, r.stdout + r.stderr
 
 
 def test_a_steady_job_names_nobody_and_bad_sources_exit_2(tmp_path):

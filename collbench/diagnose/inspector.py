@@ -32,8 +32,7 @@ def _records(paths):
     from collbench.results.file_reader import ResultsInput
     inspector_paths, results_paths = [], []
     for p in paths:
-        base = p[:-3] if p.endswith(".gz") else p
-        (results_paths if os.path.isfile(p) and not base.endswith((".log", ".prom")) else inspector_paths).append(p)
+        (results_paths if _results_file(p) else inspector_paths).append(p)
     records, bad, read = [], 0, []
     if inspector_paths:
         loaded = load(inspector_paths)
@@ -57,6 +56,19 @@ def _records(paths):
         bad += src.bad_lines
         read.append(f"{len(got)} result record(s) from {len(src.paths)} results file(s)")
     return records, "; ".join(read), bad
+
+
+def _results_file(path):
+    """A collbench results file (not the plugin's): a regular file, not .gz, .log or .prom, whose
+    first line is not an Inspector record (the plugin's JSON lines open with "header")."""
+    if not os.path.isfile(path) or path.endswith((".gz", ".log", ".prom")):
+        return False
+    try:
+        with open(path, "rb") as f:     # a regular file (checked): 4 KB read, whatever its size
+            head = f.read(4096)
+    except OSError:
+        return True                     # the results reader names the file and why
+    return not head.lstrip().startswith(b'{"header"')
 
 
 def _when(rec):
