@@ -21,7 +21,9 @@
 #   outputs go there when set), GPU_CHECK_MPI=0 (build and run without MPI even when one is
 #   installed), GPU_CHECK_GPUS (the GPU count, only to try the script on stand-ins:
 #   GPU_CHECK_GPUS=2 scripts/gpu_check.sh --bin tests/nccl_tests_standin), GPU_CHECK_BLOCKS (compare's
-#   blocks, default 5: fewer cannot prove a choice at 95 %).
+#   blocks, default 5: fewer cannot prove a choice at 95 %), GPU_CHECK_INSPECTOR_SRC (an NVIDIA/nccl
+#   checkout's Inspector plugin folder: build it, run all_reduce_perf with it, import and serve its
+#   files; unset: that part is skipped and says so).
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -240,10 +242,67 @@ cat "$WORK/replay.txt"
 echo "exit $REPLAY_RC"
 head -2 "$WORK/replay.jsonl" 2>/dev/null
 
+# the NCCL Inspector plugin (docs/INSPECTOR.md): built from an NVIDIA/nccl checkout's plugin folder
+# (GPU_CHECK_INSPECTOR_SRC: plugins/profiler/inspector, or ext-profiler/inspector before 2.29.7)
+# against this NCCL, run with all_reduce_perf in JSON mode (verbose) and Prometheus mode (its
+# files are unlinked at the end: copied while it runs), then imported and served by collbench.
+# Not run yet on a GPU when it was written (issue 29 item 5): read its output with care.
+INSPECTOR_RC=skipped
+if [ -n "${GPU_CHECK_INSPECTOR_SRC:-}" ]; then
+    say "build the NCCL Inspector plugin ($GPU_CHECK_INSPECTOR_SRC)"
+    make -C "$GPU_CHECK_INSPECTOR_SRC" -j"$JOBS" CUDA_HOME="$CUDA_HOME" NCCL_HOME="$NCCL_ROOT" \
+        > "$WORK/inspector-build.log" 2>&1
+    rc=$?
+    tail -5 "$WORK/inspector-build.log"
+    PLUGIN="$(ls "$GPU_CHECK_INSPECTOR_SRC"/libnccl-profiler-inspector.so 2>/dev/null | head -1)"
+    INSPECTOR_RC=1
+    if [ $rc -eq 0 ] && [ -n "$PLUGIN" ]; then
+        for mode in json prom; do
+            D="$WORK/inspector-$mode"
+            rm -rf "$D" "$D-kept" && mkdir -p "$D" "$D-kept"
+            interval=100000; prom=0
+            [ "$mode" = prom ] && interval=30000000 && prom=1
+            say "all_reduce_perf with the Inspector ($mode, verbose, dump every $interval us)"
+            NCCL_PROFILER_PLUGIN="$PLUGIN" NCCL_INSPECTOR_ENABLE=1 NCCL_INSPECTOR_DUMP_DIR="$D" \
+                NCCL_INSPECTOR_DUMP_VERBOSE=1 NCCL_INSPECTOR_PROM_DUMP=$prom \
+                NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS=$interval \
+                timeout 300 "${LAUNCH[@]}" "$BIN/all_reduce_perf" -b 64K -e 64M -f 4 -g 1 -n 2000 -w 5 \
+                > "$D.out" 2>&1 &
+            pid=$!
+            while kill -0 $pid 2>/dev/null; do cp -f "$D"/* "$D-kept/" 2>/dev/null; sleep 1; done
+            wait $pid
+            echo "exit $?"
+            tail -5 "$D.out"
+            ls -la "$D-kept"
+            head -c 2000 "$D-kept"/* 2>/dev/null; echo
+        done
+        say "collbench import nccl-inspector (the plugin's own files)"
+        (cd "$REPO" && "$PYTHON" -m collbench import nccl-inspector "$WORK/inspector-json-kept" \
+            "$WORK/inspector-prom-kept" --results "$WORK/inspector.jsonl")
+        INSPECTOR_RC=$?
+        echo "exit $INSPECTOR_RC"
+        head -2 "$WORK/inspector.jsonl" 2>/dev/null
+        say "collbench exporter --inspector-dir (one scrape)"
+        port=$(( 20000 + RANDOM % 20000 ))
+        (cd "$REPO" && "$PYTHON" -m collbench exporter --counters-only --collectors netstat \
+            --listen "127.0.0.1:$port" --inspector-dir "$WORK/inspector-json-kept") > "$WORK/exporter.log" 2>&1 &
+        epid=$!
+        sleep 5
+        "$PYTHON" -c "import urllib.request,sys; t=urllib.request.urlopen(sys.argv[1]).read().decode(); \
+print('\n'.join(l for l in t.splitlines() if l.startswith('collbench_inspector'))[:6000])" \
+            "http://127.0.0.1:$port/metrics" || INSPECTOR_RC=1
+        kill $epid 2>/dev/null; wait $epid 2>/dev/null
+    fi
+fi
+
 if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
     cp -f "$RAW" "$CFG" "$RESULTS" "$WORK/imported.jsonl" "$WORK/compare.txt" "$WORK/compare.jsonl" \
         "$ENVFILE" "$WORK/replay.txt" "$WORK/replay.jsonl" "$OUT/" 2>/dev/null
     [ -f "$WORK/build.log" ] && tail -200 "$WORK/build.log" > "$OUT/build.log.tail"
+    for d in inspector-json-kept inspector-prom-kept; do
+        [ -d "$WORK/$d" ] && mkdir -p "$OUT/$d" && cp -f "$WORK/$d"/* "$OUT/$d/" 2>/dev/null
+    done
+    cp -f "$WORK/inspector.jsonl" "$OUT/" 2>/dev/null
 fi
-say "done: once exit $ONCE_RC, import exit $IMPORT_RC, compare exit $COMPARE_RC, replay exit $REPLAY_RC"
+say "done: once exit $ONCE_RC, import exit $IMPORT_RC, compare exit $COMPARE_RC, replay exit $REPLAY_RC, inspector $INSPECTOR_RC"
 [ $ONCE_RC -eq 0 ] && [ $IMPORT_RC -eq 0 ] && [ $COMPARE_RC -eq 0 ] && [ $REPLAY_RC -eq 0 ]

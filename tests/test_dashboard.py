@@ -35,7 +35,10 @@ KNOWN_METRICS = re.compile(
     r"baseline_latency_seconds|baseline_busbw_bytes_per_second|"
     r"rdma_\w+_total|ethtool_pause_frames_total|ethtool_pause_duration_seconds_total|"
     r"ethtool_pause_ctrl_frames_total|ethtool_rx_discards_phy_total|ethtool_pause_storm_warning_events_total|"
-    r"ethtool_pause_storm_error_events_total|netstat_ip_in_(ce|ect0|ect1|noect)_packets_total)|"
+    r"ethtool_pause_storm_error_events_total|netstat_ip_in_(ce|ect0|ect1|noect)_packets_total|"
+    # the inspector collector (NCCL Inspector records of a production job)
+    r"inspector_(latency_seconds|busbw_bytes_per_second|slowest_host_latency_seconds|latency_shift|"
+    r"newest_record_age_seconds))|"
     # the recording rules of prometheus/collbench-rules.yml (collbench rules)
     r"collbench:(pause|xmit_wait)_lost_link_time:ratio|"
     r"mpi_stress_test_running|mpi_stress_test_iteration|mpi_benchmark_last_update_timestamp|"
@@ -262,8 +265,18 @@ def without_added(d):
     """The dashboard as it was before the per-host row: that row and the host variable taken out,
     the panels after it moved up and renumbered as they were."""
     d = json.loads(json.dumps(d))
+    for row in (INSPECTOR_ROW, ADDED_ROW):
+        _without_row(d, row)
+    d["templating"]["list"] = [v for v in d["templating"]["list"] if v["name"] not in ADDED_VARIABLES]
+    return d
+
+
+INSPECTOR_ROW = "Production job (NCCL Inspector)"   # added after the per-host row (issue 29)
+
+
+def _without_row(d, title):
     panels = d["panels"]
-    start = next((i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == ADDED_ROW), None)
+    start = next((i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == title), None)
     if start is not None:
         end = next((i for i in range(start + 1, len(panels)) if panels[i]["type"] == "row"), len(panels))
         removed = panels[start:end]
@@ -272,8 +285,7 @@ def without_added(d):
             p["gridPos"]["y"] -= height
             p["id"] -= len(removed)
         d["panels"] = panels[:start] + panels[end:]
-    d["templating"]["list"] = [v for v in d["templating"]["list"] if v["name"] not in ADDED_VARIABLES]
-    return d
+    return d["panels"]
 
 
 def test_the_per_host_congestion_row_is_what_was_added():
@@ -281,7 +293,7 @@ def test_the_per_host_congestion_row_is_what_was_added():
     titles = [p["title"] for p in now["panels"]]
     start = titles.index(ADDED_ROW)
     assert titles[start + 1:start + 1 + len(ADDED_PANELS)] == list(ADDED_PANELS)
-    assert titles[start + 1 + len(ADDED_PANELS)] == "Reference"
+    assert titles[start + 1 + len(ADDED_PANELS)] in ("Reference", INSPECTOR_ROW)
     for p in now["panels"][start + 1:start + 1 + len(ADDED_PANELS)]:
         assert [t["expr"] for t in p["targets"]] == ADDED_PANELS[p["title"]], p["title"]
         assert "{{host}}" in p["targets"][0]["legendFormat"]

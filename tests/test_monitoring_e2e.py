@@ -137,6 +137,8 @@ def write_config(path, state_dir, exporter_port, low=False):
             "ethtool": str(FIXTURES / "ethtool" / "fake_ethtool"),
             # saved by the fixture from this run's first results (the exporter picks it up when it appears)
             "baseline": str(path.parent / "baseline.json"),
+            # a production job's NCCL Inspector files (inspector_job): the dashboard's Inspector row
+            "inspector_dir": str(path.parent / "inspector"),
         },
         # 3 evaluations: no one-scrape blips. The baseline here feeds the "vs baseline" panels; the
         # regression alert is proven in test_baseline_alert_e2e.py, so its ratio is out of reach here
@@ -158,6 +160,18 @@ def write_config(path, state_dir, exporter_port, low=False):
     return path
 
 
+def inspector_job(directory):
+    """A production job's Inspector log (the stand-in writer, lab/inspector_writer.py): 20 allreduces
+    of one communicator, enough for the exporter's change-point test to report."""
+    from lab.inspector_writer import InspectorWriter
+    directory.mkdir(exist_ok=True)
+    w = InspectorWriter(str(directory), "node1", 4242, shape="2.30")
+    for sn in range(1, 21):
+        w.record(comm_id="0x2a2a2a2a2a2a2a", comm_name="dp", rank=0, n_ranks=8, nnodes=2, func="AllReduce", sn=sn,
+                 msg_bytes=4 << 20, exec_us=900 + sn % 3)
+    w.dump()
+
+
 def collbench(*args, timeout=120):
     res = subprocess.run([sys.executable, "-m", "collbench", *args], capture_output=True, text=True,
                          timeout=timeout, cwd=REPO)
@@ -174,6 +188,7 @@ def stack(tmp_path_factory):
     exporter_port, prom_port, am_port = free_port(), free_port(), free_port()
     cfg = write_config(tmp / "normal.yaml", state, exporter_port)
     cfg_low = write_config(tmp / "low.yaml", state, exporter_port, low=True)
+    inspector_job(tmp / "inspector")
     rules = tmp / "collbench-rules.yml"
     collbench("rules", "--config", str(cfg), "-o", str(rules))
 

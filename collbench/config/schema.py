@@ -43,6 +43,9 @@ EXPORTER_SCHEMA = {
     "max_series": (POS_INT, 10000),          # result series kept per metric family; more are dropped and counted
     "congestion_top_k": (TOP_K, 3),          # collbench_step_congestion_top: hosts per op and size
     "baseline": (STR, None),                 # baseline NAME (in state_dir) or PATH.json: collbench_baseline_* series
+    "inspector_dir": (PATH, None),           # the NCCL Inspector's dump dir on this host (docs/INSPECTOR.md)
+    "inspector_window": (POS_SECONDS, 300.0),  # collbench_inspector_*: quantiles over this window
+    "inspector_top_k": (POS_INT, 20),        # communicators exported (most bytes in the window); the rest counted
 }
 # the congestion counters read around every step (collbench/congestion, docs/CONGESTION.md)
 CONGESTION_SCHEMA = {

@@ -41,6 +41,16 @@ def register(subparsers):
                         "without it, a regression is a persistent shift within each series")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table",
                    help="output format (csv: the suspects)")
+    # a production job's NCCL Inspector records (diagnose/inspector.py, docs/INSPECTOR.md)
+    p.add_argument("--inspector", action="append", metavar="DIR|RESULTS",
+                   help="diagnose a job's NCCL Inspector records (its dump directory or files, or results of "
+                        "`import nccl-inspector`) with the hosts' counters of --prometheus or --counters-from")
+    p.add_argument("--prometheus", metavar="URL", help="with --inspector: the Prometheus that scrapes the per-host "
+                   "counters exporters (range queries of each counter's increase per host)")
+    p.add_argument("--counters-from", metavar="RESULTS", action="append",
+                   help="with --inspector: the results log of the stress loop that ran beside the job")
+    p.add_argument("--step", type=float, default=5.0, metavar="SECONDS",
+                   help="with --prometheus: the interval the counters' increase is read over (default 5)")
     p.set_defaults(func=cmd_diagnose)
 
 
@@ -149,9 +159,9 @@ def cmd_diagnose(args):
     from collbench.diagnose import output
     since = parse_since(args.since, time.time()) if args.since is not None else None
     paths = args.results
-    need_state = not paths or args.baseline
+    need_state = (not paths and not args.inspector) or args.baseline
     state = _state_dir(args) if need_state else None
-    if not paths:
+    if not paths and not args.inspector:
         if not os.path.isfile(os.path.join(state, "results.jsonl")):
             raise UserError(f"no RESULTS given and the state directory {state} has no results.jsonl "
                             "(name results files, or the stress state directory with --state-dir)")
@@ -160,8 +170,16 @@ def cmd_diagnose(args):
     if args.baseline:
         from collbench.baselines import baseline_file
         baseline = baseline_file.load(args.baseline, state)
-    d, source = diagnose(paths, baseline, since)
-    print(f"collbench: {source.summary_line()}", file=sys.stderr)
+    if args.inspector:
+        from collbench.diagnose.inspector import diagnose_inspector
+        if not 0.5 <= args.step <= 3600:
+            raise UserError(f"--step: expected 0.5 to 3600 seconds, got {args.step:g}")
+        d, summary = diagnose_inspector(args.inspector + list(args.results or []), args.prometheus,
+                                        args.counters_from, baseline, args.step)
+        print(f"collbench: {summary}", file=sys.stderr)
+    else:
+        d, source = diagnose(paths, baseline, since)
+        print(f"collbench: {source.summary_line()}", file=sys.stderr)
     if args.format == "json":
         text = output.json_text(d)
     elif args.format == "csv":

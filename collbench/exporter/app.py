@@ -29,6 +29,7 @@ from collbench.exporter.collectors import CollectorSet, DeviceFilter
 from collbench.exporter.collectors.baseline import BaselineCollector
 from collbench.exporter.collectors.congestion_top import CongestionTopCollector
 from collbench.exporter.collectors.ethtool import EthtoolCollector
+from collbench.exporter.collectors.inspector import InspectorCollector
 from collbench.exporter.collectors.latency_shift import LatencyShiftCollector
 from collbench.exporter.collectors.legacy import LegacyCollector
 from collbench.exporter.collectors.netstat import NetstatCollector
@@ -51,6 +52,10 @@ COLLECTORS = {
                                                            ex.clock),
     "latency_shift": lambda ex, _: LatencyShiftCollector(ex.state, ex.clock,
                                                          getattr(ex.settings, "shift_ratio", MIN_RATIO)),
+    "inspector": lambda ex, _: InspectorCollector(getattr(ex.settings, "inspector_dir", None),
+                                                  getattr(ex.settings, "inspector_window", 300.0),
+                                                  getattr(ex.settings, "inspector_top_k", 20), ex.clock,
+                                                  getattr(ex.settings, "shift_ratio", MIN_RATIO)),
 }
 BACKFILL_BYTES = 8 << 20    # ~14000 records: 15 min of a busy plan is ~700
 STALL_POLLS = 5             # /health: unhealthy after this many poll intervals without a poll
@@ -71,7 +76,10 @@ class Exporter:
         self.counters_only = bool(getattr(settings, "counters_only", False))
         self.tailer = None if self.counters_only else LogTailer(settings.results_log, on_bad_line=self.state.bad_line)
         dev_filter = DeviceFilter(settings.device_include, settings.device_exclude)
-        built = [COLLECTORS[name](self, dev_filter) for name in settings.collectors]
+        names = list(settings.collectors)
+        if getattr(settings, "inspector_dir", None) and "inspector" not in names:
+            names.append("inspector")      # exporter.inspector_dir set: follow the job's Inspector files
+        built = [COLLECTORS[name](self, dev_filter) for name in names]
         if settings.legacy_metrics:
             built.append(LegacyCollector(self.state, settings.state_dir, clock))
         if getattr(settings, "baseline", None):   # exporter.baseline / --baseline

@@ -64,6 +64,8 @@ def register(subparsers):
     p.add_argument("--baseline", metavar="NAME|PATH",
                    help="serve this baseline (collbench baseline save) as collbench_baseline_* beside the live "
                         "series: a name in the state directory or a path ending in .json")
+    p.add_argument("--inspector-dir", metavar="DIR",
+                   help="follow a job's NCCL Inspector files in DIR (exporter.inspector_dir; docs/INSPECTOR.md)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=run)
 
@@ -82,12 +84,13 @@ def exporter_settings(args):
              "tls_cert": args.tls_cert, "tls_key": args.tls_key, "basic_auth_user": args.basic_auth_user,
              "basic_auth_password_file": args.basic_auth_password_file, "sysfs_root": args.sysfs_root,
              "procfs_root": args.procfs_root, "ethtool": args.ethtool,
-             "device_include": args.device_include, "device_exclude": args.device_exclude}
+             "device_include": args.device_include, "device_exclude": args.device_exclude,
+             "inspector_dir": args.inspector_dir}
     for key, value in flags.items():
         if value is not None:
             ex[key] = flag_path(value) if key in (
                 "results_log", "tls_cert", "tls_key", "basic_auth_password_file",
-                "sysfs_root", "procfs_root") else value
+                "sysfs_root", "procfs_root", "inspector_dir") else value
     if args.max_age is not None:
         ex["max_age"] = check_flag("--max-age", POS_FLOAT, args.max_age)
     if args.poll_interval is not None:

@@ -22,7 +22,7 @@ from collbench.ops import OPS
 from collbench.results.records import dumps
 from collbench.tables import Column, render
 
-KINDS = ("nccl-tests", "osu")
+KINDS = ("nccl-tests", "osu", "nccl-inspector")   # nccl-inspector: inspector.py
 COLUMNS = (Column("file", align="left"), Column("form", align="left"), Column("op", align="left"),
            Column("engine", align="left"), Column("ranks"), Column("hosts", align="left"),
            Column("records"), Column("skipped", align="left"), Column("bad_lines", "bad lines"),
@@ -54,6 +54,9 @@ def register(subparsers):
 
 
 def cmd_import(args):
+    if args.kind == "nccl-inspector":   # files and directories of the NCCL Inspector plugin
+        from collbench.import_results.inspector import cmd_import_inspector
+        return cmd_import_inspector(args)
     if args.ranks is not None and not 1 <= args.ranks <= 2**31 - 1:
         raise UserError(f"--ranks: expected a whole number >= 1, got {args.ranks}")
     if not args.transport or len(args.transport) > 64 or not args.transport.isprintable():

@@ -394,6 +394,41 @@ def hosts_congestion_row(cfg):
     ])
 
 
+def inspector_row(cfg):
+    """A production job's collectives (NCCL Inspector records, the exporters' inspector collector;
+    docs/INSPECTOR.md) beside the stress loop's: per op, size bucket and communicator."""
+    h = f'{{{HOST_SEL},op=~"$op"}}'
+    by = "op, size, comm_name"
+    return Row("Production job (NCCL Inspector)", [
+        Panel("Job collective latency p99", "timeseries",
+              [Target(f'max by ({by}) (collbench_inspector_latency_seconds{{{HOST_SEL},op=~"$op",quantile="0.99"}})',
+                      "{{op}} {{size}} {{comm_name}}")],
+              "The 99th percentile over exporter.inspector_window of the job's per-rank collective times (the "
+              "Inspector's coll_exec_time_us), the highest over hosts. Sizes are collbench's (bytes per rank), in "
+              "power-of-two buckets.", unit="s", log_scale=True, width=12),
+        Panel("Job bus bandwidth", "timeseries",
+              [Target(f"min by ({by}) (collbench_inspector_busbw_bytes_per_second{h})", "{{op}} {{size}} {{comm_name}}")],
+              "Median busbw of the job's collectives (collbench's bus factors), the lowest over hosts: compare with "
+              "the stress loop's bandwidth above.", unit="Bps", width=12),
+        Panel("Slowest host per collective", "timeseries",
+              [Target(f"topk({TOP_K}, max by ({by}, slowest_host) (collbench_inspector_slowest_host_latency_seconds{h}))",
+                      "{{slowest_host}}: {{op}} {{size}} {{comm_name}}")],
+              "The median time of the host whose ranks are slowest, per collective (a rank that waits in the kernel "
+              "for a late peer is slow too: `collbench import nccl-inspector` names the rank the others waited for).",
+              unit="s", width=8),
+        Panel("Job latency shift", "stat",
+              [Target(f"max by ({by}) (collbench_inspector_latency_shift{h})", "{{op}} {{size}} {{comm_name}}")],
+              "1: the collective's latency shifted up and stayed up (the change-point test of the stress loop's "
+              "shift panel); CollbenchInspectorLatencyShift names the suspect host.",
+              mappings=[(0, "steady", GREEN), (1, "shifted", RED)], width=8),
+        Panel("Age of the newest Inspector record", "stat",
+              [Target(f"max by (host) (collbench_inspector_newest_record_age_seconds{{{HOST_SEL}}})", "{{host}}")],
+              "Seconds since the newest record was dumped, per host: grows when the job stopped or the plugin's dump "
+              "thread is off (NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS).", unit="s",
+              thresholds=[(None, GREEN), (300, YELLOW)], width=8),
+    ])
+
+
 def reference_text(cfg):
     lines = ["#### What each collective means for training", "",
              "| Op | Training use | busbw factor |", "|---|---|---|"]
@@ -421,7 +456,7 @@ def rows(cfg, legacy):
         return [status_row(cfg, True), key_latency_row(cfg, True), latency_row(True),
                 congestion_row(cfg), reference_row(cfg)]
     return [status_row(cfg, False), key_latency_row(cfg, False), latency_row(False), baseline_row(cfg),
-            bandwidth_row(cfg), congestion_row(cfg), hosts_congestion_row(cfg), reference_row(cfg)]
+            bandwidth_row(cfg), congestion_row(cfg), hosts_congestion_row(cfg), inspector_row(cfg), reference_row(cfg)]
 
 
 # ---------------------------------------------------------------- Grafana, through the SDK

@@ -32,6 +32,9 @@ LOST_TIME_WINDOW = "1m"
 PAUSE_LOST_TIME = "collbench:pause_lost_link_time:ratio"
 XMIT_WAIT_LOST_TIME = "collbench:xmit_wait_lost_link_time:ratio"
 SHIFT_TOP_HOST = "collbench:latency_shift:top_host"   # the shift joined with its top congested host
+# per host, the sender side of ECN (RoCE CNPs handled, else TCP's CE echoes): the host whose
+# outgoing path is marked; names the suspect of CollbenchInspectorLatencyShift
+SENDER_CONGESTION = "collbench:host_sender_congestion:rate"
 _PROM_DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
 
 HEADER = """\
@@ -292,6 +295,34 @@ def shift_rules(for_):
     ]
 
 
+def inspector_rules(for_):
+    """CollbenchInspectorLatencyShift: a production job's collective (the exporter's inspector
+    collector, NCCL Inspector records: collbench_inspector_latency_shift, the same change-point
+    test) shifted up and stayed up; the alert names the host whose sender-side congestion counters
+    (SENDER_CONGESTION) move fastest now, from the per-host counters exporters."""
+    by = "op, size, nranks, nodes, comm_name"
+    shifted = f"max by ({by}) (collbench_inspector_latency_shift) == 1"
+    w = RATE_WINDOW
+    return [
+        {"record": SENDER_CONGESTION,
+         "expr": f"sum by (host) (rate(collbench_rdma_rp_cnp_handled_total[{w}])) "
+                 f"or sum by (host) (rate(collbench_netstat_tcp_delivered_ce_packets_total[{w}]))"},
+        {"alert": "CollbenchInspectorLatencyShift",
+         "expr": f"(({shifted}) + on () group_left (host) (0 * topk(1, {SENDER_CONGESTION} > 0))) "
+                 f"or on ({by}) ({shifted})",
+         "for": for_,
+         "labels": {"severity": "warning"},
+         "annotations": {
+             "summary": ("production job: {{ $labels.op }} {{ $labels.size }} on communicator {{ $labels.comm_name }} "
+                         "({{ $labels.nranks }} ranks, {{ $labels.nodes }} nodes) shifted up and stayed up; suspect "
+                         "host: {{ if $labels.host }}{{ $labels.host }} (its sender-side ECN counters move fastest)"
+                         "{{ else }}none (no sender-side congestion counter moves){{ end }}; run `collbench diagnose "
+                         "--inspector DIR --prometheus URL` for the cause"),
+             "runbook_url": RUNBOOK,
+         }},
+    ]
+
+
 def build_rules(cfg, to_nodes=None, to_gbps=None):
     """The rules document (a dict) for a loaded config."""
     alerts = cfg.alerts
@@ -309,6 +340,7 @@ def build_rules(cfg, to_nodes=None, to_gbps=None):
         {"name": "collbench-lost-link-time", "rules": lost_link_time_rules(cfg)},
         {"name": "collbench-baseline", "rules": regression_rules(alerts, cfg.source)},
         {"name": "collbench-shift", "rules": shift_rules(for_)},
+        {"name": "collbench-inspector", "rules": inspector_rules(for_)},
     ]}
 
 

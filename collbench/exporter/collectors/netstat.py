@@ -20,6 +20,10 @@ IPEXT_NAMES = {"InCEPkts": "collbench_netstat_ip_in_ce_packets", "InECT0Pkts": "
                "InNoECTPkts": "collbench_netstat_ip_in_noect_packets"}
 IPEXT_COUNTERS = tuple((field, IPEXT_NAMES[field], counters.describe("netstat", field))
                        for field in counters.names("netstat", "IpExt") if field in IPEXT_NAMES)
+# TcpExt: the sender's side of ECN on TCP transports (the host whose outgoing path is marked);
+# `diagnose --inspector --prometheus` and CollbenchInspectorLatencyShift name the host from it
+TCPEXT_NAMES = {"TCPDeliveredCE": "collbench_netstat_tcp_delivered_ce_packets"}
+TCPEXT_COUNTERS = tuple((field, TCPEXT_NAMES[field], counters.describe("netstat", field)) for field in TCPEXT_NAMES)
 
 
 class NetstatCollector(Collector):
@@ -41,4 +45,8 @@ class NetstatCollector(Collector):
         for field, name, help_text in IPEXT_COUNTERS:
             if field in ipext:
                 fams.append(CounterMetricFamily(name, help_text, value=ipext[field]))
+        tcpext = section_fields(text, "TcpExt")
+        for field, name, help_text in TCPEXT_COUNTERS:
+            if field in tcpext:
+                fams.append(CounterMetricFamily(name, help_text, value=tcpext[field]))
         return fams
