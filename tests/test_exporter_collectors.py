@@ -13,7 +13,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from collbench.exporter.collectors import CollectorSet, DeviceFilter
 from collbench.exporter.collectors.ethtool import EthtoolCollector, parse_ethtool_stats
-from collbench.exporter.collectors.netstat import NetstatCollector, parse_netstat
+from collbench.congestion.netstat import parse_netstat
+from collbench.exporter.collectors.netstat import NetstatCollector
 from collbench.exporter.collectors.rdma_sysfs import RdmaSysfsCollector, device_netdevs
 
 SYSFS = str(FIXTURES / "sysfs-mlx5")

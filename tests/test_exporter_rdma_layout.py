@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from exporter_helpers import parse_exposition, sample
 
 from collbench.exporter.collectors import CollectorSet
-from collbench.exporter.collectors.netstat import parse_netstat, section_fields
+from collbench.congestion.netstat import parse_netstat, section_fields
 from collbench.exporter.collectors.rdma_sysfs import RdmaSysfsCollector
 
 HW = "class/infiniband/mlx5_0/ports/1/hw_counters"
