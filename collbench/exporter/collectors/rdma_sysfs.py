@@ -80,6 +80,8 @@ def device_netdevs(sysfs_root, dev, on_error=None):
                 if on_error is not None and "cannot read" not in str(err):
                     on_error(file_error_reason(err))
                 continue
+            if not name:
+                continue    # an unset GID
             if not _good_name(name):
                 if on_error is not None:
                     on_error("unreadable")
