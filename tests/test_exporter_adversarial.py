@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
@@ -451,3 +452,56 @@ def test_snapshot_reader_refuses_fifos_and_endless_files(tmp_path):
     assert "np_cnp_sent@mlx5_0/1" not in snap.values
     assert not [k for k in snap.values if k.endswith("@netstat") or "@ens1f" in k], snap.values
     assert stat.S_ISFIFO(os.lstat(host.path(f"{HW}/np_cnp_sent")).st_mode)
+
+
+def test_health_is_503_while_a_metrics_collection_cannot_finish():
+    """/health must not say 200 while /metrics cannot answer: a collection in flight past the
+    exporter's limit (only a fault of the exporter itself gets there: collectors are cut at
+    their deadline) turns it 503 with the reason."""
+    from collbench.exporter.server import ExporterHTTPServer
+    release = threading.Event()
+
+    class Registry:
+        def collect(self):
+            release.wait(30)
+            return iter(())
+
+    class App:
+        registry = Registry()
+        metrics_stall_seconds = 0.3
+
+        def health(self):
+            return True, {"status": "ok", "reason": None}
+
+        def describe(self):
+            return {}
+
+    server = ExporterHTTPServer(("127.0.0.1", 0), App())
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    url = f"http://127.0.0.1:{server.port}"
+    try:
+        assert get(url + "/health", 5)[0] == 200
+        threading.Thread(target=lambda: get(url + "/metrics", 30), daemon=True).start()
+        time.sleep(0.6)
+        with pytest.raises(urllib.error.HTTPError) as err:
+            get(url + "/health", 5)
+        assert err.value.code == 503
+        assert "a /metrics collection has not finished" in json.loads(err.value.read())["reason"]
+        release.set()
+        assert wait_for(lambda: get(url + "/health", 5)[0] == 200, 5)
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("flag, pattern", [("--device-include", r"(mlx5)_\1"), ("--device-exclude", "(?!mlx5).*")])
+def test_device_regex_re2_refuses_what_it_cannot_bound(flag, pattern, tmp_path):
+    """Backreferences and lookaround (which need backtracking) are refused at start-up, exit 2,
+    naming the setting, instead of being matched without a time bound."""
+    host = Host(tmp_path)
+    r = subprocess.run(host.argv(free_port()) + [flag, pattern], cwd=str(REPO), capture_output=True, text=True,
+                       timeout=20)
+    assert r.returncode == 2, r.stderr
+    assert "not a valid RE2 regular expression" in r.stderr and flag[2:].replace("-", "_") in r.stderr
+    assert "Traceback" not in r.stderr
