@@ -244,6 +244,18 @@ def _duplicate_names(h):
             f.write(value)
 
 
+def _device_name_not_utf8(h):
+    bad = os.path.join(os.fsencode(h.path("class/infiniband")), b"mlx5_\xff\xfe")
+    os.makedirs(os.path.join(bad, b"ports", b"1", b"hw_counters"))
+    with open(os.path.join(bad, b"ports", b"1", b"hw_counters", b"np_cnp_sent"), "w") as f:
+        f.write("5\n")
+
+
+def _check_device_name(h, ex, m, text):
+    assert sample(m, "collbench_rdma_np_cnp_sent_total", device="mlx5_0", port="1") == 48190
+    assert not [k for k in m if dict(k[1]).get("device", "").startswith("mlx5_\ufffd")], "the bad name served"
+
+
 def _regex_bomb(h):
     os.rename(h.path("class/infiniband/mlx5_1"), h.path("class/infiniband/" + "a" * 40 + "!"))
     h.flags += ["--device-include", "(a+)+"]
@@ -322,6 +334,8 @@ CASES = [
          (("ethtool", "not_regular_file"),)),
     Case("counter_names_sanitize_alike", _duplicate_names, _check_duplicates,
          {"rdma_sysfs": 1, "ethtool": 1, "netstat": 1}, (("rdma_sysfs", "duplicate_series"),)),
+    Case("device_name_not_utf8", _device_name_not_utf8, _check_device_name,
+         {"rdma_sysfs": 1, "ethtool": 1, "netstat": 1}, (("rdma_sysfs", "unreadable"),)),
     Case("device_include_backtracking", _regex_bomb, _check_regex, {"rdma_sysfs": 0, "ethtool": 0, "netstat": 1}),
     Case("ethtool_command_hangs_with_children", _hung_ethtool, _check_hung_ethtool, {"ethtool": 0, "netstat": 1}),
 ]

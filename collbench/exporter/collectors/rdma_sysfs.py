@@ -238,7 +238,10 @@ class RdmaSysfsCollector(Collector):
             if not os.path.isdir(root):
                 raise NoData(f"{root} does not exist (no RDMA devices on this host)") from None
             listed = []
-        devices = sorted(n for n in listed if self.device_filter(n))
+        bad = [n for n in listed if not _good_name(n)]
+        if bad:     # undecodable bytes cannot be a label value: the whole scrape would fail
+            self.count_error("unreadable", len(bad))
+        devices = sorted(n for n in listed if _good_name(n) and self.device_filter(n))
         if not devices:
             raise NoData(f"no RDMA device in {root} passes the device filters")
         layout = self._layout
