@@ -519,3 +519,32 @@ def test_device_regex_re2_refuses_what_it_cannot_bound(flag, pattern, tmp_path):
     assert r.returncode == 2, r.stderr
     assert "not a valid RE2 regular expression" in r.stderr and flag[2:].replace("-", "_") in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_concurrent_collections_share_a_collector_run_in_flight():
+    """Two collections at once (e.g. /metrics in two formats): the second joins the collector's
+    run in flight instead of calling it late."""
+    from prometheus_client.core import GaugeMetricFamily
+    from collbench.exporter.collectors import Collector, CollectorSet
+
+    class Slow(Collector):
+        name = "slow"
+        entered = 0
+
+        def collect(self):
+            Slow.entered += 1
+            time.sleep(0.3)
+            return [GaugeMetricFamily("slow_value", "x", value=1)]
+
+    cs = CollectorSet([Slow()], timeout=2.0)
+    out = []
+    threads = [threading.Thread(target=lambda: out.append(list(cs.collect()))) for _ in range(2)]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)
+    for t in threads:
+        t.join(5)
+    assert Slow.entered == 1
+    for fams in out:
+        m = {(f.name, s.labels.get("collector")): s.value for f in fams for s in f.samples}
+        assert m[("collbench_collector_success", "slow")] == 1 and m[("slow_value", None)] == 1

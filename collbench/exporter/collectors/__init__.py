@@ -158,9 +158,9 @@ def counters_collectors():
 
 class _Worker:
     """Runs one collector, each collection in a daemon thread of its own (one that ends with the
-    collection: nothing is left holding the collector). request() starts a collection unless the
-    previous one has not returned (stuck): then nothing is started, so a stuck read never piles
-    up threads."""
+    collection: nothing is left holding the collector). request() starts a collection unless one
+    is in flight: a recent one is shared, a stuck one (past its deadline) is neither joined nor
+    followed by another, so a stuck read never piles up threads."""
 
     def __init__(self, collector):
         self.collector = collector
@@ -170,11 +170,13 @@ class _Worker:
         self._result = None          # (families, ok, no-data text, seconds)
         self.busy_since = None       # monotonic start of the collection in progress
 
-    def request(self):
-        """The number of the collection started, or None when the previous one has not returned."""
+    def request(self, timeout):
+        """The number of the collection to wait for: a new one, or the one in flight when it
+        started less than `timeout` s ago (a concurrent scrape's: shared); None when the one in
+        flight is older (stuck): nothing is started and nothing is waited for."""
         with self._cond:
             if self.busy_since is not None:
-                return None
+                return self._started if time.monotonic() - self.busy_since < timeout else None
             self.busy_since = time.monotonic()
             self._started += 1
             number = self._started
@@ -240,7 +242,7 @@ class CollectorSet:
                                      "Input the collector refused and survived: a file that is not a regular "
                                      "file or too large, a duplicate series, a command that timed out.",
                                      labels=["collector", "reason"])
-        started = [(w, w.request()) for w in self._workers]
+        started = [(w, w.request(self.timeout)) for w in self._workers]
         deadline = time.monotonic() + self.timeout
         for w, number in started:
             c = w.collector
