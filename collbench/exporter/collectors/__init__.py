@@ -104,6 +104,8 @@ class Collector:
 
     def count_error(self, reason, n=1):
         """Count input refused and survived (ERROR_REASONS): collbench_collector_errors_total."""
+        if reason not in ERROR_REASONS:     # the label's values are a fixed set
+            raise ValueError(f"unknown error reason {reason!r}")
         errors = self.__dict__.setdefault("errors", {})
         errors[reason] = errors.get(reason, 0) + n
 
