@@ -4,7 +4,8 @@ optional TLS and basic auth.
 A threading server of our own rather than prometheus_client.start_http_server, for the extra
 endpoints, TLS handshakes done in the connection's thread (a slow client cannot stall
 accept()), and authentication. /health is left open so probes need no credentials; it says
-nothing but whether the exporter is polling its log.
+nothing but whether the exporter is polling its log, which collectors are stuck, and (503)
+whether a /metrics collection has run past the exporter's `metrics_stall_seconds`.
 """
 
 import base64
