@@ -303,7 +303,7 @@ def _check_hung_ethtool(h, ex, m, text):
     assert sample(m, "collbench_netstat_ip_in_ce_packets_total") is not None
     status, health = ex.health()          # consistent with /metrics: answering, the stuck one named
     assert status == 200 and health["status"] == "degraded", health
-    assert "ethtool" in health["stuck_collectors"], health
+    assert "hung_ethtool -S eth" in health["stuck_collectors"]["ethtool"]["reading"], health  # what it waits on
     # the next scrape answers at once (the stuck collector is not started again) and counts it
     seconds, text2 = ex.scrape()
     assert seconds < 1.0, seconds
@@ -413,6 +413,7 @@ def test_a_stuck_collector_is_not_started_again_until_it_returns():
 
         def collect(self):
             Stuck.entered += 1
+            self.reading = "/sys/class/infiniband/mlx5_0/ports/1/hw_counters/np_cnp_sent"
             release.wait(30)
             return [GaugeMetricFamily("stuck_value", "x", value=1)]
 
@@ -434,7 +435,7 @@ def test_a_stuck_collector_is_not_started_again_until_it_returns():
         assert sample(m, "quick_value") == 2 and sample(m, "stuck_value") is None
         assert sample(m, "collbench_collector_timeouts_total", collector="stuck") == n
     assert Stuck.entered == 1
-    assert "stuck" in cs.stuck()
+    assert cs.stuck()["stuck"]["reading"].endswith("hw_counters/np_cnp_sent") and cs.stuck()["stuck"]["seconds"] > 0.2
     release.set()
     assert wait_for(lambda: not cs.stuck(), 5)
     m = parse_exposition(generate_latest(reg).decode())

@@ -173,9 +173,11 @@ class Exporter:
         detail["stuck_collectors"] = stuck
         if ok and stuck:
             detail["status"] = "degraded"
-            detail["reason"] = "; ".join(f"collector {name} has not returned for {seconds:.1f} s (its source "
-                                         f"does not answer; counted in collbench_collector_timeouts_total)"
-                                         for name, seconds in sorted(stuck.items()))
+            detail["reason"] = "; ".join(
+                f"collector {name} has not returned for {s['seconds']:.1f} s"
+                + (f" (reading {s['reading']})" if s["reading"] else "")
+                + ": its source does not answer (counted in collbench_collector_timeouts_total)"
+                for name, s in sorted(stuck.items()))
         return ok, detail
 
     def _poll_health(self):

@@ -101,6 +101,7 @@ class DeviceFilter:
 
 class Collector:
     name = "base"
+    reading = None      # what the collection in progress is reading now (a path, a command): for /health
 
     def count_error(self, reason, n=1):
         """Count input refused and survived (ERROR_REASONS): collbench_collector_errors_total."""
@@ -273,13 +274,16 @@ class CollectorSet:
         yield errors
 
     def stuck(self):
-        """{collector name: seconds} of the collectors whose collection has run past its deadline."""
+        """{collector name: {"seconds": s, "reading": what}} of the collectors whose collection has
+        run past its deadline; `reading` is what it was reading when last told (a file, a command)."""
         now = time.monotonic()
         out = {}
         for w in self._workers:
             busy = w.busy_since
             if busy is not None and now - busy > self.timeout:
-                out[w.collector.name] = round(now - busy, 3)
+                reading = getattr(w.collector, "reading", None)
+                out[w.collector.name] = {"seconds": round(now - busy, 3),
+                                         "reading": None if reading is None else str(reading)}
         return out
 
     def close(self):

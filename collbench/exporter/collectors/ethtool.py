@@ -159,6 +159,7 @@ class EthtoolCollector(Collector):
 
     def _read_ioctl(self, netdev):
         """{name: value}, None (no statistics), or IoctlUnavailable."""
+        self.reading = f"SIOCETHTOOL ETHTOOL_GSTATS {netdev}"
         try:
             return dict(self.reader.read(netdev))
         except NoStats as e:
@@ -191,6 +192,7 @@ class EthtoolCollector(Collector):
     def _command(self, argv):
         """(exit code, stdout, stderr) of argv, run in a session of its own; TimeoutExpired or
         OverflowError (output past MAX_OUTPUT) after killing its whole tree."""
+        self.reading = shlex.join(argv)
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True)
         with self._procs_lock:

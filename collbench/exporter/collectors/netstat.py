@@ -34,6 +34,7 @@ class NetstatCollector(Collector):
     def collect(self):
         if not os.path.lexists(self.path):
             raise NoData(f"{self.path} does not exist")
+        self.reading = self.path
         try:
             text = read_limited_text(self.path, MAX_NETSTAT_BYTES)
         except UntrustedFileError as e:

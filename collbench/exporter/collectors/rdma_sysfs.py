@@ -141,7 +141,13 @@ class RdmaSysfsCollector(Collector):
         self._lock = threading.Lock()
         self._layout = None      # (built at, device names, [(dir fd, file, family, help, dev, port, scale)])
         self._dir_fds = []       # descriptors the layout holds; closed on rebuild and when collected
+        self._current = None     # the layout entry being read (formatted only when /health asks)
         self._finalizer = weakref.finalize(self, _close_all, self._dir_fds)
+
+    @property
+    def reading(self):
+        entry = self._current
+        return None if entry is None else os.path.join(entry[7], entry[1])
 
     def _drop_layout(self):
         self._layout = None
@@ -223,7 +229,7 @@ class RdmaSysfsCollector(Collector):
                 self.count_error("duplicate_series")
                 continue
             seen.add((name, dev, port))
-            entries.append((fd, counter, name, help_text, dev, port, scale))
+            entries.append((fd, counter, name, help_text, dev, port, scale, path))
 
     def collect(self):
         with self._lock:
@@ -249,7 +255,9 @@ class RdmaSysfsCollector(Collector):
             layout = self._layout = self._build_layout(devices)
         families = {}
         vanished = False
-        for dir_fd, counter, name, help_text, dev, port, scale in layout[2]:
+        for entry in layout[2]:
+            dir_fd, counter, name, help_text, dev, port, scale, _ = entry
+            self._current = entry    # for /health, should this read never return
             try:
                 # O_NONBLOCK: a file turned into a FIFO since the layout answers at once (empty)
                 fd = os.open(counter, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=dir_fd)
@@ -271,6 +279,7 @@ class RdmaSysfsCollector(Collector):
             if fam is None:
                 fam = families[name] = CounterMetricFamily(name, help_text, labels=["device", "port"])
             fam.add_metric([dev, port], value * scale)
+        self._current = None
         if vanished:
             self._drop_layout()     # a port or counter went away: list again on the next scrape
         return [families[k] for k in sorted(families)]
