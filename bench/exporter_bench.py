@@ -29,13 +29,20 @@ file with a regular expression per size on every poll), in one run:
      before and after in one run. Ratios against the fork rows are printed per round.
      (veth statistics have no mlx5 pause names, so the veth rows serve no ethtool series: they
      compare the reading, the fixture row the formatting of moving ethtool series.) Needs root
-     (`ip netns`).
+     (`ip netns`);
+  6. a collector blocked on a stuck file: the counters-only exporter (sysfs, ethtool and netstat
+     collectors on the fixtures) with one more collector whose read of a FIFO nobody writes never
+     returns (what a NIC whose firmware stopped answering does to a hw_counters read), beside the
+     same exporter without it, interleaved (`--stuck-repeat` rounds), 20 scrapers each every 1 s
+     from the first scrape on: every scrape must answer within the scrape timeout (Prometheus'
+     default 10 s); the first ones wait out the collector deadline (exporter.collector_timeout, 3 s),
+     the later ones do not wait at all (a stuck collector is not started again).
 
 The log is generated once in /tmp and reused; each run appends a fresh 15-minute window of
 records to it (what a running daemon would have written recently).
 
     .venv/bin/python bench/exporter_bench.py [--log PATH] [--size-gib 1] [--scrape-seconds 30]
-        [--only churn] [--churn-repeat 3]
+        [--only churn|stuck] [--churn-repeat 3] [--stuck-repeat 3]
 """
 
 import argparse
@@ -467,7 +474,7 @@ def scraper(port, seconds, queue, mode, interval, index):
     burst    -- every `interval` s, all scrapers at the same instant (aligned servers);
     flat-out -- back to back, no pause (a saturation test: latency is queueing on the CPUs)."""
     import random
-    lat, errors = [], 0
+    lat, starts, errors = [], [], 0
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     end = time.monotonic() + seconds
     rng = random.Random(index)
@@ -487,15 +494,18 @@ def scraper(port, seconds, queue, mode, interval, index):
             if r.status != 200:
                 errors += 1
             lat.append(time.perf_counter() - t0)
+            starts.append(time.time())
         except OSError:
             errors += 1
             conn.close()
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     conn.close()
-    queue.put((lat, errors))
+    queue.put((lat, errors, starts))
 
 
-def scrape_load(port, scrapers, seconds, mode, interval):
+def scrape_load(port, scrapers, seconds, mode, interval, after=None):
+    """(sorted latencies, errors); after (a time.time()): also the sorted latencies of the
+    scrapes sent from then on."""
     q = multiprocessing.Queue()
     procs = [multiprocessing.Process(target=scraper, args=(port, seconds, q, mode, interval, i))
              for i in range(scrapers)]
@@ -504,8 +514,109 @@ def scrape_load(port, scrapers, seconds, mode, interval):
     results = [q.get(timeout=seconds + 60) for _ in procs]
     for p in procs:
         p.join()
-    lat = sorted(x for r, _ in results for x in r)
-    return lat, sum(e for _, e in results)
+    lat = sorted(x for r, _, _ in results for x in r)
+    errors = sum(e for _, e, _ in results)
+    if after is None:
+        return lat, errors
+    later = sorted(x for r, _, st in results for x, t in zip(r, st) if t - x >= after)
+    return lat, errors, later
+
+
+SCRAPE_TIMEOUT = 10.0     # Prometheus' default scrape_timeout
+
+
+def stuck_child(args):
+    """--stuck-child PORT FIFO|-: the counters-only exporter on the fixtures, in this process,
+    plus (FIFO given) a collector blocked on reading that FIFO."""
+    from collbench.exporter.collectors import Collector
+    from collbench.exporter.server import ExporterHTTPServer
+    port, fifo = args.stuck_child
+    fixtures = os.path.join(REPO, "tests", "fixtures")
+
+    class StuckFile(Collector):
+        name = "stuck_file"
+
+        def collect(self):
+            with open(fifo, "rb") as f:     # blocks in the kernel until a writer comes: never
+                f.read()
+            return []
+
+    class BenchExporter(Exporter):
+        def build_collectors(self):
+            return super().build_collectors() + ([StuckFile()] if fifo != "-" else [])
+
+    settings = SimpleNamespace(counters_only=True, collectors=["rdma_sysfs", "ethtool", "netstat"],
+                               sysfs_root=os.path.join(fixtures, "sysfs-mlx5"), procfs_root="/proc",
+                               ethtool=os.path.join(fixtures, "ethtool", "fake_ethtool"), netdevs=None,
+                               device_include=None, device_exclude=None, legacy_metrics=False, results_log=None,
+                               state_dir=None, max_age=900.0, poll_interval=1.0)
+    ex = BenchExporter(settings)
+    server = ExporterHTTPServer(("127.0.0.1", int(port)), ex)
+    ex.start()
+    server.serve_forever(poll_interval=0.1)
+
+
+def stuck_rows(args):
+    """{"baseline"|"stuck": [(latencies sorted, errors, over the timeout)] per round}."""
+    results = {"baseline": [], "stuck": []}
+    workdir = f"/tmp/collbench-bench/stuck-{os.getpid()}"
+    os.makedirs(workdir, exist_ok=True)
+    fifo = os.path.join(workdir, "hw_counter")
+    if not os.path.exists(fifo):
+        os.mkfifo(fifo)
+    try:
+        for _ in range(args.stuck_repeat):
+            for variant in ("baseline", "stuck"):
+                port = free_port()
+                proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--stuck-child", str(port),
+                                         fifo if variant == "stuck" else "-"], cwd=REPO,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                try:
+                    deadline = time.monotonic() + 30
+                    while True:      # /health, not /metrics: the load's first scrapes meet the stuck read
+                        try:
+                            if get(port, "/health", timeout=2)[0] == 200:
+                                break
+                        except OSError:
+                            pass
+                        if time.monotonic() > deadline or proc.poll() is not None:
+                            raise SystemExit(f"stuck-row exporter ({variant}) did not start")
+                        time.sleep(0.02)
+                    # "later": scrapes sent after the first collection's deadline (3 s) had passed
+                    lat, errors, later = scrape_load(port, args.scrapers, args.scrape_seconds, "interval", 1.0,
+                                                     after=time.time() + 3.5)
+                    results[variant].append((lat, errors, sum(1 for x in lat if x >= SCRAPE_TIMEOUT), later))
+                finally:
+                    proc.kill()      # the stuck row's blocked thread would end with it anyway
+                    proc.wait()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return results
+
+
+def stuck_table(results, scrapers):
+    def spread(values, fmt):
+        return fmt(statistics.median(values)) + (f" ({fmt(min(values))}-{fmt(max(values))})" if len(values) > 1 else "")
+
+    ms = lambda v: f"{v * 1e3:.2f} ms"   # noqa: E731
+    rows = []
+    for variant, what in (("baseline", "no collector blocked (baseline)"),
+                          ("stuck", "one collector blocked on a FIFO")):
+        rounds = results[variant]
+        every = all(errors == 0 and over == 0 for _, errors, over, _ in rounds)
+        rows += [
+            (f"stuck-file row, {scrapers} scrapers 1/s, {what}: p50", spread([statistics.median(r[0]) for r in rounds], ms),
+             "", None),
+            ("  p99", spread([pct(r[0], 99) for r in rounds], ms), "", None),
+            ("  max", spread([r[0][-1] for r in rounds], ms), f"< {SCRAPE_TIMEOUT:g} s",
+             all(r[0][-1] < SCRAPE_TIMEOUT for r in rounds)),
+            ("  p50 / p99 / max of the scrapes sent after the first 3.5 s",
+             " / ".join(spread([f(r[3]) for r in rounds], ms) for f in (statistics.median, lambda v: pct(v, 99),
+                                                                        lambda v: v[-1])), "", None),
+            ("  scrapes / errors / over the scrape timeout",
+             " + ".join(f"{len(r[0])}/{r[1]}/{r[2]}" for r in rounds), "0 / 0", every),
+        ]
+    return rows
 
 
 def pct(sorted_values, p):
@@ -526,8 +637,12 @@ def main():
     ap.add_argument("--baseline-tree", metavar="DIR",
                     help="churn rows: also run the exporter of this checkout (the code before a change, "
                          "e.g. `git archive <commit> | tar -x -C DIR`) on the fixture and the veths")
-    ap.add_argument("--only", choices=("all", "churn"), default="all",
-                    help="churn: only the churn rows (the log still comes first; a small --size-gib will do)")
+    ap.add_argument("--only", choices=("all", "churn", "stuck"), default="all",
+                    help="churn: only the churn rows (the log still comes first; a small --size-gib will do); "
+                         "stuck: only the stuck-file rows (no log)")
+    ap.add_argument("--stuck-repeat", type=int, default=1,
+                    help="rounds of the stuck-file rows, baseline and stuck interleaved (default 1)")
+    ap.add_argument("--stuck-child", nargs=2, metavar=("PORT", "FIFO"), help=argparse.SUPPRESS)
     ap.add_argument("--prototype-poll", nargs=2, metavar=("LOG", "OUT"), help=argparse.SUPPRESS)
     ap.add_argument("--churn-child", metavar="NETDEVS", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -536,6 +651,13 @@ def main():
         return 0
     if args.churn_child:
         churn_child(args)
+        return 0
+    if args.stuck_child:
+        stuck_child(args)
+        return 0
+    if args.only == "stuck":
+        print(f"stuck-file rows: {args.stuck_repeat} round(s) of 2 x {args.scrape_seconds:.0f} s ...", flush=True)
+        print_rows(stuck_table(stuck_rows(args), args.scrapers))
         return 0
 
     t0 = time.perf_counter()
@@ -576,6 +698,9 @@ def main():
           f"{args.scrape_seconds:.0f} s ...", flush=True)
     churn_results = churn_rows(args)
 
+    print(f"stuck-file rows: {args.stuck_repeat} round(s) of 2 x {args.scrape_seconds:.0f} s ...", flush=True)
+    stuck_results = stuck_rows(args)
+
     print("exporter process: start-up with every record recent (byte budget bound) ...", flush=True)
     proc2, _, ready_worst = start_exporter(args.log, ["--max-age", "1e9"])
     hwm_worst = rss_kb(proc2.pid, "VmHWM")
@@ -615,6 +740,7 @@ def main():
              f"{len(lat)} ({len(lat) / args.scrape_seconds:.0f}/s) / {errors} / {series}", "", None),
         ]
     rows += churn_table(churn_results, args.scrapers)
+    rows += stuck_table(stuck_results, args.scrapers)
     print_rows(rows)
     print(f"({recs} records polled in process)")
     return 0

@@ -149,7 +149,8 @@ def test_unit_command_line_reads_back_exactly_as_systemd_reads_it(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"exporter": {
         "sysfs_root": str(tmp_path / "sys root"), "device_include": r'^mlx5_[0-9]+$|"x"\d%h',
-        "netdevs": ["eth0", "ens1f0np0"], "collectors": ["results", "rdma_sysfs", "netstat"]}}))
+        "netdevs": ["eth0", "ens1f0np0"], "collectors": ["results", "rdma_sysfs", "netstat"],
+        "collector_timeout": 1.5}}))
     c = load_config(str(cfg))
     unit = tmp_path / counters_unit.UNIT
     unit.write_text(counters_unit.render_unit(c, sys.executable, 9300))
@@ -158,6 +159,7 @@ def test_unit_command_line_reads_back_exactly_as_systemd_reads_it(tmp_path):
     assert argv[argv.index("--device-include") + 1] == r'^mlx5_[0-9]+$|"x"\d%h'
     assert argv[argv.index("--sysfs-root") + 1] == str(tmp_path / "sys root")
     assert argv[argv.index("--collectors") + 1] == "rdma_sysfs,netstat"
+    assert argv[argv.index("--collector-timeout") + 1] == "1.5"
     assert "--listen" in argv and "0.0.0.0:9300" in argv and "--counters-only" in argv
     # and systemd's own reader accepts the unit (it refuses unbalanced quoting, unknown directives)
     analyze = subprocess.run([require_tool("systemd-analyze"), "verify", str(unit)], capture_output=True,

@@ -13,7 +13,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from collbench.exporter.collectors import CollectorSet, DeviceFilter
 from collbench.exporter.collectors.ethtool import EthtoolCollector, parse_ethtool_stats
-from collbench.exporter.collectors.netstat import NetstatCollector, parse_netstat
+from collbench.congestion.netstat import parse_netstat
+from collbench.exporter.collectors.netstat import NetstatCollector
 from collbench.exporter.collectors.rdma_sysfs import RdmaSysfsCollector, device_netdevs
 
 SYSFS = str(FIXTURES / "sysfs-mlx5")
@@ -224,3 +225,20 @@ def test_ethtool_scrapes_do_not_wait_on_a_refresh(tmp_path):
     while frames() == 1 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert frames() >= 2                                  # the background run landed
+
+
+def test_every_collector_file_registers_itself():
+    """One file per collector, each registering its own factory (issue 27 item 6): the registry
+    holds one collector per module of the package, found without a central list, and the config's
+    default names only registered, selectable ones."""
+    import pkgutil
+    from collbench.config import EXPORTER_SCHEMA
+    from collbench.exporter import collectors as pkg
+    regs = pkg.registered()
+    modules = {m.name for m in pkgutil.iter_modules(pkg.__path__)}
+    assert {r.factory.__module__.rsplit(".", 1)[1] for r in regs.values()} == modules
+    assert len(regs) == len(modules)
+    assert set(EXPORTER_SCHEMA["collectors"][1]) <= set(pkg.selectable())
+    assert {"legacy", "baseline"} <= set(regs) and not {"legacy", "baseline"} & set(pkg.selectable())
+    assert {"rdma_sysfs", "ethtool", "netstat"} <= set(pkg.counters_collectors())
+    assert "results" not in pkg.counters_collectors()

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from collbench.exporter.collectors import CollectorSet
 from collbench.exporter.collectors.ethtool import EthtoolCollector, exported_indices
-from collbench.exporter.collectors.ethtool_ioctl import EthtoolStatsReader, IoctlUnavailable, NoStats
+from collbench.congestion.ethtool_ioctl import EthtoolStatsReader, IoctlUnavailable, NoStats
 
 FAKE_ETHTOOL = str(FIXTURES / "ethtool" / "fake_ethtool")
 PACKETS = 150
@@ -49,7 +49,7 @@ def ethtool_pairs(text):
 IOCTL_READ = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from collbench.exporter.collectors.ethtool_ioctl import EthtoolStatsReader
+from collbench.congestion.ethtool_ioctl import EthtoolStatsReader
 print(json.dumps(EthtoolStatsReader().read(sys.argv[2])))
 """
 
@@ -108,7 +108,7 @@ def test_ioctl_reads_what_ethtool_S_prints(veth):
 MOVING_READS = """
 import json, socket, subprocess, sys
 sys.path.insert(0, sys.argv[1])
-from collbench.exporter.collectors.ethtool_ioctl import EthtoolStatsReader
+from collbench.congestion.ethtool_ioctl import EthtoolStatsReader
 wanted = lambda names: [i for i, n in enumerate(names) if n.startswith("rx_queue_0_xdp_")]
 r = EthtoolStatsReader(select=wanted)
 first = r.read(sys.argv[2])

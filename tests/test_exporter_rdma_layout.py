@@ -8,12 +8,12 @@ import os
 import shutil
 import threading
 
-from conftest import FIXTURES
+from conftest import FIXTURES, wait_for
 from prometheus_client import CollectorRegistry, generate_latest
 from exporter_helpers import parse_exposition, sample
 
 from collbench.exporter.collectors import CollectorSet
-from collbench.exporter.collectors.netstat import parse_netstat, section_fields
+from collbench.congestion.netstat import parse_netstat, section_fields
 from collbench.exporter.collectors.rdma_sysfs import RdmaSysfsCollector
 
 HW = "class/infiniband/mlx5_0/ports/1/hw_counters"
@@ -27,6 +27,13 @@ def scrape(c):
 
 def open_fds():
     return len(os.listdir("/proc/self/fd"))
+
+
+def settled():
+    """No thread of an earlier test (an ethtool refresh, a collection) is still closing descriptors."""
+    assert wait_for(lambda: not [t for t in threading.enumerate()
+                                 if t.name.startswith(("ethtool-refresh", "collector-"))], 10)
+    gc.collect()
 
 
 def cnp(m, dev="mlx5_0"):
@@ -66,7 +73,7 @@ def test_replaced_counters_directory_is_followed(tmp_path):
 def test_removed_device_and_descriptors_bounded_and_released(tmp_path):
     sysfs = tmp_path / "sys"
     shutil.copytree(FIXTURES / "sysfs-mlx5", sysfs, symlinks=True)
-    gc.collect()
+    settled()
     before = open_fds()
     c = RdmaSysfsCollector(str(sysfs), layout_seconds=0)       # a rebuild on every scrape
     for _ in range(50):

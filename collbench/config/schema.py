@@ -40,6 +40,7 @@ EXPORTER_SCHEMA = {
     "device_include": (STR, None),           # regex on RDMA device / netdev names
     "device_exclude": (STR, None),
     "collectors": (STR_LIST, ["results", "rdma_sysfs", "ethtool", "netstat", "congestion_top", "latency_shift"]),
+    "collector_timeout": (POS_SECONDS, 3.0), # a collector not done within this is left out of the scrape
     "max_series": (POS_INT, 10000),          # result series kept per metric family; more are dropped and counted
     "congestion_top_k": (TOP_K, 3),          # collbench_step_congestion_top: hosts per op and size
     "baseline": (STR, None),                 # baseline NAME (in state_dir) or PATH.json: collbench_baseline_* series

@@ -1,5 +1,8 @@
 """/proc/net/netstat: pairs of header and value lines per section (IpExt, TcpExt, ...)."""
 
+# bytes of the file read at most (a real one is ~4 KB): a bigger one, or /dev/zero, is refused
+MAX_NETSTAT_BYTES = 1 << 20
+
 
 def parse_netstat(text):
     """{'IpExt': {'InCEPkts': 0, ...}, 'TcpExt': {...}}: pairs of header and value lines. A value

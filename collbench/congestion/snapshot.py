@@ -13,9 +13,10 @@ import re
 import time
 from typing import Dict, NamedTuple
 
+from collbench.bounded_file import UntrustedFileError, read_limited
 from collbench.congestion import counters
 from collbench.congestion.keys import key
-from collbench.congestion.netstat import raw_section
+from collbench.congestion.netstat import MAX_NETSTAT_BYTES, raw_section
 
 UNREADABLE, GARBAGE = "unreadable", "garbage"
 MAX_VALUE = (1 << 64) - 1
@@ -99,7 +100,9 @@ class HostReader:
                 for name in names:
                     k = key(name, where)
                     try:
-                        fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dfd)
+                        # O_NONBLOCK: a FIFO in a counters directory answers at once (and is
+                        # garbage) instead of blocking the step it is read around
+                        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=dfd)
                     except FileNotFoundError:
                         continue
                     except OSError:
@@ -130,10 +133,9 @@ class HostReader:
 
     def _read_ethtool(self, netdev, values, faults):
         if self.sources.ethtool_root:
-            try:
-                with open(os.path.join(self.sources.ethtool_root, netdev), "rb") as f:
-                    text = f.read(1 << 20).decode("ascii", "replace")
-            except OSError:
+            try:   # a regular file of 1 MB at most: no FIFO, no /dev/zero
+                text = read_limited(os.path.join(self.sources.ethtool_root, netdev), 1 << 20).decode("ascii", "replace")
+            except UntrustedFileError:
                 return False
             for line in text.splitlines():
                 m = _ETHTOOL_LINE.match(line)
@@ -160,9 +162,8 @@ class HostReader:
 
     def _read_netstat(self, values, faults):
         try:
-            with open(self.sources.netstat, "rb") as f:
-                text = f.read(1 << 20).decode("ascii", "replace")
-        except OSError:
+            text = read_limited(self.sources.netstat, MAX_NETSTAT_BYTES).decode("ascii", "replace")
+        except UntrustedFileError:
             return False
         for section, names in self._netstat.items():
             raw = raw_section(text, section)

@@ -11,6 +11,7 @@ is this rendering for the default config (tests keep them equal).
 import posixpath
 import re
 
+from collbench.config import EXPORTER_SCHEMA
 from collbench.errors import UserError
 
 UNIT = "collbench-counters.service"
@@ -78,6 +79,8 @@ def exporter_argv(cfg, python, port=PORT):
                         ("--device-exclude", ex.device_exclude)):
         if value:
             argv += [flag, value]
+    if ex.collector_timeout != EXPORTER_SCHEMA["collector_timeout"][1]:
+        argv += ["--collector-timeout", f"{ex.collector_timeout:g}"]
     if ex.netdevs:
         argv += ["--netdevs", ",".join(ex.netdevs)]
     return argv

@@ -32,7 +32,8 @@ TREE_PARTS = ("pyproject.toml", "README.md", "collbench", "scripts")
 SKIP_DIRS = ("__pycache__", ".venv", ".git", "collbench.egg-info", ".pytest_cache")
 PIP_TIMEOUT = 900.0
 # (distribution, module): what collbench imports at run time (pyproject.toml's dependencies)
-DEPENDENCIES = (("PyYAML", "yaml"), ("prometheus_client", "prometheus_client"), ("paramiko", "paramiko"))
+DEPENDENCIES = (("PyYAML", "yaml"), ("prometheus_client", "prometheus_client"), ("paramiko", "paramiko"),
+                ("google-re2", "re2"))
 
 
 def dependency_requirements():

@@ -24,39 +24,18 @@ import time
 
 from prometheus_client import CollectorRegistry
 
-from collbench.change_point import MIN_RATIO
-from collbench.exporter.collectors import CollectorSet, DeviceFilter
-from collbench.exporter.collectors.baseline import BaselineCollector
-from collbench.exporter.collectors.congestion_top import CongestionTopCollector
-from collbench.exporter.collectors.ethtool import EthtoolCollector
-from collbench.exporter.collectors.inspector import InspectorCollector
-from collbench.exporter.collectors.latency_shift import LatencyShiftCollector
-from collbench.exporter.collectors.legacy import LegacyCollector
-from collbench.exporter.collectors.netstat import NetstatCollector
-from collbench.exporter.collectors.rdma_sysfs import RdmaSysfsCollector
-from collbench.exporter.collectors.results import ResultsCollector
-from collbench.exporter.results_state import DEFAULT_MAX_SERIES, ResultsState
+from collbench.config import ALERTS_SCHEMA, EXPORTER_SCHEMA
+from collbench.exporter.collectors import CollectorSet, DeviceFilter, registered
+from collbench.exporter.results_state import ResultsState
 from collbench.results.lines import read_lines_backwards
 from collbench.results.tailer import LogTailer
 
 log = logging.getLogger("collbench.exporter")
 
-# name (as in exporter.collectors) -> factory(exporter, device filter). A new source is one row here.
-COLLECTORS = {
-    "results": lambda ex, _: ResultsCollector(ex.state, ex.settings.state_dir, ex.clock),
-    "rdma_sysfs": lambda ex, dev_filter: RdmaSysfsCollector(ex.settings.sysfs_root, dev_filter),
-    "ethtool": lambda ex, dev_filter: EthtoolCollector(ex.settings.ethtool, ex.settings.netdevs,
-                                                       ex.settings.sysfs_root, dev_filter),
-    "netstat": lambda ex, _: NetstatCollector(ex.settings.procfs_root),
-    "congestion_top": lambda ex, _: CongestionTopCollector(ex.state, getattr(ex.settings, "congestion_top_k", 3),
-                                                           ex.clock),
-    "latency_shift": lambda ex, _: LatencyShiftCollector(ex.state, ex.clock,
-                                                         getattr(ex.settings, "shift_ratio", MIN_RATIO)),
-    "inspector": lambda ex, _: InspectorCollector(getattr(ex.settings, "inspector_dir", None),
-                                                  getattr(ex.settings, "inspector_window", 300.0),
-                                                  getattr(ex.settings, "inspector_top_k", 20), ex.clock,
-                                                  getattr(ex.settings, "shift_ratio", MIN_RATIO)),
-}
+# A setting left out of `settings` (tests build them by hand) has the config schema's default:
+# the one place a default is written.
+DEFAULTS = {**{key: default for key, (_, default) in EXPORTER_SCHEMA.items()},
+            "shift_ratio": ALERTS_SCHEMA["shift_ratio"][1]}
 BACKFILL_BYTES = 8 << 20    # ~14000 records: 15 min of a busy plan is ~700
 STALL_POLLS = 5             # /health: unhealthy after this many poll intervals without a poll
 STALL_MIN_SECONDS = 10.0
@@ -66,27 +45,18 @@ ERROR_LOG_EVERY = 60.0      # seconds between log lines of a poll error that per
 class Exporter:
     """`settings`: results_log, state_dir, max_age, poll_interval, legacy_metrics, collectors,
     sysfs_root, procfs_root, ethtool, netdevs, device_include, device_exclude, backfill_bytes,
-    max_series, counters_only."""
+    max_series, counters_only, collector_timeout, ... (exporter.* of the config; see setting())."""
 
     def __init__(self, settings, clock=time.time):
         self.settings = settings
         self.clock = clock
-        self.state = ResultsState(settings.max_age, clock=clock,
-                                  max_series=getattr(settings, "max_series", None) or DEFAULT_MAX_SERIES)
+        self.state = ResultsState(settings.max_age, clock=clock, max_series=self.setting("max_series"))
         self.counters_only = bool(getattr(settings, "counters_only", False))
         self.tailer = None if self.counters_only else LogTailer(settings.results_log, on_bad_line=self.state.bad_line)
-        dev_filter = DeviceFilter(settings.device_include, settings.device_exclude)
-        names = list(settings.collectors)
-        if getattr(settings, "inspector_dir", None) and "inspector" not in names:
-            names.append("inspector")      # exporter.inspector_dir set: follow the job's Inspector files
-        built = [COLLECTORS[name](self, dev_filter) for name in names]
-        if settings.legacy_metrics:
-            built.append(LegacyCollector(self.state, settings.state_dir, clock))
-        if getattr(settings, "baseline", None):   # exporter.baseline / --baseline
-            built.append(BaselineCollector(settings.baseline, settings.state_dir, getattr(settings, "transport", None),
-                                           getattr(settings, "engine", None),
-                                           getattr(settings, "max_series", None) or DEFAULT_MAX_SERIES))
-        self.collectors = CollectorSet(built)
+        self.collectors = CollectorSet(self.build_collectors(), timeout=self.setting("collector_timeout"))
+        # /health turns 503 when a /metrics collection runs this long (collectors are cut at their
+        # deadline, so only a fault of the exporter itself gets there)
+        self.metrics_stall_seconds = 2 * self.collectors.timeout + 5.0
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collectors)
         self._stop = threading.Event()
@@ -97,6 +67,21 @@ class Exporter:
         self._error_logged = (None, float("-inf"))   # (text, monotonic time) of the last error logged
         self.startup_seconds = None
         self.backfilled = 0
+
+    def setting(self, key):
+        """settings.<key>, or the config schema's default when it is absent or None."""
+        value = getattr(self.settings, key, None)
+        return DEFAULTS.get(key) if value is None else value
+
+    def build_collectors(self):
+        """The collectors `settings` asks for, each built by the factory its file registered:
+        those named in settings.collectors, in that order, then those a setting of their own
+        turns on (legacy_metrics, baseline)."""
+        regs = registered()
+        dev_filter = DeviceFilter(self.settings.device_include, self.settings.device_exclude)
+        chosen = [regs[name] for name in self.settings.collectors]
+        chosen += [r for r in regs.values() if r.enabled_by and getattr(self.settings, r.enabled_by, None)]
+        return [r.factory(self, dev_filter) for r in chosen]
 
     # -------------------------------------------------------------- start-up
 
@@ -122,7 +107,7 @@ class Exporter:
         except OSError as e:
             self._poll_failed("start-up read", e)
             return
-        budget = getattr(self.settings, "backfill_bytes", None) or BACKFILL_BYTES
+        budget = getattr(self.settings, "backfill_bytes", None) or BACKFILL_BYTES   # settings only (tests)
         path = self.settings.results_log
         lines = read_lines_backwards(path, budget, end=end)
         self.backfilled = self.state.backfill(lines)
@@ -165,10 +150,14 @@ class Exporter:
             log.error("results log: %s (counted in collbench_exporter_poll_errors_total; polling goes on)",
                       text, exc_info=not isinstance(e, OSError) and text != last_text)
 
-    def stop(self):
+    def stop(self, join_timeout=0.5):
+        """Stop polling and end what the collectors started. Quick whatever a collector or the
+        poller is blocked on (their threads are daemons: a read the kernel never completes is
+        left to the process's exit): the exporter answers SIGTERM within a second."""
         self._stop.set()
+        self.collectors.close()
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=join_timeout)
         if self.tailer is not None:
             self.tailer.close()
 
@@ -176,7 +165,22 @@ class Exporter:
 
     def health(self):
         """(ok, detail): ok while the poll thread runs and completed a poll recently; else the
-        detail's `reason` says what is wrong."""
+        detail's `reason` says what is wrong. A collector stuck past its deadline does not make
+        the exporter unhealthy (/metrics answers on time without it; restarting would not unstick
+        a driver) but is named in `stuck_collectors` and `status` is "degraded"."""
+        ok, detail = self._poll_health()
+        stuck = self.collectors.stuck()
+        detail["stuck_collectors"] = stuck
+        if ok and stuck:
+            detail["status"] = "degraded"
+            detail["reason"] = "; ".join(
+                f"collector {name} has not returned for {s['seconds']:.1f} s"
+                + (f" (reading {s['reading']})" if s["reading"] else "")
+                + ": its source does not answer (counted in collbench_collector_timeouts_total)"
+                for name, s in sorted(stuck.items()))
+        return ok, detail
+
+    def _poll_health(self):
         now = time.monotonic()
         if self.counters_only:
             ok = self._started_at is not None
@@ -217,6 +221,5 @@ class Exporter:
             "results log": s.results_log,
             "state dir": s.state_dir or "-",
             "max age": f"{s.max_age:g} s",
-            "collectors": ", ".join(list(s.collectors) + (["legacy"] if s.legacy_metrics else [])
-                                    + (["baseline"] if getattr(s, "baseline", None) else [])),
+            "collectors": ", ".join(c.name for c in self.collectors.collectors),
         }

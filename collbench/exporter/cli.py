@@ -6,7 +6,6 @@ Settings come from the config's `exporter` section, overridden by flags. Every b
 
 import logging
 import os
-import re
 import signal
 import sys
 import threading
@@ -18,10 +17,10 @@ from collbench.results.state_dir import StatePaths
 
 PASSWORD_ENV = "COLLBENCH_EXPORTER_PASSWORD"
 # --counters-only: the per-host exporter `ctl deploy --counters-exporter` installs on every host
-# (the congestion collectors, no results log); its own port, so it can run beside the master's
-# full exporter on 9105. scrape_config.py writes Prometheus' targets for it.
-COUNTERS_COLLECTORS = ("rdma_sysfs", "ethtool", "netstat")
+# (the collectors registered with counters=True, no results log); its own port, so it can run
+# beside the master's full exporter on 9105. scrape_config.py writes Prometheus' targets for it.
 COUNTERS_LISTEN = "0.0.0.0:9106"
+STOP_SECONDS = 0.9     # SIGTERM to exit, at most
 
 
 def register(subparsers):
@@ -59,8 +58,12 @@ def register(subparsers):
     p.add_argument("--procfs-root", metavar="DIR", help="procfs mount (default /proc)")
     p.add_argument("--ethtool", metavar="CMD", help="ethtool command (default ethtool)")
     p.add_argument("--netdevs", metavar="LIST", help="comma list of netdevs for ethtool -S (default: the RDMA devices')")
-    p.add_argument("--device-include", metavar="REGEX", help="only RDMA devices / netdevs matching this")
-    p.add_argument("--device-exclude", metavar="REGEX", help="skip RDMA devices / netdevs matching this")
+    p.add_argument("--device-include", metavar="REGEX",
+                   help="only RDMA devices / netdevs matching this (RE2 syntax, as Prometheus')")
+    p.add_argument("--device-exclude", metavar="REGEX", help="skip RDMA devices / netdevs matching this (RE2)")
+    p.add_argument("--collector-timeout", metavar="SECONDS", type=float,
+                   help="a collector that has not answered within this is left out of the scrape "
+                        "(collbench_collector_success 0; default 3)")
     p.add_argument("--baseline", metavar="NAME|PATH",
                    help="serve this baseline (collbench baseline save) as collbench_baseline_* beside the live "
                         "series: a name in the state directory or a path ending in .json")
@@ -97,6 +100,8 @@ def exporter_settings(args):
         ex["poll_interval"] = check_flag("--poll-interval", POS_FLOAT, args.poll_interval)
     if args.max_series is not None:
         ex["max_series"] = check_flag("--max-series", POS_INT, args.max_series)
+    if args.collector_timeout is not None:
+        ex["collector_timeout"] = check_flag("--collector-timeout", POS_FLOAT, args.collector_timeout)
     if args.collectors is not None:
         ex["collectors"] = _comma(args.collectors)
     if args.netdevs is not None:
@@ -125,18 +130,19 @@ def exporter_settings(args):
             raise UserError(f"{'--baseline' if args.baseline is not None else 'exporter.baseline'}: {e}") from None
     ex["transport"], ex["engine"] = cfg.transport, cfg.engine   # which baseline entry matches the live series
 
-    from collbench.exporter.app import COLLECTORS
+    from collbench.exporter.collectors import compile_device_regex, selectable
     source = cfg.source if args.collectors is None else "--collectors"
+    known = selectable()
     for name in ex["collectors"]:
-        if name not in COLLECTORS:
+        if name not in known:
             raise ConfigError(source, "exporter.collectors" if args.collectors is None else None,
-                              f"unknown collector {name!r} (expected some of: {', '.join(COLLECTORS)})")
+                              f"unknown collector {name!r} (expected some of: {', '.join(known)})")
     for key in ("device_include", "device_exclude"):
         if ex.get(key):
             try:
-                re.compile(ex[key])
-            except re.error as e:
-                raise UserError(f"exporter.{key}: {ex[key]!r} is not a valid regular expression ({e})") from None
+                compile_device_regex(ex[key], f"exporter.{key}")
+            except ValueError as e:
+                raise UserError(str(e)) from None
     if bool(ex.get("tls_cert")) != bool(ex.get("tls_key")):
         raise UserError("exporter.tls_cert and exporter.tls_key: set both (a certificate and its key) or neither")
     if not counters_only and os.path.isdir(ex["results_log"]):
@@ -153,14 +159,15 @@ def _counters_only(ex, args):
                         ("--max-age", args.max_age), ("--poll-interval", args.poll_interval)):
         if value is not None:
             raise UserError(f"{flag} reads the results log: it does not go with --counters-only")
+    from collbench.exporter.collectors import counters_collectors, selectable
+    counters = counters_collectors()
     if args.collectors is None:
-        ex["collectors"] = [c for c in ex["collectors"] if c in COUNTERS_COLLECTORS] or list(COUNTERS_COLLECTORS)
+        ex["collectors"] = [c for c in ex["collectors"] if c in counters] or counters
     else:
-        from collbench.exporter.app import COLLECTORS
         for name in ex["collectors"]:
-            if name in COLLECTORS and name not in COUNTERS_COLLECTORS:
+            if name in selectable() and name not in counters:
                 raise UserError(f"--collectors: {name!r} reads the results log; with --counters-only expected "
-                                f"some of: {', '.join(COUNTERS_COLLECTORS)}")
+                                f"some of: {', '.join(counters)}")
     if args.listen is None:
         ex["listen"] = COUNTERS_LISTEN
     ex["legacy_metrics"] = False
@@ -208,15 +215,25 @@ def run(args):
     log.info("serving %s://%s:%d/metrics (%s)", "https" if ctx else "http", address[0], server.port,
              "counters only" if settings.counters_only else f"results log {settings.results_log}")
 
+    # SIGTERM / Ctrl-C: stop serving, stop the collectors (a command in flight is killed with its
+    # process group), exit 0 within STOP_SECONDS whatever a collector is blocked on: its thread is
+    # a daemon, and past the deadline (or at a second signal) the process ends at once.
     def stop(signum, frame):
+        if stopping.is_set():
+            os._exit(128 + signum)
+        stopping.set()
         threading.Thread(target=server.shutdown, daemon=True).start()
+        watchdog = threading.Timer(STOP_SECONDS, os._exit, (0,))
+        watchdog.daemon = True
+        watchdog.start()
 
+    stopping = threading.Event()
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        server.serve_forever(poll_interval=0.5)
+        server.serve_forever(poll_interval=0.1)
     finally:
-        exporter.stop()
+        exporter.stop(join_timeout=0.3)
         server.server_close()
     log.info("stopped")
     return 0

@@ -4,7 +4,8 @@ optional TLS and basic auth.
 A threading server of our own rather than prometheus_client.start_http_server, for the extra
 endpoints, TLS handshakes done in the connection's thread (a slow client cannot stall
 accept()), and authentication. /health is left open so probes need no credentials; it says
-nothing but whether the exporter is polling its log.
+nothing but whether the exporter is polling its log, which collectors are stuck, and (503)
+whether a /metrics collection has run past the exporter's `metrics_stall_seconds`.
 """
 
 import base64
@@ -18,6 +19,7 @@ import logging
 import socket
 import ssl
 import threading
+import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -99,6 +101,13 @@ class _Handler(BaseHTTPRequestHandler):
         app = self.server.app
         if url.path == "/health":
             ok, detail = app.health()
+            age = self.server.collection_age()
+            limit = getattr(app, "metrics_stall_seconds", None)
+            if limit is not None and age is not None and age > limit:
+                # /health must not say 200 while /metrics cannot answer
+                ok = False
+                detail.update(status="unhealthy", reason=f"a /metrics collection has not finished for {age:.1f} s "
+                                                         f"(limit {limit:g} s)")
             self._send(200 if ok else 503, (json.dumps(detail, sort_keys=True) + "\n").encode(),
                        "application/json")
             return
@@ -144,6 +153,12 @@ class Coalescer:
         self._done = 0           # collections finished
         self._running = False
         self._result = None      # (value, exception) of the newest finished collection
+        self.running_since = None    # monotonic start of the collection in flight
+
+    def age(self):
+        """Seconds the collection in flight has run, None when there is none."""
+        since = self.running_since
+        return None if since is None else time.monotonic() - since
 
     def get(self):
         with self._cond:
@@ -152,6 +167,7 @@ class Coalescer:
                 if not self._running:
                     self._running = True
                     self._started += 1
+                    self.running_since = time.monotonic()
                     self._cond.release()
                     try:
                         try:
@@ -162,6 +178,7 @@ class Coalescer:
                         self._cond.acquire()
                     self._result = result
                     self._running = False
+                    self.running_since = None
                     self._done += 1
                     self._cond.notify_all()
                 else:
@@ -281,6 +298,12 @@ class ExporterHTTPServer(ThreadingHTTPServer):
                     encoder = FamilyTextReuse(encoder)
                 c = self._renderers[content_type] = Coalescer(lambda: encoder(registry))
         return c.get()
+
+    def collection_age(self):
+        """Seconds the oldest /metrics collection in flight has run, None when none is."""
+        with self._renderers_lock:
+            ages = [a for a in (c.age() for c in self._renderers.values()) if a is not None]
+        return max(ages) if ages else None
 
     def server_bind(self):
         if self.address_family == socket.AF_INET6:

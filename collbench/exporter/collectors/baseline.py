@@ -21,7 +21,7 @@ import stat
 from prometheus_client.core import GaugeMetricFamily
 
 from collbench.errors import UserError
-from collbench.exporter.collectors import Collector, LogOnce, NoData
+from collbench.exporter.collectors import Collector, LogOnce, NoData, register
 
 LABELS = ["op", "size", "size_bytes", "nodes", "ranks"]
 
@@ -126,3 +126,10 @@ class BaselineCollector(Collector):
                                   labels=["baseline"])
         info.add_metric([baseline.name], 1)
         return [median, sigma, busbw, runs, created, info]
+
+
+@register("baseline", enabled_by="baseline")   # exporter.baseline / --baseline
+def _baseline(ex, _device_filter):
+    s = ex.settings
+    return BaselineCollector(s.baseline, s.state_dir, getattr(s, "transport", None), getattr(s, "engine", None),
+                             ex.setting("max_series"))

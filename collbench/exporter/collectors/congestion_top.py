@@ -16,7 +16,7 @@ import time
 
 from prometheus_client.core import GaugeMetricFamily
 
-from collbench.exporter.collectors import Collector
+from collbench.exporter.collectors import Collector, register
 
 LABELS = ["op", "size", "rank", "host", "counter"]
 DEFAULT_K = 3
@@ -52,3 +52,8 @@ class CongestionTopCollector(Collector):
                 share.add_metric(labels, row.share)
         yield delta
         yield share
+
+
+@register("congestion_top")
+def _congestion_top(ex, _device_filter):
+    return CongestionTopCollector(ex.state, ex.setting("congestion_top_k"), ex.clock)

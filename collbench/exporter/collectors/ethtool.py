@@ -24,21 +24,30 @@ make twenty queries. The first scrape reads itself; later scrapes get the last r
 when it is due, start the next one in the background, so no scrape waits on the driver or a
 fork. A netdev without these counters (lo, veth) gives no series; a missing ethtool or a
 failing netdev is logged once.
+
+The command runs in a process group of its own, for `timeout` seconds and MAX_OUTPUT bytes at
+most; past either, the whole group (and any descendant that left it) is killed through
+collbench/proctree.py, so a hung wrapper leaves no orphaned children, and the exporter's stop
+kills a command in flight the same way.
 """
 
 import logging
+import os
 import re
+import selectors
 import shlex
 import shutil
+import signal
 import subprocess
 import threading
 import time
 
 from prometheus_client.core import CounterMetricFamily
 
+from collbench import proctree
 from collbench.congestion import counters
-from collbench.exporter.collectors import Collector, DeviceFilter, LogOnce, NoData
-from collbench.exporter.collectors.ethtool_ioctl import EthtoolStatsReader, IoctlUnavailable, NoStats
+from collbench.congestion.ethtool_ioctl import EthtoolStatsReader, IoctlUnavailable, NoStats
+from collbench.exporter.collectors import Collector, DeviceFilter, LogOnce, NoData, register
 from collbench.exporter.collectors.rdma_sysfs import device_netdevs, rdma_devices
 
 _LINE = re.compile(r"^\s*([A-Za-z0-9_.\[\]-]+):\s*(-?\d+)\s*$")
@@ -47,6 +56,7 @@ _CTRL = re.compile(r"^(rx|tx)_pause_ctrl_phy$")
 _SINGLE = {"rx_discards_phy": "discards", "tx_pause_storm_warning_events": "storm_warn",
            "tx_pause_storm_error_events": "storm_err"}
 # mlx5: rx/tx_prio<p>_pause_duration in microseconds (the congestion table's unit)
+MAX_OUTPUT = 4 << 20     # bytes of `CMD -S NETDEV` output read (an mlx5 port prints ~30 KB)
 PAUSE_DURATION_UNIT = {"microseconds": 1e-6}[counters.lookup("ethtool", "rx_prio0_pause_duration").unit]
 
 
@@ -134,6 +144,9 @@ class EthtoolCollector(Collector):
         self._refreshing = False
         self._cache = None        # (monotonic time of the run, families, exception)
         self._log_once = LogOnce()
+        self._procs = set()       # commands in flight: killed by close()
+        self._procs_lock = threading.Lock()
+        self._closed = False
 
     def target_netdevs(self):
         if self.netdevs is not None:
@@ -141,11 +154,12 @@ class EthtoolCollector(Collector):
         else:
             names = []
             for dev in rdma_devices(self.sysfs_root, self.device_filter):
-                names += [n for n in device_netdevs(self.sysfs_root, dev) if n not in names]
+                names += [n for n in device_netdevs(self.sysfs_root, dev, self.count_error) if n not in names]
         return [n for n in names if self.device_filter(n) or (self.netdevs is None)]
 
     def _read_ioctl(self, netdev):
         """{name: value}, None (no statistics), or IoctlUnavailable."""
+        self.reading = f"SIOCETHTOOL ETHTOOL_GSTATS {netdev}"
         try:
             return dict(self.reader.read(netdev))
         except NoStats as e:
@@ -155,20 +169,55 @@ class EthtoolCollector(Collector):
     def _run(self, netdev):
         """{name: value} from `CMD -S netdev`, or None."""
         try:
-            proc = subprocess.run(self.argv + ["-S", netdev], capture_output=True, timeout=self.timeout,
-                                  text=True, errors="replace", stdin=subprocess.DEVNULL)
+            code, out, err = self._command(self.argv + ["-S", netdev])
         except FileNotFoundError:
             self._log_once(logging.INFO, "%s not found (install ethtool or set exporter.ethtool)", self.argv[0])
             return None
         except subprocess.TimeoutExpired:
-            self._log_once(logging.WARNING, "ethtool -S %s: no answer within %.0f s", netdev, self.timeout)
+            self.count_error("command_timeout")
+            self._log_once(logging.WARNING, "ethtool -S %s: no answer within %g s (its process group killed)",
+                           netdev, self.timeout)
             return None
-        if proc.returncode != 0:
-            err = (proc.stderr or proc.stdout).strip().splitlines()
-            self._log_once(logging.INFO, "ethtool -S %s: exit %d: %s", netdev, proc.returncode,
-                           err[-1] if err else "no output")
+        except OverflowError:
+            self.count_error("command_output_too_large")
+            self._log_once(logging.WARNING, "ethtool -S %s: more than %d bytes of output (its process group "
+                           "killed)", netdev, MAX_OUTPUT)
             return None
-        return parse_ethtool_stats(proc.stdout)
+        if code != 0:
+            lines = (err or out).strip().splitlines()
+            self._log_once(logging.INFO, "ethtool -S %s: exit %d: %s", netdev, code, lines[-1] if lines else "no output")
+            return None
+        return parse_ethtool_stats(out)
+
+    def _command(self, argv):
+        """(exit code, stdout, stderr) of argv, run in a session of its own; TimeoutExpired or
+        OverflowError (output past MAX_OUTPUT) after killing its whole tree."""
+        self.reading = shlex.join(argv)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
+        with self._procs_lock:
+            self._procs.add(proc)
+            if self._closed:
+                _kill_tree(proc)
+        try:
+            out, err = _read_bounded(proc, self.timeout, MAX_OUTPUT)
+        except BaseException:
+            _kill_tree(proc)
+            raise
+        finally:
+            proc.stdout.close()
+            proc.stderr.close()
+            with self._procs_lock:
+                self._procs.discard(proc)
+        code = proc.wait()
+        return code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+    def close(self):
+        with self._procs_lock:
+            self._closed = True
+            procs = list(self._procs)
+        for proc in procs:
+            _kill_tree(proc)
 
     def read_all(self):
         netdevs = self.target_netdevs()
@@ -237,3 +286,51 @@ class EthtoolCollector(Collector):
         if error is not None:
             raise error
         return families
+
+
+@register("ethtool", counters=True)
+def _ethtool(ex, device_filter):
+    s = ex.settings
+    return EthtoolCollector(s.ethtool, s.netdevs, s.sysfs_root, device_filter)
+
+
+def _read_bounded(proc, timeout, max_bytes):
+    """(stdout, stderr) of proc read to EOF within timeout s and max_bytes together."""
+    deadline = time.monotonic() + timeout
+    chunks = {proc.stdout.fileno(): [], proc.stderr.fileno(): []}
+    total = 0
+    with selectors.DefaultSelector() as sel:
+        for fd in chunks:
+            sel.register(fd, selectors.EVENT_READ)
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(proc.args, timeout)
+            for key, _ in sel.select(left):
+                data = os.read(key.fd, 65536)
+                if not data:
+                    sel.unregister(key.fd)
+                    continue
+                total += len(data)
+                if total > max_bytes:
+                    raise OverflowError(f"more than {max_bytes} bytes")
+                chunks[key.fd].append(data)
+    # output ended; the command itself gets what is left of the timeout to exit
+    try:
+        proc.wait(max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        raise subprocess.TimeoutExpired(proc.args, timeout) from None
+    return b"".join(chunks[proc.stdout.fileno()]), b"".join(chunks[proc.stderr.fileno()])
+
+
+def _kill_tree(proc):
+    """SIGKILL the command's process group and any descendant that left it (proctree: the one
+    place a process tree is signalled), then reap the command."""
+    if proc.poll() is None:
+        proctree.signal_tree(proc.pid, signal.SIGKILL, proctree.descendants(proc.pid))
+    else:
+        proctree.signal_tree(proc.pid, signal.SIGKILL)   # the leader is gone: its group may not be
+    try:
+        proc.wait(1.0)
+    except subprocess.TimeoutExpired:
+        pass

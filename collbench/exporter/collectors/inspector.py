@@ -38,7 +38,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from collbench.bounded_file import UntrustedFileError, read_limited_text
 from collbench.change_point import MIN_RATIO, ShiftDetector
-from collbench.exporter.collectors import Collector, NoData
+from collbench.exporter.collectors import Collector, NoData, register
 from collbench.inspector.parse import MAX_LINE, OPS, FormatError, parse_line, parse_prom
 from collbench.inspector.records import collbench_size
 from collbench.ops import get_op
@@ -372,3 +372,10 @@ def _quantile(sorted_values, q):
     """The nearest-rank quantile of a sorted list."""
     i = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
     return sorted_values[i]
+
+
+@register("inspector", counters=True, enabled_by="inspector_dir")
+def _inspector(ex, _device_filter):
+    # exporter.inspector_dir set: follow the job's Inspector files (on --counters-only too)
+    return InspectorCollector(ex.setting("inspector_dir"), ex.setting("inspector_window"),
+                              ex.setting("inspector_top_k"), ex.clock, ex.setting("shift_ratio"))

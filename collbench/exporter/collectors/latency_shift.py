@@ -24,7 +24,7 @@ import time
 from prometheus_client.core import GaugeMetricFamily
 
 from collbench.change_point import H, MIN_RATIO, ShiftDetector
-from collbench.exporter.collectors import Collector
+from collbench.exporter.collectors import Collector, register
 
 MAX_SERIES = 4096
 
@@ -96,3 +96,8 @@ class LatencyShiftCollector(Collector):
                                 "(alerts.shift_ratio).", value=self.min_ratio)
         yield GaugeMetricFamily("collbench_latency_shift_threshold",
                                 "The CUSUM statistic above which collbench_latency_shift is 1.", value=H)
+
+
+@register("latency_shift")
+def _latency_shift(ex, _device_filter):
+    return LatencyShiftCollector(ex.state, ex.clock, ex.setting("shift_ratio"))

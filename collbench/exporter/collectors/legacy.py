@@ -11,7 +11,7 @@ import time
 
 from prometheus_client.core import GaugeMetricFamily
 
-from collbench.exporter.collectors import Collector
+from collbench.exporter.collectors import Collector, register
 from collbench.exporter.collectors.results import stress_status
 from collbench.ops import OPS
 
@@ -53,3 +53,8 @@ class LegacyCollector(Collector):
         if snap["last_update"] is not None:
             last.add_metric([], int(snap["last_update"]))
         yield last
+
+
+@register("legacy", enabled_by="legacy_metrics")
+def _legacy(ex, _device_filter):
+    return LegacyCollector(ex.state, ex.settings.state_dir, ex.clock)

@@ -4,15 +4,18 @@ InCEPkts counts packets that arrived marked Congestion Experienced: for traffic 
 kernel stack (TCP transports), the host-side view of ECN marking. Counters are those of the
 exporter's network namespace. What each counter means is the congestion table's
 (collbench/congestion/counters.py), the one the built-in engine reads around each step.
+The file is read bounded (collbench/bounded_file.py): a regular file of MAX_NETSTAT_BYTES at
+most; a FIFO, a device or a bigger file is refused and counted (collbench_collector_errors_total).
 """
 
 import os
 
 from prometheus_client.core import CounterMetricFamily
 
+from collbench.bounded_file import UntrustedFileError, read_limited_text
 from collbench.congestion import counters
-from collbench.congestion.netstat import parse_netstat, section_fields  # noqa: F401 -- this module's API
-from collbench.exporter.collectors import Collector, NoData
+from collbench.congestion.netstat import MAX_NETSTAT_BYTES, section_fields
+from collbench.exporter.collectors import Collector, NoData, file_error_reason, register
 
 # IpExt field -> exported name (the names are a contract: tests/test_layout_contract.py)
 IPEXT_NAMES = {"InCEPkts": "collbench_netstat_ip_in_ce_packets", "InECT0Pkts": "collbench_netstat_ip_in_ect0_packets",
@@ -33,11 +36,14 @@ class NetstatCollector(Collector):
         self.path = os.path.join(procfs_root, "net", "netstat")
 
     def collect(self):
+        if not os.path.lexists(self.path):
+            raise NoData(f"{self.path} does not exist")
+        self.reading = self.path
         try:
-            with open(self.path, encoding="ascii", errors="replace") as f:
-                text = f.read()
-        except FileNotFoundError:
-            raise NoData(f"{self.path} does not exist") from None
+            text = read_limited_text(self.path, MAX_NETSTAT_BYTES)
+        except UntrustedFileError as e:
+            self.count_error(file_error_reason(e))
+            raise RuntimeError(f"{self.path}: {e}") from None
         ipext = section_fields(text, "IpExt")
         if not ipext:
             raise NoData(f"{self.path} has no IpExt section")
@@ -50,3 +56,8 @@ class NetstatCollector(Collector):
             if field in tcpext:
                 fams.append(CounterMetricFamily(name, help_text, value=tcpext[field]))
         return fams
+
+
+@register("netstat", counters=True)
+def _netstat(ex, _device_filter):
+    return NetstatCollector(ex.settings.procfs_root)

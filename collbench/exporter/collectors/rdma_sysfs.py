@@ -10,6 +10,14 @@ a code change. What a counter means (and on which side of a flow it counts) is t
 Port counters are the IB PMA counters; port_xmit_data / port_rcv_data count
 4-byte words (IBTA), exported in bytes. A counter file that cannot be read (some return EINVAL
 while the port is down, some say "N/A (no PMA)") is skipped, not fatal.
+
+Sysfs is untrusted input: only regular files are read (a FIFO or a device in a counters
+directory is refused and counted in collbench_collector_errors_total, reason not_regular_file),
+64 bytes at most, opened non-blocking; files whose names give one series (`np-cnp_sent`,
+`NP_CNP_SENT`, `np_cnp_sent_total`) are one series: the file whose name is already the metric's
+is read, the others refused and counted (reason duplicate_series), since Prometheus rejects a
+whole scrape holding a series twice. A read the kernel does not complete (a NIC whose firmware
+stopped answering) is the collector deadline's (collectors/__init__.py).
 """
 
 import os
@@ -20,8 +28,10 @@ import weakref
 
 from prometheus_client.core import CounterMetricFamily
 
+from collbench.bounded_file import UntrustedFileError, read_limited_text
 from collbench.congestion import counters
-from collbench.exporter.collectors import Collector, DeviceFilter, NoData
+from collbench.congestion.snapshot import parse_value
+from collbench.exporter.collectors import Collector, DeviceFilter, NoData, file_error_reason, register
 
 # Files in hw_counters that are settings, not counters.
 NOT_COUNTERS = {"lifespan"}
@@ -29,6 +39,8 @@ NOT_COUNTERS = {"lifespan"}
 WORD_COUNTERS = {"port_xmit_data": "collbench_rdma_port_xmit_data_bytes",
                  "port_rcv_data": "collbench_rdma_port_rcv_data_bytes"}
 _BAD_CHARS = re.compile(r"[^a-z0-9_]")
+MAX_VALUE_BYTES = 64        # a counter file: one number
+MAX_NETDEV_BYTES = 256      # a GID ndevs entry: one interface name (IFNAMSIZ is 16)
 
 
 def infiniband_dir(sysfs_root):
@@ -41,12 +53,13 @@ def rdma_devices(sysfs_root, device_filter=None):
         names = sorted(os.listdir(infiniband_dir(sysfs_root)))
     except OSError:
         return []
-    return [n for n in names if device_filter is None or device_filter(n)]
+    return [n for n in names if _good_name(n) and (device_filter is None or device_filter(n))]
 
 
-def device_netdevs(sysfs_root, dev):
+def device_netdevs(sysfs_root, dev, on_error=None):
     """The Ethernet netdevs of an RDMA device (RoCE): each port's gid_attrs/ndevs, else the
-    PCI function's net/ directory."""
+    PCI function's net/ directory. An ndevs entry that is not a small regular text file (a FIFO,
+    /dev/zero) is refused: on_error(reason) counts it."""
     base = os.path.join(infiniband_dir(sysfs_root), dev)
     found = []
     try:
@@ -61,19 +74,40 @@ def device_netdevs(sysfs_root, dev):
             continue
         for e in entries[:4]:   # GID 0 names the port's netdev; reading the rest costs a syscall each
             try:
-                with open(os.path.join(ndevs, e), encoding="ascii") as f:
-                    name = f.read().strip()
-            except OSError:
-                continue    # unset GID entries return EINVAL
+                name = read_limited_text(os.path.join(ndevs, e), MAX_NETDEV_BYTES).strip()
+            except UntrustedFileError as err:
+                # unset GID entries return EINVAL: not an error; a FIFO or a device is
+                if on_error is not None and "cannot read" not in str(err):
+                    on_error(file_error_reason(err))
+                continue
+            if not name:
+                continue    # an unset GID
+            if not _good_name(name):
+                if on_error is not None:
+                    on_error("unreadable")
+                continue
             if name and name not in found:
                 found.append(name)
                 break
     if not found:
         try:
-            found = sorted(os.listdir(os.path.join(base, "device", "net")))
+            found = sorted(n for n in os.listdir(os.path.join(base, "device", "net")) if _good_name(n))
         except OSError:
             pass
     return found
+
+
+def _good_name(name):
+    """A device or file name fit for a label value: printable, valid UTF-8 (os.listdir hands
+    undecodable bytes through as surrogates, which the exposition cannot encode)."""
+    if not name or len(name) > 255 or not name.isprintable():
+        return False
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
 
 
 def metric_name(prefix, counter):
@@ -107,7 +141,13 @@ class RdmaSysfsCollector(Collector):
         self._lock = threading.Lock()
         self._layout = None      # (built at, device names, [(dir fd, file, family, help, dev, port, scale)])
         self._dir_fds = []       # descriptors the layout holds; closed on rebuild and when collected
+        self._current = None     # the layout entry being read (formatted only when /health asks)
         self._finalizer = weakref.finalize(self, _close_all, self._dir_fds)
+
+    @property
+    def reading(self):
+        entry = self._current
+        return None if entry is None else os.path.join(entry[7], entry[1])
 
     def _drop_layout(self):
         self._layout = None
@@ -125,37 +165,71 @@ class RdmaSysfsCollector(Collector):
         self._drop_layout()
         root = infiniband_dir(self.sysfs_root)
         entries = []
+        seen = set()     # (metric name, device, port): one file per series
         for dev in devices:
             ports_dir = os.path.join(root, dev, "ports")
             try:
-                ports = sorted(os.listdir(ports_dir), key=lambda p: int(p) if p.isdigit() else 0)
+                ports = sorted((p for p in os.listdir(ports_dir) if _good_name(p)),
+                               key=lambda p: int(p) if p.isdigit() else 0)
             except OSError:
                 continue
             for port in ports:
                 hw = os.path.join(ports_dir, port, "hw_counters")
-                counters = [c for c in _listdir(hw) if c not in NOT_COUNTERS]
-                hw_fd = self._open_dir(hw) if counters else None
-                if hw_fd is not None:
-                    for counter in counters:
-                        entries.append((hw_fd, counter, metric_name("collbench_rdma_", counter),
-                                        _help(f"RDMA hw_counters/{counter} of the port (driver counter).",
-                                              "rdma_hw", counter), dev, port, 1))
+                found = []
+                for counter in self._counter_files(hw):
+                    if counter not in NOT_COUNTERS:
+                        found.append((counter, metric_name("collbench_rdma_", counter),
+                                      _help(f"RDMA hw_counters/{counter} of the port (driver counter).",
+                                            "rdma_hw", counter), 1))
+                self._add_dir(entries, seen, hw, found, dev, port)
                 pc = os.path.join(ports_dir, port, "counters")
-                counters = _listdir(pc)
-                pc_fd = self._open_dir(pc) if counters else None
-                if pc_fd is None:
-                    continue
-                for counter in counters:
+                found = []
+                for counter in self._counter_files(pc):
                     if counter in WORD_COUNTERS:
-                        entries.append((pc_fd, counter, WORD_COUNTERS[counter],
-                                        f"RDMA port counters/{counter} in bytes (the file counts 4-byte words).",
-                                        dev, port, 4))
+                        found.append((counter, WORD_COUNTERS[counter],
+                                      f"RDMA port counters/{counter} in bytes (the file counts 4-byte words).", 4))
                     else:
                         short = counter[len("port_"):] if counter.lower().startswith("port_") else counter
-                        entries.append((pc_fd, counter, metric_name("collbench_rdma_port_", short),
-                                        _help(f"RDMA port counters/{counter} (IB port counter).", "rdma_port",
-                                              counter), dev, port, 1))
+                        found.append((counter, metric_name("collbench_rdma_port_", short),
+                                      _help(f"RDMA port counters/{counter} (IB port counter).", "rdma_port",
+                                            counter), 1))
+                self._add_dir(entries, seen, pc, found, dev, port)
         return (self.clock(), devices, entries)
+
+    def _counter_files(self, path):
+        """Names of the regular files in a counters directory, sorted; the others (FIFOs, devices,
+        directories, undecodable names) counted and left out."""
+        try:
+            with os.scandir(path) as it:
+                listed = list(it)
+        except OSError:
+            return []
+        names = []
+        for entry in listed:
+            try:
+                regular = entry.is_file()
+            except OSError:
+                regular = False
+            if not regular:
+                self.count_error("not_regular_file")
+            elif not _good_name(entry.name):
+                self.count_error("unreadable")
+            else:
+                names.append(entry.name)
+        return sorted(names, key=lambda n: (metric_name("", n) != n, n))   # canonical names first
+
+    def _add_dir(self, entries, seen, path, found, dev, port):
+        if not found:
+            return
+        fd = self._open_dir(path)
+        if fd is None:
+            return
+        for counter, name, help_text, scale in found:
+            if (name, dev, port) in seen:
+                self.count_error("duplicate_series")
+                continue
+            seen.add((name, dev, port))
+            entries.append((fd, counter, name, help_text, dev, port, scale, path))
 
     def collect(self):
         with self._lock:
@@ -170,7 +244,10 @@ class RdmaSysfsCollector(Collector):
             if not os.path.isdir(root):
                 raise NoData(f"{root} does not exist (no RDMA devices on this host)") from None
             listed = []
-        devices = sorted(n for n in listed if self.device_filter(n))
+        bad = [n for n in listed if not _good_name(n)]
+        if bad:     # undecodable bytes cannot be a label value: the whole scrape would fail
+            self.count_error("unreadable", len(bad))
+        devices = sorted(n for n in listed if _good_name(n) and self.device_filter(n))
         if not devices:
             raise NoData(f"no RDMA device in {root} passes the device filters")
         layout = self._layout
@@ -178,28 +255,31 @@ class RdmaSysfsCollector(Collector):
             layout = self._layout = self._build_layout(devices)
         families = {}
         vanished = False
-        for dir_fd, counter, name, help_text, dev, port, scale in layout[2]:
+        for entry in layout[2]:
+            dir_fd, counter, name, help_text, dev, port, scale, _ = entry
+            self._current = entry    # for /health, should this read never return
             try:
-                fd = os.open(counter, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+                # O_NONBLOCK: a file turned into a FIFO since the layout answers at once (empty)
+                fd = os.open(counter, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=dir_fd)
             except FileNotFoundError:
                 vanished = True
                 continue
             except OSError:
                 continue
             try:
-                raw = os.read(fd, 64)
+                raw = os.read(fd, MAX_VALUE_BYTES)
             except OSError:
                 continue    # e.g. EINVAL while the port is down
             finally:
                 os.close(fd)
-            try:
-                value = int(raw)
-            except ValueError:
+            value = parse_value(raw)
+            if value is None:
                 continue    # "N/A (no PMA)"
             fam = families.get(name)
             if fam is None:
                 fam = families[name] = CounterMetricFamily(name, help_text, labels=["device", "port"])
             fam.add_metric([dev, port], value * scale)
+        self._current = None
         if vanished:
             self._drop_layout()     # a port or counter went away: list again on the next scrape
         return [families[k] for k in sorted(families)]
@@ -219,8 +299,8 @@ def _close_all(fds):
             pass
 
 
-def _listdir(path):
-    try:
-        return sorted(os.listdir(path))
-    except OSError:
-        return []
+
+
+@register("rdma_sysfs", counters=True)
+def _rdma_sysfs(ex, device_filter):
+    return RdmaSysfsCollector(ex.settings.sysfs_root, device_filter)

@@ -4,7 +4,7 @@ import time
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from collbench.exporter.collectors import Collector
+from collbench.exporter.collectors import Collector, register
 from collbench.results.state_dir import RUNNING, StatePaths, daemon_status
 
 SERIES_LABELS = ["op", "size", "size_bytes", "nodes", "ranks"]
@@ -123,3 +123,8 @@ class ResultsCollector(Collector):
         for t, n in snap["records"].items():
             recs.add_metric([t], n)
         yield recs
+
+
+@register("results")
+def _results(ex, _device_filter):
+    return ResultsCollector(ex.state, ex.settings.state_dir, ex.clock)
