@@ -32,6 +32,23 @@ def remote_config_path(master):
     return master.remote_config or posixpath.join(master.remote_dir, "etc", "collbench.yaml")
 
 
+def load(args):
+    """The config of a `ctl` command, with --host over master.host."""
+    from collbench.config import load_config
+    cfg = load_config(args.config)
+    if args.host:
+        cfg.master.host = args.host
+    return cfg
+
+
+def is_remote(cfg, args):
+    return bool(cfg.master.host) and not args.local
+
+
+def open_master(cfg, args):
+    return Master(cfg, accept_new_host_key=args.accept_new_host_key, ask_password=args.ask_password)
+
+
 class Master:
     """An SSH session to the config's master host, with collbench's remote conventions."""
 
