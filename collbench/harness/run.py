@@ -1,11 +1,11 @@
 """The run context of a verb running MPI jobs: SIGTERM as an exception, Ctrl-C, leftover launchers, exit codes."""
 
 import os
-import signal
 import sys
 import time
 
-from collbench import proctree
+from collbench import proctree, signals
+from collbench.signals import Terminated, raise_terminated  # noqa: F401  (the harness' names for them)
 
 EXIT_INTERRUPTED = 130     # 128 + SIGINT, as a shell reports Ctrl-C
 EXIT_TERMINATED = 143      # 128 + SIGTERM
@@ -26,14 +26,6 @@ def prepare(cfg, steps):
     engine = engines.get_engine(cfg.engine)
     engine.preflight(cfg, steps)
     return engine, run_context(cfg, cfg.engine)
-
-
-class Terminated(Exception):
-    """SIGTERM arrived: unwind like Ctrl-C so the running MPI job is stopped, not orphaned."""
-
-
-def raise_terminated(signum, frame):
-    raise Terminated()
 
 
 def stop_leftover_jobs(grace=5.0):
@@ -70,7 +62,7 @@ class Run:
         self.progress = progress or Progress(self.stream, total, quiet=quiet, weights=weights)
         self.exit_code = None
         self.started = time.monotonic()
-        self._previous = None
+        self._signals = None
 
     @property
     def stopped(self):
@@ -83,7 +75,7 @@ class Run:
     def __enter__(self):
         # The MPI job runs in its own session; a SIGTERM to us must still end it (the engines
         # stop their job when unwound), so it is turned into an exception like Ctrl-C.
-        self._previous = signal.signal(signal.SIGTERM, raise_terminated)
+        self._signals = signals.install(signals.VERB, raise_terminated)
         self.started = time.monotonic()
         return self
 
@@ -102,7 +94,7 @@ class Run:
                   f"{self.on_stop}", file=self.stream, flush=True)
             return True
         finally:
-            signal.signal(signal.SIGTERM, self._previous)
+            self._signals.restore()
 
 
 def run_plan(verb, engine, cfg, steps, ctx, quiet=False, on_stop="nothing written", stream=None):
