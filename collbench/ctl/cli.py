@@ -14,7 +14,7 @@ import json
 import sys
 
 from collbench import cli as collbench_cli
-from collbench.ctl import remote, servers
+from collbench.ctl import servers
 from collbench.ctl.remote import is_remote, load, open_master
 from collbench.errors import UserError
 

@@ -156,13 +156,32 @@ def cmd_replay(args):
     return REPLAYS[args.engine](args)
 
 
+def _write_replay(args, checked, result, report, render_table):
+    """Every output of a replay (-o in --format, --csv, --results) that can be written is (the
+    measurements are not thrown away for one that cannot); the Outputs, whose failures the
+    command raises once it has said the rest. report: the module with render_json/render_csv."""
+    from collbench.atomic_file import Outputs
+    from collbench.results.records import dumps
+    if args.format == "json":
+        text = report.render_json(result)
+    elif args.format == "csv":
+        text = report.render_csv(result)
+    else:
+        text = _safe(render_table(result))
+    outs = Outputs()
+    if "--results" in checked:      # appended in place: an existing results log is not read
+        outs.append(checked["--results"], [dumps(r) + "\n" for r in result.records], "--results")
+    if "--csv" in checked:
+        outs.write(checked["--csv"], report.render_csv(result), "--csv")
+    outs.write(args.output, text, "-o")
+    return outs
+
+
 def _replay_builtin(args):
     from collbench import harness
     from collbench.config import load_config
     from collbench.errors import UserError
     from collbench.nccl import replay, replay_report
-    from collbench.atomic_file import Outputs
-    from collbench.results.records import dumps
 
     # everything that can be wrong with the flags is found before the log is read or anything runs
     if args.comm is not None and args.order != "log":
@@ -178,20 +197,8 @@ def _replay_builtin(args):
     if job.stopped:
         return job.exit_code
 
-    if args.format == "json":
-        text = replay_report.render_json(result)
-    elif args.format == "csv":
-        text = replay_report.render_csv(result)
-    else:
-        text = _safe(replay_report.render_table(result, verbose=args.verbose))
-    # every output that can be written is (the measurements are not thrown away for one that
-    # cannot); a file that failed is named and makes the exit 2, whichever flag it was
-    outs = Outputs()
-    if "--results" in checked:      # appended in place: an existing results log is not read
-        outs.append(checked["--results"], [dumps(r) + "\n" for r in result.records], "--results")
-    if "--csv" in checked:
-        outs.write(checked["--csv"], replay_report.render_csv(result), "--csv")
-    outs.write(args.output, text, "-o")
+    outs = _write_replay(args, checked, result, replay_report,
+                         lambda r: replay_report.render_table(r, verbose=args.verbose))
     if args.format != "table":
         for w in result.warnings:
             print(f"collbench: warning: {_safe(w)}", file=sys.stderr)
@@ -206,12 +213,10 @@ def _replay_builtin(args):
 def _replay_nccl_tests(args):
     """`nccl replay --engine nccl-tests` (grouped order): flags checked before the log is read."""
     from collbench import harness
-    from collbench.atomic_file import Outputs
     from collbench.config import load_config
     from collbench.errors import UserError
     from collbench.nccl import replay as mpi_replay
     from collbench.nccl import replay_nccl_tests
-    from collbench.results.records import dumps
 
     if args.order != "grouped":
         raise UserError("--engine nccl-tests replays the grouped configurations (--order grouped); "
@@ -231,18 +236,7 @@ def _replay_nccl_tests(args):
         result = replay_nccl_tests.replay(args.paths, cfg, settings, on_row=progress)
     if job.stopped:
         return job.exit_code
-    if args.format == "json":
-        text = replay_nccl_tests.render_json(result)
-    elif args.format == "csv":
-        text = replay_nccl_tests.render_csv(result)
-    else:
-        text = _safe(replay_nccl_tests.render_table(result))
-    outs = Outputs()
-    if "--results" in checked:
-        outs.append(checked["--results"], [dumps(r) + "\n" for r in result.records], "--results")
-    if "--csv" in checked:
-        outs.write(checked["--csv"], replay_nccl_tests.render_csv(result), "--csv")
-    outs.write(args.output, text, "-o")
+    outs = _write_replay(args, checked, result, replay_nccl_tests, replay_nccl_tests.render_table)
     for w in result.warnings:
         print(f"collbench: warning: {_safe(w)}", file=sys.stderr)
     bad = [r for r in result.records if r.get("type") == "result" and r.get("validation") == "fail"]
