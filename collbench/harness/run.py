@@ -19,6 +19,22 @@ def run_context(cfg, engine):
     return RunContext(cfg, engine, launcher.mpi_version(cfg))
 
 
+def once_plan(cfg, engine=None, **flags):
+    """The steps `collbench once` runs for a config narrowed by its flags (engine: --engine; flags:
+    apply_overrides' np, ops, sizes, iterations, datatype, validate); cfg is narrowed in place.
+    A UserError (exit 2) when no step is left. Also the plan of report's peak test and of
+    `baseline --runs`, so their numbers are the numbers `once` gives."""
+    from collbench.config import apply_overrides
+    from collbench.errors import UserError
+    if engine:
+        cfg.engine = engine
+    apply_overrides(cfg, **flags)
+    steps = list(cfg.once_plan())
+    if not steps:
+        raise UserError("the plan has no steps")
+    return steps
+
+
 def prepare(cfg, steps):
     """(engine, run context) for a plan: the config's engine, its preflight (engine built, every
     step checked: exit 2 before anything runs), and the run context."""
