@@ -17,6 +17,12 @@ Sizes: nccl-tests' size of all_gather and alltoall is the whole buffer (every ra
 collbench's is one rank's block (docs/METRICS.md), so those run at size x ranks and the record
 says the per-rank size. A size nccl-tests did not print (a run that failed mid-table: the rows
 before stay results) becomes a failure record with the reason nccl-tests or NCCL printed.
+
+This module is the one place that knows nccl-tests: its binaries, argv (`job_args`), datatypes
+(`TYPES`) and reductions, and the job (`run_job`: launch, read, why a size has no row). The engine
+turns a job's rows into step records (`measure_job`); `compare --engine nccl-tests`
+(compare/nccl_compare.py, compare/nccl_candidates.py) and `nccl replay --engine nccl-tests`
+(nccl/replay_nccl_tests.py) build their jobs with the same functions.
 """
 
 import os
@@ -88,6 +94,8 @@ def job_args(op, lo, hi, factor, iterations, warmup, type_flag, validate, redop=
     if op.name in ROOTED:
         args += ["-r", str(root)]
     return args
+
+
 def find_binary(cfg, name, environ=None):
     """Path of one nccl-tests binary, or a UserError listing every place looked."""
     environ = os.environ if environ is None else environ
@@ -184,6 +192,7 @@ class JobOutput:
     nccl_version: str
     reason: str             # why a size has no row: nccl-tests' or NCCL's words, the exit code
     hosts: list             # the ranks' hosts in rank order, as nccl-tests printed them
+    lines: list             # what it printed (stdout), line by line: NCCL's INFO lines too
 
 
 def run_job(cfg, binary, args, runner):
@@ -197,7 +206,8 @@ def run_job(cfg, binary, args, runner):
     job = runner.run(argv, env, idle_timeout=runner.idle_timeout(cfg), on_line=lines.append)
     t_end = time.time()
     if job.timed_out:
-        return JobOutput(job, t_end, {}, None, None, step_timeout_error(cfg.step_timeout, runner.launch_slack), [])
+        return JobOutput(job, t_end, {}, None, None, step_timeout_error(cfg.step_timeout, runner.launch_slack), [],
+                         lines)
     try:
         outs = parse("\n".join(line.rstrip("\n") for line in lines))
         why = ""
@@ -212,7 +222,7 @@ def run_job(cfg, binary, args, runner):
         for r in o.rows:
             rows.setdefault(r.size, r)
     ranks = first.ranks if first is not None else None
-    hosts = [d.host for d in sorted(first.devices, key=lambda d: d.rank)] if first is not None else []
+    hosts = [d.host for d in sorted(first.devices, key=lambda d: d.rank)] if first is not None and first.devices else []
     if ranks is not None and ranks != cfg.ranks:
         why = (f"nccl-tests ran {ranks} rank(s) per communicator for a job of {cfg.ranks}: "
                f"{'a binary built without MPI=1 (make MPI=1)' if ranks == 1 else 'check -g and the launcher'}")
@@ -229,7 +239,7 @@ def run_job(cfg, binary, args, runner):
                   else f"exit code {job.returncode}" if job.returncode else "nccl-tests printed no row for it")
         if warnings:
             reason += f" (NCCL WARN {warnings[-1]})"
-    return JobOutput(job, t_end, rows, ranks, version, reason, hosts)
+    return JobOutput(job, t_end, rows, ranks, version, reason, hosts, lines)
 
 
 def variant_of(row, inplace):
