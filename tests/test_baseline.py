@@ -8,13 +8,11 @@ import json
 import random
 import signal
 import statistics
-import subprocess
-import sys
 
 import pytest
 
 from collbench.baselines import key_of, load_baseline, regression_bound_us
-from report_helpers import REPO, collbench
+from report_helpers import collbench, signal_at_progress
 
 KEYS = [("allreduce", 1 << 10, 12.0), ("allreduce", 1 << 16, 40.0), ("allreduce", 1 << 20, 300.0),
         ("bcast", 1 << 20, 120.0), ("barrier", 0, 3.0)]
@@ -262,29 +260,16 @@ def test_baseline_fifo_is_refused_not_waited_on(tmp_path):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("sig, code, word", [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")])
-def test_runs_go_through_the_harness_progress_and_a_signal_stops_them_saving_nothing(tmp_path, sig, code, word):
+@pytest.mark.parametrize("sig, code_wanted, word", [(signal.SIGTERM, 143, "terminated"),
+                                                    (signal.SIGINT, 130, "interrupted")])
+def test_runs_go_through_the_harness_progress_and_a_signal_stops_them_saving_nothing(tmp_path, sig, code_wanted, word):
     """baseline --runs measures in process through the harness, as every verb does: a progress line
     per step, and SIGTERM / Ctrl-C stop the MPI job, say so, save nothing and exit 143 / 130."""
     from collbench import proctree
-    argv = [sys.executable, "-m", "collbench", "baseline", "save", "stopped", "--runs", "50", "--np", "2",
-            "--ops", "allreduce", "--sizes", "1KB,2KB,4KB,8KB", "--iterations", "2000", *base_args(tmp_path)]
-    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO)
-    lines = []
-    try:
-        for line in proc.stderr:        # the harness' progress: "[1/4] allreduce 1KB ..."
-            lines.append(line)
-            if line.startswith("[1/4]"):
-                break
-        assert lines and lines[-1].startswith("[1/4]"), "".join(lines)
-        below = proctree.descendants(proc.pid)
-        proc.send_signal(sig)
-        err = "".join(lines) + proc.stderr.read()
-        assert proc.wait(timeout=60) == code, err
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    code, err, below = signal_at_progress(
+        ["baseline", "save", "stopped", "--runs", "50", "--np", "2", "--ops", "allreduce", "--sizes", "1KB,2KB,4KB,8KB",
+         "--iterations", "2000", *base_args(tmp_path)], "[1/4] allreduce", sig)
+    assert code == code_wanted, err
     assert f"collbench baseline save: {word} after" in err and "nothing saved" in err
     assert not (tmp_path / "state" / "baselines").exists() or not list((tmp_path / "state" / "baselines").iterdir())
     assert [p for p in below if proctree.pid_alive(p)] == []

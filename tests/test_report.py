@@ -15,7 +15,7 @@ import yaml
 from collbench.report.peak import peak_from_matrix, two_host_config
 from collbench.config import load_config
 from report_helpers import (collbench, external_urls, non_blank_stats, once_results, read_records, render,
-                            write_stress_log)
+                            signal_at_progress, write_stress_log)
 
 OPS = "allreduce,bcast,allgather,barrier"
 GARBAGE = [
@@ -301,31 +301,14 @@ def test_the_measured_peak_runs_through_the_harness_and_sigterm_writes_no_report
     """The peak test runs in the report's process through the harness: its progress on stderr,
     and a SIGTERM during it stops the MPI job, says so, writes nothing and exits 143."""
     import signal
-    import subprocess
-    import sys
     from collbench import proctree
-    from report_helpers import REPO
     path = _write(tmp_path / "r.jsonl", [_result()])
     cfg = tmp_path / "c.yaml"
     cfg.write_text("ranks: 2\ntransport: shm\n")
     out = tmp_path / "r.html"
-    proc = subprocess.Popen([sys.executable, "-m", "collbench", "report", str(path), "-o", str(out), "--config",
-                             str(cfg)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO)
-    lines = []
-    try:
-        for line in proc.stderr:        # the harness' progress: "[1/4] bcast 256KB ..."
-            lines.append(line)
-            if line.startswith("[1/4] bcast"):
-                break
-        assert lines and lines[-1].startswith("[1/4] bcast"), "".join(lines)
-        below = proctree.descendants(proc.pid)
-        proc.send_signal(signal.SIGTERM)
-        err = "".join(lines) + proc.stderr.read()
-        assert proc.wait(timeout=60) == 143, err
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    code, err, below = signal_at_progress(["report", str(path), "-o", str(out), "--config", str(cfg)], "[1/4] bcast",
+                                          signal.SIGTERM)
+    assert code == 143, err
     assert "collbench report: terminated after" in err and "no report written" in err
     assert not out.exists()
     assert [p for p in below if proctree.pid_alive(p)] == []

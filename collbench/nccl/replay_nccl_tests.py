@@ -25,8 +25,8 @@ from collbench.engines.base import failure_message
 from collbench.engines.launcher import mpi_version
 from collbench.engines.mpi_job import JobRunner
 from collbench.errors import UserError
-from collbench.ops import get_op
 from collbench.nccl.replay_plan import NotReplayed, plan_groups
+from collbench.ops import get_op
 from collbench.results.records import RunContext, failure_record, result_record
 from collbench.sizes import format_size
 from collbench.tables import Column, csv_text, table_lines
