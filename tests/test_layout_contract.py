@@ -10,7 +10,8 @@ A CLI change that is meant (a new flag, a new verb) regenerates them, in the sam
 
 Also: the package's layout rules, checked by grep and by the import graph, so they stay true:
 no engine-name branch outside collbench/engines/ (`engine == "<any name>"`), no process-group
-signalling outside collbench/proctree.py, and imports point down: shared modules and engines
+signalling outside collbench/proctree.py, no signal handler installed outside collbench/signals.py,
+and imports point down: shared modules and engines
 never import a verb, a verb never imports another verb (what two verbs share moves into a
 shared module), config/ never imports engines/ (the engines register under the config's names),
 and no module imports, through any chain, one that imports it back. Imports are read at any
@@ -201,6 +202,31 @@ def test_process_group_signalling_only_in_proctree():
                  if re.search(r"\bkillpg\b", line)]
     assert offenders == []
     assert "killpg" in (PACKAGE / "proctree.py").read_text(encoding="utf-8")
+
+
+# the exporter's own SIGTERM/SIGINT handler moves to signals.install(signals.SERVER, ...) with the
+# exporter's collectors work (issue 27 item 6, owned there): remove it from here then
+SIGNAL_HANDLERS_PENDING = {"exporter/cli.py"}
+INSTALLS_A_HANDLER = re.compile(r"\bsignal\.signal\s*\(")
+
+
+def signal_handler_offenders(sources, pending=()):
+    """Where a handler is installed outside collbench/signals.py (the one place that says what
+    each kind of process does on SIGTERM and Ctrl-C)."""
+    return [f"{rel}:{n}: {line.strip()}" for rel, text in sources if rel != "signals.py" and rel not in pending
+            for n, line in enumerate(text.splitlines(), 1) if INSTALLS_A_HANDLER.search(line)]
+
+
+def test_signal_handlers_only_in_signals():
+    assert signal_handler_offenders(_python_sources(), SIGNAL_HANDLERS_PENDING) == []
+    assert INSTALLS_A_HANDLER.search((PACKAGE / "signals.py").read_text(encoding="utf-8"))
+
+
+def test_signal_handler_rule_catches_a_handler():
+    sources = [("stress/daemon.py", "    signal.signal(signal.SIGTERM, on_term)\n"),
+               ("signals.py", "previous = signal.signal(s, handler)\n"),
+               ("ctl/agent.py", "signals.install(signals.AGENT, stop)\nsignal.alarm(3)\n")]
+    assert signal_handler_offenders(sources) == ["stress/daemon.py:1: signal.signal(signal.SIGTERM, on_term)"]
 
 
 # --- import direction ----------------------------------------------------------------------------
