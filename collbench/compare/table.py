@@ -11,8 +11,6 @@ fastest row that is not proven is noise as far as the file is concerned. A `rule
 tuning file loaded) carries its gain over default from the file's own check.
 """
 
-import csv
-import io
 import json
 import math
 
@@ -256,12 +254,8 @@ def _csv_row(r):
 
 
 def render_csv(rows):
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow(_csv_row(r))
-    return buf.getvalue()
+    return tables.csv_text([tables.Column(name) for name in CSV_FIELDS], [_csv_row(r) for r in rows],
+                           cell=lambda v: v)
 
 
 def _finite(x):
