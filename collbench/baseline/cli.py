@@ -20,6 +20,7 @@ import os
 import sys
 import time
 
+from collbench import harness
 from collbench.baselines import baseline_file as bf
 from collbench.bounded_repr import terminal_safe
 from collbench.baselines.comparison import DEFAULT_K, DEFAULT_THRESHOLD, MISSING, NEW, REGRESSION, compare, counts
@@ -104,20 +105,11 @@ def state_dir(args):
 
 # ------------------------------------------------------------------ measuring
 
-class Stopped(Exception):
-    """Ctrl-C or SIGTERM stopped the runs (the harness said so): the verb's exit code."""
-
-    def __init__(self, exit_code):
-        super().__init__(exit_code)
-        self.exit_code = exit_code
-
-
 def measure(collector, runs, once_flags, config, label, verb):
     """Run `collbench once`'s plan (narrowed by once_flags: np, ops, sizes, iterations) `runs`
     times into collector, in this process through the harness: progress on stderr, Ctrl-C and
-    SIGTERM stop the run (Stopped). Failed steps are recorded (failure records); a config or
+    SIGTERM stop the run (harness.Stopped). Failed steps are recorded (failure records); a config or
     flag error is a UserError before anything runs."""
-    from collbench import harness
     from collbench.config import load_config
     cfg = load_config(config)
     steps = harness.once_plan(cfg, **once_flags)
@@ -127,7 +119,7 @@ def measure(collector, runs, once_flags, config, label, verb):
         ctx = harness.run_context(cfg, cfg.engine)       # a run id per run
         records, job = harness.run_plan(verb, engine, cfg, steps, ctx, on_stop="nothing saved")
         if job.stopped:
-            raise Stopped(job.exit_code)
+            raise harness.Stopped(job.exit_code)
         results = 0
         for rec in records:
             collector.add(rec)
@@ -290,7 +282,7 @@ def cmd_save(args):
         flags = {"np": args.np, "ops": args.ops, "sizes": args.sizes, "iterations": args.iterations}
         try:
             measure(collector, runs, flags, args.config, "baseline", "baseline save")
-        except Stopped as e:
+        except harness.Stopped as e:
             return e.exit_code
         source = {"kind": "runs", "runs": runs, "config": os.path.abspath(args.config) if args.config else None,
                   "once_args": once_args(flags)}
@@ -347,7 +339,7 @@ def cmd_compare(args):
             raise UserError("--since applies to RESULTS")
         try:
             collector = _compare_runs(baseline, args)
-        except Stopped as e:
+        except harness.Stopped as e:
             return e.exit_code
     current = collector.summaries()
     comparisons = compare(baseline, current, args.threshold, args.k)

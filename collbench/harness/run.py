@@ -44,6 +44,15 @@ def prepare(cfg, steps):
     return engine, run_context(cfg, cfg.engine)
 
 
+class Stopped(Exception):
+    """A Run was stopped by Ctrl-C or SIGTERM and said so: for MPI work below a verb's own logic
+    (report's peak test, baseline --runs), which unwinds to the verb that returns exit_code."""
+
+    def __init__(self, exit_code):
+        super().__init__(exit_code)
+        self.exit_code = exit_code
+
+
 def stop_leftover_jobs(grace=5.0):
     """Stop any process still below us after an interrupt unwound the engine; their pids.
 

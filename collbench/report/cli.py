@@ -105,11 +105,11 @@ def run(args):
         load_config(args.config)        # a bad config fails now, not after the input was read
     peak_fn = peak_source(args)
 
-    from collbench.report.peak import PeakStopped
+    from collbench import harness
     try:
         text, data, figures, peak, source = build(args.results, peak_fn, title=args.title, since=since,
                                                   group_by=args.group_by)
-    except PeakStopped as e:        # the harness said what was stopped and that nothing is written
+    except harness.Stopped as e:        # the harness said what was stopped and that nothing is written
         return e.exit_code
     # the HTML, the markdown table and the PNGs are one set: all written or none (a full disk
     # leaves the previous report whole, never a new page beside old plots)

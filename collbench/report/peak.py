@@ -24,14 +24,6 @@ PEAK_SIZES = "256KB,1MB,4MB,16MB"
 PEAK_ITERATIONS = 20
 
 
-class PeakStopped(Exception):
-    """Ctrl-C or SIGTERM stopped the peak test (the harness said so): the report's exit code."""
-
-    def __init__(self, exit_code):
-        super().__init__(exit_code)
-        self.exit_code = exit_code
-
-
 @dataclass
 class Peak:
     bytes_per_s: float            # None: no peak (the report shows no percentages)
@@ -95,7 +87,7 @@ def two_host_config(cfg):
 
 def measure_peak(config=None, quiet=False):
     """Measure the peak now (see the module doc); a Peak with source 'failed' if it could not.
-    PeakStopped when Ctrl-C or SIGTERM stopped it."""
+    harness.Stopped when Ctrl-C or SIGTERM stopped it."""
     from collbench import harness
     from collbench.config import load_config
     try:
@@ -108,7 +100,7 @@ def measure_peak(config=None, quiet=False):
         return Peak(None, "failed", f"the two-rank peak test could not run: {e}")
     records, job = harness.run_plan("report", engine, cfg, steps, ctx, quiet=quiet, on_stop="no report written")
     if job.stopped:
-        raise PeakStopped(job.exit_code)
+        raise harness.Stopped(job.exit_code)
     results = [r for r in records if r.get("type") == "result" and r.get("busbw_bytes_per_s")]
     if not results:
         failures = [r.get("error") for r in records if r.get("type") == "failure"]
