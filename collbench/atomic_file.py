@@ -18,18 +18,16 @@ written to a temporary file first, and only when all of them are complete are th
 only then fail (exit 2) naming each file that could not be written.
 """
 
-import contextlib
 import errno
 import fcntl
 import os
 import re
-import signal
 import stat
 import sys
 import tempfile
-import threading
 import time
 
+from collbench import signals
 from collbench.errors import UserError
 
 FIFO_WAIT_S = 5.0  # how long a FIFO without a reader is waited for before giving up
@@ -115,36 +113,6 @@ def _chunks(data):
         data = [data]
     for chunk in data:
         yield chunk.encode("utf-8") if isinstance(chunk, str) else bytes(chunk)
-
-
-class _Terminated(BaseException):
-    pass
-
-
-@contextlib.contextmanager
-def _sigterm_cleans_up():
-    """While a temporary file exists, a SIGTERM with the default action (which would kill the
-    process and leave the temp behind) raises instead; the caller's cleanup runs, then the
-    process dies of SIGTERM as it would have. A verb that already turns SIGTERM into an exception
-    (the run harness) keeps its own handler."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
-        yield
-        return
-
-    def handler(signum, frame):
-        raise _Terminated()
-
-    signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    except _Terminated:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-        raise SystemExit(143)  # not reached: the signal kills the process
-    finally:
-        if signal.getsignal(signal.SIGTERM) is handler:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _fsync_dir(parent):
@@ -274,7 +242,7 @@ def _write_file(path, data, append=False, fifo_wait_s=None):
     if kind in ("chardev", "fifo", "descriptor"):
         _write_fd(_open_through(real, kind, fifo_wait_s), data)
         return real
-    with _sigterm_cleans_up():
+    with signals.writer_dies_cleanly():
         if append:
             return _append_regular(real, data)
         tmp = _write_temp(real, data)
@@ -358,7 +326,7 @@ class FileSet:
 
     def commit(self):
         staged, through, written = [], [], {}
-        with _sigterm_cleans_up():
+        with signals.writer_dies_cleanly():
             try:
                 for path, data, flag in self.members:
                     try:

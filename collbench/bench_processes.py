@@ -122,6 +122,9 @@ def _uptime(proc_root):
 
 def format_host(label, data, error=None):
     """Lines for one host: a header with load and the engine CPU total, then one per process."""
+    # collbench.tables is imported here, not at the top: ctl servers ships this module's source
+    # alone to the hosts (stdlib only), where only collect() runs
+    from collbench.tables import Column, format_duration, table_lines
     if error:
         return [f"{label}: unavailable: {error}"]
     procs = data["processes"]
@@ -130,27 +133,16 @@ def format_host(label, data, error=None):
     lines = [f"{label} ({data['host']}): {len(procs)} benchmark process(es), "
              f"{total:.0f}% CPU of {data['cpus'] * 100}%, load {load}"]
     if procs:
-        lines.append(f"  {'PID':>7} {'PPID':>7} {'PGID':>7} {'CPU%':>6} {'RSS':>8} {'ELAPSED':>8}  PROGRAM")
-        for p in procs:
-            cpu = "?" if p["cpu_percent"] is None else f"{p['cpu_percent']:.1f}"
-            mark = "" if p["ours"] is None else ("  [daemon]" if p["ours"] else "  [not the daemon's]")
-            lines.append(f"  {p['pid']:>7} {p['ppid']:>7} {p['pgid']:>7} {cpu:>6} "
-                         f"{p['rss_bytes'] / 2**20:>7.1f}M {format_duration(p['elapsed_s']):>8}  {p['name']}{mark}")
+        columns = [Column("pid", "PID", width=6), Column("ppid", "PPID", width=6), Column("pgid", "PGID", width=6),
+                   Column("cpu", "CPU%", width=5), Column("rss", "RSS", width=7), Column("age", "ELAPSED", width=7),
+                   Column("program", "PROGRAM", align="left")]
+        rows = [{"pid": p["pid"], "ppid": p["ppid"], "pgid": p["pgid"],
+                 "cpu": "?" if p["cpu_percent"] is None else f"{p['cpu_percent']:.1f}",
+                 "rss": f"{p['rss_bytes'] / 2**20:.1f}M", "age": format_duration(p["elapsed_s"]),
+                 "program": p["name"] + ("" if p["ours"] is None else ("  [daemon]" if p["ours"] else "  [not the daemon's]"))}
+                for p in procs]
+        lines += table_lines(columns, rows, indent="   ", rule=False)
     return lines
-
-
-def format_duration(seconds):
-    """45s / 3m05s / 2h00m / 1d03h ("?" if unknown): ages and uptimes in every console table."""
-    if seconds is None:
-        return "?"
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def main(argv=None):

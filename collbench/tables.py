@@ -7,7 +7,8 @@ shows its first columns and then one text across the rest.
 
 Formatters, one per unit: `format_us` (a latency in microseconds, the unit chosen per value),
 `format_gb_per_s` (bytes per second shown as GB/s, 10^9 bytes/s as nccl-tests), `format_size`
-(an exact size label, 4MB / 1000B) and `format_bytes` (a rounded amount, 28.2MB).
+(an exact size label, 4MB / 1000B), `format_bytes` (a rounded amount, 28.2MB) and
+`format_duration` (45s / 3m05s / 2h00m / 1d03h: ages, uptimes and time left).
 """
 
 import csv
@@ -19,19 +20,20 @@ from typing import Callable, Optional
 from collbench.sizes import format_size
 
 __all__ = ["Column", "Span", "render", "table_lines", "csv_text", "json_text", "markdown_lines",
-           "format_us", "format_gb_per_s", "format_size", "format_bytes", "cell_text"]
+           "format_us", "format_gb_per_s", "format_size", "format_bytes", "format_duration", "cell_text"]
 
 FORMATS = ("table", "csv", "json")
 
 
 @dataclass(frozen=True)
 class Column:
-    """One column: the row key it shows, its heading, "right" or "left" alignment, and fmt(value) -> text
-    for the text table (default: str(value), None as an empty cell)."""
+    """One column: the row key it shows, its heading, "right" or "left" alignment, fmt(value) -> text
+    for the text table (default: str(value), None as an empty cell), and its least width."""
     key: str
     title: Optional[str] = None
     align: str = "right"
     fmt: Optional[Callable] = None
+    width: int = 0
 
     @property
     def heading(self):
@@ -66,11 +68,11 @@ def cell_text(value):
     return " ".join(str(value).split())   # a cell never holds a tab or a newline (errors can)
 
 
-def table_lines(columns, rows, indent="", rule=True, sep="  "):
-    """Aligned text lines: the heading, a rule of dashes (rule=True), one line per row.
+def table_lines(columns, rows, indent="", rule=True, sep="  ", heading=True):
+    """Aligned text lines: the heading (heading=True), a rule of dashes (rule=True), one line per row.
 
-    Widths fit the heading and every cell; a Span row widens only its lead columns. Lines carry
-    no trailing spaces.
+    Widths fit the heading and every cell (and each column's least width); a Span row widens
+    only its lead columns. Lines carry no trailing spaces.
     """
     columns = list(columns)
     cells = []
@@ -79,7 +81,7 @@ def table_lines(columns, rows, indent="", rule=True, sep="  "):
             cells.append(([c.text(row.values) for c in columns[:row.lead]], str(row.text)))
         else:
             cells.append(([c.text(row) for c in columns], None))
-    widths = [len(c.heading) for c in columns]
+    widths = [max(c.width, len(c.heading) if heading else 0) for c in columns]
     for texts, _ in cells:
         for i, t in enumerate(texts):
             widths[i] = max(widths[i], len(t))
@@ -90,7 +92,7 @@ def table_lines(columns, rows, indent="", rule=True, sep="  "):
             parts.append(span)
         return (indent + sep.join(parts)).rstrip()
 
-    out = [line([c.heading for c in columns])]
+    out = [line([c.heading for c in columns])] if heading else []
     if rule:
         out.append(indent + sep.join("-" * w for w in widths))
     out += [line(texts, span) for texts, span in cells]
@@ -204,3 +206,18 @@ def format_bytes(n):
         if n >= mult:
             return f"{n // mult}{unit}" if n % mult == 0 else f"{n / mult:.1f}{unit}"
     return f"{n}B"
+
+
+def format_duration(seconds, days=True, missing="?"):
+    """45s / 3m05s / 2h00m / 1d03h, rounded to the second: ages and uptimes in every console table,
+    and the time left of progress lines (days=False: 25h00m, as a countdown reads). None: missing."""
+    if seconds is None:
+        return missing
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400 or not days:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"

@@ -163,3 +163,27 @@ def write_stress_log(log_path, templates, iterations, rotate_bytes=0, rotate_kee
                 n += 3
     return n
 
+
+
+def signal_at_progress(args, progress, sig):
+    """Run `collbench ARGS`, send it `sig` once its stderr shows a line starting with `progress`
+    (the harness' "[1/4] ..."): (exit code, stderr, the processes that were below it then). The
+    progress line is asserted: a run that shows none ends before it is signalled."""
+    from collbench import proctree
+    proc = subprocess.Popen([sys.executable, "-m", "collbench", *args], stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, text=True, cwd=REPO)
+    lines = []
+    try:
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith(progress):
+                break
+        assert lines and lines[-1].startswith(progress), "".join(lines)
+        below = proctree.descendants(proc.pid)
+        proc.send_signal(sig)
+        err = "".join(lines) + proc.stderr.read()
+        return proc.wait(timeout=60), err, below
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -6,12 +6,13 @@ import csv
 import io
 import json
 import random
+import signal
 import statistics
 
 import pytest
 
 from collbench.baselines import key_of, load_baseline, regression_bound_us
-from report_helpers import collbench
+from report_helpers import collbench, signal_at_progress
 
 KEYS = [("allreduce", 1 << 10, 12.0), ("allreduce", 1 << 16, 40.0), ("allreduce", 1 << 20, 300.0),
         ("bcast", 1 << 20, 120.0), ("barrier", 0, 3.0)]
@@ -256,3 +257,19 @@ def test_baseline_fifo_is_refused_not_waited_on(tmp_path):
     res = subprocess.run([sys.executable, "-m", "collbench", "baseline", "compare", str(fifo), os.devnull],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "not a regular file" in res.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("sig, code_wanted, word", [(signal.SIGTERM, 143, "terminated"),
+                                                    (signal.SIGINT, 130, "interrupted")])
+def test_runs_go_through_the_harness_progress_and_a_signal_stops_them_saving_nothing(tmp_path, sig, code_wanted, word):
+    """baseline --runs measures in process through the harness, as every verb does: a progress line
+    per step, and SIGTERM / Ctrl-C stop the MPI job, say so, save nothing and exit 143 / 130."""
+    from collbench import proctree
+    code, err, below = signal_at_progress(
+        ["baseline", "save", "stopped", "--runs", "50", "--np", "2", "--ops", "allreduce", "--sizes", "1KB,2KB,4KB,8KB",
+         "--iterations", "2000", *base_args(tmp_path)], "[1/4] allreduce", sig)
+    assert code == code_wanted, err
+    assert f"collbench baseline save: {word} after" in err and "nothing saved" in err
+    assert not (tmp_path / "state" / "baselines").exists() or not list((tmp_path / "state" / "baselines").iterdir())
+    assert [p for p in below if proctree.pid_alive(p)] == []

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from collbench.congestion import counters, deltas, lost_time, record_field, sources
+from collbench.congestion import attribution, counters, deltas, lost_time, record_field, sources
 from collbench.congestion.snapshot import HostReader, Snapshot
 from collbench.results.record_parser import ParseError, parse_record
 
@@ -122,7 +122,7 @@ def test_names_map_to_the_record_hosts_and_top_host_names_the_most_moved():
     assert set(field["moved"]) == {"n1|np_cnp_sent@mlx5_0/1", "n2|np_ecn_marked_roce_packets@mlx5_0/1",
                                    "n2|np_cnp_sent@mlx5_0/1"}
     assert field["unread"] == ["n3"] and field["hosts_read"] == 2
-    assert record_field.top_host(field) == "n2"
+    assert attribution.top_host(field) == "n2"
     assert field["totals"] == {"np_cnp_sent": 13, "np_ecn_marked_roce_packets": 9}
     # one host read, one in the record: the same machine ("localhost" vs MPI's name)
     single = record_field.build({"vm-42": d({"TCPDelivered@netstat": 3})}, 1.0, 2.0, hosts=["localhost"])

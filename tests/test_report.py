@@ -15,7 +15,7 @@ import yaml
 from collbench.report.peak import peak_from_matrix, two_host_config
 from collbench.config import load_config
 from report_helpers import (collbench, external_urls, non_blank_stats, once_results, read_records, render,
-                            write_stress_log)
+                            signal_at_progress, write_stress_log)
 
 OPS = "allreduce,bcast,allgather,barrier"
 GARBAGE = [
@@ -269,15 +269,12 @@ def test_two_host_config_spreads_the_peak_ranks(tmp_path):
     (tmp_path / "engines").mkdir()
     cfg.write_text(yaml.safe_dump({"hosts": ["alpha:4", "beta:4"], "transport": "ob1-tcp",
                                    "engine_path": "engines/collbench-engine"}))
-    out_dir = tmp_path / "tmp"
-    out_dir.mkdir()
-    peak_cfg = two_host_config(str(cfg), str(out_dir))
-    loaded = load_config(peak_cfg)
+    loaded = two_host_config(load_config(str(cfg)))
     assert loaded.ranks == 2 and loaded.placement() == ["alpha", "beta"]
     assert loaded.engine_path == str(tmp_path / "engines" / "collbench-engine")
     one = tmp_path / "one.yaml"
     one.write_text(yaml.safe_dump({"hosts": ["alpha:4"]}))
-    assert two_host_config(str(one), str(out_dir)) is None
+    assert two_host_config(load_config(str(one))) is None
 
 
 @pytest.mark.mpi
@@ -297,3 +294,21 @@ def test_a_real_sweep_shows_its_percentiles(tmp_path):
     from collbench.report.chart import format_us
     for v in p99.values():
         assert f">{format_us(v)}<" in text
+
+
+@pytest.mark.mpi
+def test_the_measured_peak_runs_through_the_harness_and_sigterm_writes_no_report(tmp_path):
+    """The peak test runs in the report's process through the harness: its progress on stderr,
+    and a SIGTERM during it stops the MPI job, says so, writes nothing and exits 143."""
+    import signal
+    from collbench import proctree
+    path = _write(tmp_path / "r.jsonl", [_result()])
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("ranks: 2\ntransport: shm\n")
+    out = tmp_path / "r.html"
+    code, err, below = signal_at_progress(["report", str(path), "-o", str(out), "--config", str(cfg)], "[1/4] bcast",
+                                          signal.SIGTERM)
+    assert code == 143, err
+    assert "collbench report: terminated after" in err and "no report written" in err
+    assert not out.exists()
+    assert [p for p in below if proctree.pid_alive(p)] == []

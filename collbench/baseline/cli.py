@@ -14,20 +14,19 @@ the current run measured nothing); 2 bad input (a missing or malformed baseline 
 file, a bad flag, nothing comparable in the given files).
 """
 
-import csv
-import io
 import json
 import math
 import os
 import sys
 import time
 
+from collbench import harness
 from collbench.baselines import baseline_file as bf
 from collbench.bounded_repr import terminal_safe
 from collbench.baselines.comparison import DEFAULT_K, DEFAULT_THRESHOLD, MISSING, NEW, REGRESSION, compare, counts
 from collbench.cli import IntermixedArgumentParser, add_config_arg
 from collbench.errors import UserError
-from collbench.tables import Column, format_us, table_lines
+from collbench.tables import Column, csv_text, format_us, table_lines
 from collbench.results.file_reader import ResultsInput, parse_since
 
 DEFAULT_SAVE_RUNS = 5
@@ -106,23 +105,34 @@ def state_dir(args):
 
 # ------------------------------------------------------------------ measuring
 
-def measure(collector, runs, once_args, config, label):
-    """Run `collbench once` `runs` times into collector; progress on stderr. Failed steps are
-    recorded (failure records); a config/flag error in once is a UserError."""
-    from collbench.once_runs import run_once
+def measure(collector, runs, once_flags, config, label, verb):
+    """Run `collbench once`'s plan (narrowed by once_flags: np, ops, sizes, iterations) `runs`
+    times into collector, in this process through the harness: progress on stderr, Ctrl-C and
+    SIGTERM stop the run (harness.Stopped). Failed steps are recorded (failure records); a config or
+    flag error is a UserError before anything runs."""
+    from collbench.config import load_config
+    cfg = load_config(config)
+    steps = harness.once_plan(cfg, **once_flags)
+    engine, _ = harness.prepare(cfg, steps)
     for i in range(runs):
         started = time.monotonic()
-        run = run_once(once_args, config=config)
+        ctx = harness.run_context(cfg, cfg.engine)       # a run id per run
+        records, job = harness.run_plan(verb, engine, cfg, steps, ctx, on_stop="nothing saved")
+        if job.stopped:
+            raise harness.Stopped(job.exit_code)
         results = 0
-        for rec in run.records:
+        for rec in records:
             collector.add(rec)
             results += rec.get("type") == "result"
-        fails = sum(1 for r in run.records if r.get("type") == "failure")
+        fails = sum(1 for r in records if r.get("type") == "failure")
         extra = f", {fails} failed step(s)" if fails else ""
-        if run.returncode not in (0, 1):
-            extra += f", collbench once exit {run.returncode}: {run.stderr.splitlines()[-1] if run.stderr else ''}"
         print(f"collbench: {label} run {i + 1}/{runs}: {results} result(s){extra} "
               f"({time.monotonic() - started:.1f}s)", file=sys.stderr)
+
+
+def once_args(flags):
+    """once's command-line words of the flags, as a baseline's source records them."""
+    return [w for flag, value in flags.items() if value is not None for w in (f"--{flag}", str(value))]
 
 
 def _read(paths, since):
@@ -153,11 +163,8 @@ def _render_table(headers, rows, right):
 
 
 def _csv(headers, rows):
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(headers)
-    w.writerows(rows)
-    return buf.getvalue()
+    # the cells as they are: csv's own text of a number, as this output has always been written
+    return csv_text([Column(h) for h in headers], [dict(zip(headers, r)) for r in rows], cell=lambda v: v)
 
 
 def _key_cells(k, with_alg):
@@ -272,14 +279,13 @@ def cmd_save(args):
             raise UserError("--since applies to --from")
         runs = args.runs or DEFAULT_SAVE_RUNS
         collector = bf.Collector()
-        once_args = []
-        for flag, value in (("--np", args.np), ("--ops", args.ops), ("--sizes", args.sizes),
-                            ("--iterations", args.iterations)):
-            if value is not None:
-                once_args += [flag, str(value)]
-        measure(collector, runs, once_args, args.config, "baseline")
+        flags = {"np": args.np, "ops": args.ops, "sizes": args.sizes, "iterations": args.iterations}
+        try:
+            measure(collector, runs, flags, args.config, "baseline", "baseline save")
+        except harness.Stopped as e:
+            return e.exit_code
         source = {"kind": "runs", "runs": runs, "config": os.path.abspath(args.config) if args.config else None,
-                  "once_args": once_args}
+                  "once_args": once_args(flags)}
     if not collector.values:
         why = f"; {collector.failure_count} failure record(s), e.g. {terminal_safe(collector.failures[0].get('error'))}" \
             if collector.failures else ""
@@ -307,12 +313,9 @@ def _compare_runs(baseline, args):
             sizes[key.size] = None
     runs = args.runs or DEFAULT_COMPARE_RUNS
     for ranks, (ops, sizes) in sorted(by_ranks.items()):
-        once_args = ["--np", str(ranks), "--ops", ",".join(ops)]
-        if sizes:
-            once_args += ["--sizes", ",".join(sizes)]
-        if args.iterations is not None:
-            once_args += ["--iterations", str(args.iterations)]
-        measure(collector, runs, once_args, args.config, f"{ranks} ranks:")
+        flags = {"np": ranks, "ops": ",".join(ops), "sizes": ",".join(sizes) if sizes else None,
+                 "iterations": args.iterations}
+        measure(collector, runs, flags, args.config, f"{ranks} ranks:", "baseline compare")
     return collector
 
 
@@ -334,7 +337,10 @@ def cmd_compare(args):
     else:
         if args.since:
             raise UserError("--since applies to RESULTS")
-        collector = _compare_runs(baseline, args)
+        try:
+            collector = _compare_runs(baseline, args)
+        except harness.Stopped as e:
+            return e.exit_code
     current = collector.summaries()
     comparisons = compare(baseline, current, args.threshold, args.k)
     matched = [c for c in comparisons if c.verdict not in (NEW, MISSING)]

@@ -22,8 +22,8 @@ import time
 
 from collbench import cli_values, harness
 from collbench.atomic_file import Outputs, OutputError, write_output
-from collbench.compare import outputs, rules_file, stats, table
-from collbench.compare.blocks import Policy, run_blocks
+from collbench.compare import flags, outputs, rules_file, stats, table
+from collbench.compare.blocks import run_blocks
 from collbench.compare.check import MIN_PAIRS, run_check
 from collbench.compare.runner import Plan, Progress, median_rows, with_rules
 from collbench.config import ITERATIONS, WARMUP, apply_overrides, check_flag, int_flag, load_config
@@ -33,8 +33,6 @@ from collbench.errors import UserError
 from collbench.ops import DATATYPES, OPS, get_op
 from collbench.sizes import format_size
 
-MAX_SIZES = 64
-MAX_BUDGET_S = 7 * 86400
 TIMINGS = ("sustained", "osu")
 
 
@@ -95,23 +93,6 @@ def register(subparsers):
     p.add_argument("--check-rules", metavar="FILE", help="also run default with this tuning file loaded")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     p.set_defaults(func=run)
-
-
-def parse_ops(args):
-    if args.op is not None:
-        return cli_values.op_names(args.op, "--op", one=True)
-    return cli_values.op_names(args.ops, "--ops")
-
-
-def parse_sizes(args):
-    """The sizes to run: --sizes, or the sweep from --min-bytes by --factor up to --max-bytes."""
-    if args.sizes is not None:
-        sizes = cli_values.size_list(args.sizes, "--sizes")
-    else:
-        sizes = cli_values.size_range(args.min_bytes, args.max_bytes, args.factor, max_sizes=MAX_SIZES)
-    if len(sizes) > MAX_SIZES:
-        raise UserError(f"{len(sizes)} sizes: at most {MAX_SIZES} (raise --factor or narrow the range)")
-    return sizes
 
 
 def choose_algorithms(cat, ops, wanted):
@@ -183,28 +164,23 @@ def _check_rules_input(path, cat):
         algs.read_env_file(path)
 
 
-def _policy(args):
-    if args.blocks is not None and args.repeats is not None and args.blocks != args.repeats:
-        raise UserError("--repeats is the older name of --blocks: give one of them")
-    blocks = cli_values.count(args.blocks if args.blocks is not None else args.repeats,
-                              "--blocks" if args.blocks is not None else "--repeats", 1, stats.MAX_BLOCKS)
-    budget = cli_values.number(args.time_budget, "--time-budget", 1, MAX_BUDGET_S,
-                               f"a number of seconds from 1 to {MAX_BUDGET_S}")
-    margin = cli_values.number(args.margin, "--margin", 0, 100, "a percentage from 0 to 100") / 100.0
-    return Policy(blocks=blocks, budget_s=budget, margin=margin, width=max(2 * margin, 0.02))
-
-
 def run(args):
-    if args.engine == "nccl-tests":
-        from collbench.compare import nccl_compare
-        return nccl_compare.run(args)
+    return RUNS[args.engine](args)
+
+
+def _run_nccl_tests(args):
+    from collbench.compare import nccl_compare
+    return nccl_compare.run(args)
+
+
+def _run_mpi(args):
     cfg = load_config(args.config)
     apply_overrides(cfg, np=args.np)
     cfg.validate = not args.no_validate
-    ops = parse_ops(args)
-    sizes = parse_sizes(args)
+    ops = flags.parse_ops(args)
+    sizes = flags.parse_sizes(args)
     iterations = check_flag("--iterations", ITERATIONS, args.iterations)
-    policy = _policy(args)
+    policy = flags.policy(args)
     warmup = check_flag("--warmup", WARMUP, args.warmup)
     cli_values.datatype(args.datatype)
     plan = Plan(ops, {}, sizes, iterations, warmup, args.datatype, args.timing, args.in_place)
@@ -348,3 +324,7 @@ def _write_and_prove(path, rows, cat, cfg, ctx, plan, policy, blocks, progress, 
 
 def _explained(reason):
     return reason.startswith(("MPICH", "Open MPI"))
+
+
+# `compare --engine NAME` -> the comparison it runs
+RUNS = {"builtin": _run_mpi, "nccl-tests": _run_nccl_tests}

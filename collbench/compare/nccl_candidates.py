@@ -23,7 +23,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from collbench.engines.launcher import build_command
+from collbench.engines import nccl_tests
 from collbench.engines.mpi_job import JobRunner
 from collbench.errors import UserError
 
@@ -154,13 +154,9 @@ def discovery_config(cfg):
 def discover(cfg, op, binary, args):
     """Tuning of one op's binary run once (args: a tiny job's nccl-tests options); UserError when
     NCCL printed no table (the output's last lines say what it printed)."""
-    program = [binary] + list(args)
-    argv, env = build_command(discovery_config(cfg), program)
-    lines = []
-    runner = JobRunner()
-    job = runner.run(argv, env, idle_timeout=runner.idle_timeout(cfg), on_line=lines.append)
-    text = "\n".join(line.rstrip("\n") for line in lines)
-    tun = parse_tuning(text)
+    out = nccl_tests.run_job(discovery_config(cfg), binary, args, JobRunner())
+    lines, job = out.lines, out.job
+    tun = parse_tuning("\n".join(line.rstrip("\n") for line in lines))
     if tun is None:
         tail = " | ".join(l.strip()[:160] for l in lines[-4:] if l.strip()) or "nothing"
         raise UserError(f"{os.path.basename(binary)} with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV,TUNING "

@@ -18,7 +18,7 @@ import time
 
 from collbench import cli_values, harness
 from collbench.atomic_file import Outputs, OutputError, write_output
-from collbench.compare import nccl_candidates, nccl_env_file, outputs, stats, table
+from collbench.compare import flags, nccl_candidates, nccl_env_file, outputs, stats, table
 from collbench.compare.blocks import run_blocks
 from collbench.compare.check import MIN_PAIRS, Check, run_check
 from collbench.compare.runner import Plan, Progress, median_rows
@@ -64,15 +64,10 @@ class NcclPlan(Plan):
         return out
 
 
-def _tiny_args(cfg, op, dt):
+def _tiny_args(op, dt):
+    """One call of the smallest size: enough for NCCL to print its tuner's table."""
     size = max(DATATYPES[dt], 8)
-    args = ["-b", str(size), "-e", str(size), "-f", "2", "-g", "1", "-n", "1", "-w", "0",
-            "-d", nccl_tests.DATATYPES[dt], "-c", "0"]
-    if get_op(op).reduction:
-        args += ["-o", "sum"]
-    if op in nccl_tests.ROOTED:
-        args += ["-r", "0"]
-    return args
+    return nccl_tests.job_args(get_op(op), size, size, 2, 1, 0, nccl_tests.DATATYPES[dt], False)
 
 
 def choose_candidates(cfg, plan, binaries, wanted, say):
@@ -89,7 +84,7 @@ def choose_candidates(cfg, plan, binaries, wanted, say):
         else:
             say(f"collbench compare: asking NCCL which algorithms/protocols it enables for {func} "
                 f"({os.path.basename(binaries[op])}, NCCL_DEBUG_SUBSYS=INIT,ENV,TUNING)")
-            tun = nccl_candidates.discover(cfg, op, binaries[op], _tiny_args(cfg, op, plan.datatype_for(op)))
+            tun = nccl_candidates.discover(cfg, op, binaries[op], _tiny_args(op, plan.datatype_for(op)))
             cands, off = tun.candidates(func)
             notes.append(f"{op}: NCCL's tuner enables {', '.join(c.name for c in cands) or 'nothing'}"
                          + (f"; disabled here (bandwidth 0): {', '.join(off)}" if off else ""))
@@ -103,7 +98,6 @@ def _explained(reason):
 
 
 def run(args):
-    from collbench.compare import cli as compare_cli
     cfg = load_config(args.config)
     apply_overrides(cfg, np=args.np)
     cfg.engine = ENGINE
@@ -114,11 +108,11 @@ def run(args):
                             "default must be NCCL's own choice: take it out of env")
     if args.timing != "sustained":
         raise UserError("--timing osu: nccl-tests times its own way (iterations back to back); leave --timing out")
-    ops = compare_cli.parse_ops(args)
-    sizes = compare_cli.parse_sizes(args)
+    ops = flags.parse_ops(args)
+    sizes = flags.parse_sizes(args)
     iterations = check_flag("--iterations", ITERATIONS, args.iterations)
     warmup = check_flag("--warmup", WARMUP, args.warmup)
-    policy = compare_cli._policy(args)
+    policy = flags.policy(args)
     cli_values.datatype(args.datatype, allowed=nccl_tests.DATATYPES)
     plan = NcclPlan(ops, {}, sizes, iterations, warmup, args.datatype, "sustained", args.in_place)
     for op in ops:

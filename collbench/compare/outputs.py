@@ -12,6 +12,7 @@ from collbench.compare import table
 from collbench.engines import algorithms as algs
 from collbench.results.records import dumps
 from collbench.sizes import format_size
+from collbench.tables import Column, table_lines
 
 
 def output_paths(args):
@@ -64,6 +65,12 @@ def print_result(args, rows, meta, title, check_path, margin, chk, written, writ
     sys.stdout.flush()
 
 
+# a check's gain per size: op, size, what the file forces, gain [interval], verdict (no heading)
+CHECK_COLUMNS = (Column("op", align="left"), Column("size", width=6, fmt=format_size),
+                 Column("forced", align="left", width=21), Column("gain", align="left"),
+                 Column("verdict", align="left"))
+
+
 def check_lines(chk):
     """The lines after the table that tell the written file's check (none without a check)."""
     if chk is None:
@@ -72,12 +79,11 @@ def check_lines(chk):
         return [f"tuning file check: {chk.reason}"] + (
             ["the file is installed-quality (it cannot make a collective slower)"] if chk.installed_quality else [])
     lines = [f"tuning file check ({chk.pairs} jobs without and {chk.pairs} with it, ABBA order): gain per size"]
-    for v in chk.sizes:
-        gain = "-" if v.gain is None else f"{v.gain:.3f}x"
-        ci = "" if v.ci_low is None else f" [{v.ci_low:.3f}, {v.ci_high:.3f}]"
-        forced = v.forced or "library's choice"
-        lines.append(f"  {v.op} {format_size(v.size_bytes):>6}  {forced:<22} {gain}{ci}  {v.verdict}"
-                     + (f": {v.reason}" if v.verdict == "dropped" else ""))
+    rows = [{"op": v.op, "size": v.size_bytes, "forced": v.forced or "library's choice",
+             "gain": ("-" if v.gain is None else f"{v.gain:.3f}x")
+             + ("" if v.ci_low is None else f" [{v.ci_low:.3f}, {v.ci_high:.3f}]"),
+             "verdict": v.verdict + (f": {v.reason}" if v.verdict == "dropped" else "")} for v in chk.sizes]
+    lines += table_lines(CHECK_COLUMNS, rows, indent="  ", rule=False, heading=False)
     if chk.noise is not None:
         lines.append(f"  control noise (sizes the file leaves alone): {chk.noise * 100:.1f} %")
     g = chk.gain()

@@ -11,8 +11,6 @@ fastest row that is not proven is noise as far as the file is concerned. A `rule
 tuning file loaded) carries its gain over default from the file's own check.
 """
 
-import csv
-import io
 import json
 import math
 
@@ -206,27 +204,32 @@ def render_table(rows, title_lines=(), rules_name=None, margin=stats.DEFAULT_MAR
     return "\n".join(out).rstrip() + "\n"
 
 
+# the choice per size: the size, what the file does there, why (no heading: a title line above)
+CHOICE_COLUMNS = (tables.Column("size", width=6, fmt=format_size), tables.Column("choice", align="left", width=21),
+                  tables.Column("why", align="left"))
+
+
 def choice_lines(op_rows, margin):
     """Per size: what the tuning file does there and why."""
-    lines = [f"Choice per size (forced only where the interval lies above {1 + margin:.2f}x):"]
+    rows = []
     for _, size, chosen, default, best in per_size(op_rows):
-        head = f"  {format_size(size):>6}  "
         if default is None:
-            lines.append(head + "default not measured: no choice")
+            rows.append(tables.Span({"size": size}, "default not measured: no choice"))
         elif chosen is not None and chosen["algorithm"] != DEFAULT:
-            lines.append(head + f"{chosen['algorithm']:<22} {interval_text(chosen)}")
+            rows.append({"size": size, "choice": chosen["algorithm"], "why": interval_text(chosen)})
         elif best is None:
-            lines.append(head + f"{'keep default':<22} (no other algorithm measured)")
+            rows.append({"size": size, "choice": "keep default", "why": "(no other algorithm measured)"})
         elif best["ci_low"] is None:
-            lines.append(head + f"{'keep default':<22} best {best['algorithm']} {interval_text(best)}: "
-                                "no interval (at least 2 blocks needed)")
+            rows.append({"size": size, "choice": "keep default", "why": f"best {best['algorithm']} "
+                         f"{interval_text(best)}: no interval (at least 2 blocks needed)"})
         elif stats.proven(best, margin):
-            lines.append(head + f"{'keep default':<22} {best['algorithm']} {interval_text(best)} is proven "
-                                "here but the MPICH file forces one algorithm for all sizes")
+            rows.append({"size": size, "choice": "keep default", "why": f"{best['algorithm']} {interval_text(best)} "
+                         "is proven here but the MPICH file forces one algorithm for all sizes"})
         else:
-            lines.append(head + f"{'keep default':<22} best {best['algorithm']} {interval_text(best)}: "
-                                f"not proven above {1 + margin:.2f}x")
-    return lines
+            rows.append({"size": size, "choice": "keep default", "why": f"best {best['algorithm']} "
+                         f"{interval_text(best)}: not proven above {1 + margin:.2f}x"})
+    return ([f"Choice per size (forced only where the interval lies above {1 + margin:.2f}x):"]
+            + tables.table_lines(CHOICE_COLUMNS, rows, indent="  ", rule=False, heading=False))
 
 
 def _num(x, spec):
@@ -251,12 +254,8 @@ def _csv_row(r):
 
 
 def render_csv(rows):
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow(_csv_row(r))
-    return buf.getvalue()
+    return tables.csv_text([tables.Column(name) for name in CSV_FIELDS], [_csv_row(r) for r in rows],
+                           cell=lambda v: v)
 
 
 def _finite(x):

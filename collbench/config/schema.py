@@ -5,12 +5,13 @@ from collbench.config.kinds import (BOOL, DOCTOR_HOSTS, DSCP, FRACTION, HOST_SOU
                                     NONNEG_FLOAT, NONNEG_SECONDS, PATH, PORT, POS_FLOAT,
                                     POS_INT, POS_SECONDS, RANKS, ROTATE_KEEP, SECONDS, SIZE, STR, STR_LIST,
                                     STR_MAP, TOP_K, NONNEG_INT, PRIORITIES, PRIORITY, choice)
-from collbench.engines import NAMES as ENGINE_NAMES
 from collbench.ops import DATATYPES
 
 LAUNCHERS = ("mpirun", "srun", "none")   # none: one process, no launcher (engines/launcher.py)
 TRANSPORTS = ("shm", "ob1-tcp", "ucx", "ucx-tcp", "none")
-ENGINES = ENGINE_NAMES             # collbench/engines: the registry of engines
+# the config's `engine` choices; collbench/engines registers the module of each (engines/<name>.py,
+# `-` as `_`): the config names them without importing an engine
+ENGINES = ("builtin", "osu", "nccl-tests")
 
 # Sections with plain keys: key -> (kind, default). None default means "not set".
 STRESS_SCHEMA = {

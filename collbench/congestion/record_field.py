@@ -120,13 +120,6 @@ def host_of(record_key):
     return host, k
 
 
-def top_host(field):
-    """The host whose counters moved most in a valid field, or None: the one choice every view
-    makes, attribution.top_host (congestion signals only, ranked by their share)."""
-    from collbench.congestion import attribution   # attribution reads this module's host_of
-    return attribution.top_host(field)
-
-
 # ---------------------------------------------------------------- validation (every reader)
 
 def _what(v):

@@ -14,12 +14,11 @@ Exit status: the command's (128+N when a signal N ended it), 130 when cancelled.
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import threading
 
-from collbench import proctree
+from collbench import proctree, signals
 
 DRAIN_SECONDS = 1.0
 
@@ -70,10 +69,7 @@ def main(argv=None):
         p.error("no command given")
     cancel = threading.Event()
 
-    def on_signal(signum, frame):
-        cancel.set()
-    for s in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT, signal.SIGPIPE):
-        signal.signal(s, on_signal)
+    signals.install(signals.AGENT, lambda signum, frame: cancel.set())
 
     env = dict(os.environ, PYTHONUNBUFFERED="1")   # stream progress, do not block-buffer it
     try:

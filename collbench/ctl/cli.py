@@ -14,8 +14,8 @@ import json
 import sys
 
 from collbench import cli as collbench_cli
-from collbench.config import load_config
-from collbench.ctl import remote, servers
+from collbench.ctl import servers
+from collbench.ctl.remote import is_remote, load, open_master
 from collbench.errors import UserError
 
 # verb -> (the collbench command it runs, help)
@@ -69,22 +69,6 @@ def _common(p):
                    help="upload the local config even though master.remote_config is set")
     p.add_argument("--no-upload-config", dest="upload_config", action="store_false",
                    help="use the config already on the master")
-
-
-def load(args):
-    cfg = load_config(args.config)
-    if args.host:
-        cfg.master.host = args.host
-    return cfg
-
-
-def is_remote(cfg, args):
-    return bool(cfg.master.host) and not args.local
-
-
-def open_master(cfg, args):
-    return remote.Master(cfg, accept_new_host_key=args.accept_new_host_key,
-                         ask_password=args.ask_password)
 
 
 def local_argv(cfg, command, extra):

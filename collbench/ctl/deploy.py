@@ -290,13 +290,13 @@ def _check_counters_flags(args):
 
 
 def run_cli(args):
-    from collbench.ctl import cli as ctl_cli
-    cfg = ctl_cli.load(args)
+    from collbench.ctl import remote
+    cfg = remote.load(args)
     _check_counters_flags(args)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)   # noqa: E731
-    if not ctl_cli.is_remote(cfg, args):
+    if not remote.is_remote(cfg, args):
         return deploy_hosts(cfg, args, log)
-    with ctl_cli.open_master(cfg, args) as m:
+    with remote.open_master(cfg, args) as m:
         conn = m.connect()
         install(conn, cfg.master.remote_dir, cfg.master.python, log, args.force)
         upload = True if args.upload_config is None else args.upload_config

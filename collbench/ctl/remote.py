@@ -13,7 +13,6 @@ import sys
 import time
 
 import paramiko
-import yaml
 
 from collbench import __version__
 from collbench.ctl import ssh
@@ -30,6 +29,23 @@ def remote_python(master):
 def remote_config_path(master):
     """Where the config lives on the master: master.remote_config, or the uploaded copy."""
     return master.remote_config or posixpath.join(master.remote_dir, "etc", "collbench.yaml")
+
+
+def load(args):
+    """The config of a `ctl` command, with --host over master.host."""
+    from collbench.config import load_config
+    cfg = load_config(args.config)
+    if args.host:
+        cfg.master.host = args.host
+    return cfg
+
+
+def is_remote(cfg, args):
+    return bool(cfg.master.host) and not args.local
+
+
+def open_master(cfg, args):
+    return Master(cfg, accept_new_host_key=args.accept_new_host_key, ask_password=args.ask_password)
 
 
 class Master:
@@ -102,7 +118,7 @@ class Master:
         remote = self.config_path()
         conn = self.connect()
         conn.put_file(self.cfg.source, remote, mode=0o600)
-        rel = _relative_hostfile(self.cfg.source)
+        rel = _relative_hostfile(self.cfg)
         if rel is not None:
             local = os.path.join(os.path.dirname(os.path.abspath(self.cfg.source)), rel)
             conn.put_file(local, posixpath.join(posixpath.dirname(remote), *rel.split(os.sep)), mode=0o644)
@@ -205,17 +221,10 @@ def _cancel(chan, stdout, stderr, grace):
             return
 
 
-def _relative_hostfile(config_path):
-    """The config's `hosts:` hostfile path when it is relative and stays below the config's dir."""
-    try:
-        with open(config_path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
-    except (OSError, yaml.YAMLError):
+def _relative_hostfile(cfg):
+    """The config's hostfile relative to the config's directory, when it lies below it (it is
+    uploaded beside the config, where the uploaded config's relative `hosts:` finds it); else None."""
+    if not cfg.hostfile or not cfg.base_dir:
         return None
-    hosts = data.get("hosts") if isinstance(data, dict) else None
-    if not isinstance(hosts, str) or os.path.isabs(os.path.expanduser(hosts)) or hosts.startswith("~"):
-        return None
-    rel = os.path.normpath(hosts)
-    if rel.startswith(".."):
-        return None
-    return rel
+    rel = os.path.relpath(cfg.hostfile, cfg.base_dir)
+    return None if rel == os.curdir or rel.split(os.sep)[0] == os.pardir else rel

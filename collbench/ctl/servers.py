@@ -22,6 +22,7 @@ from collbench.results.lines import read_lines_backwards
 from collbench.results.record_parser import is_record, parse_record
 from collbench import bench_processes as processes
 from collbench.results.state_dir import StatePaths
+from collbench.tables import Column, format_duration, table_lines
 
 RESULTS_TAIL_BYTES = 1 << 20
 
@@ -184,11 +185,12 @@ def check_all(cfg, timeout=10.0, accept_new_host_key=False):
 
 def format_table(report):
     """The console table: one row per host, unreachable ones with their reason."""
-    head = ("HOST", "STATE", "HOSTNAME", "ENGINE PROCS", "CPU%", "LOAD", "RDMA", "LAST RESULT")
+    columns = [Column(str(i), head, align="left") for i, head in enumerate(
+        ("HOST", "STATE", "HOSTNAME", "ENGINE PROCS", "CPU%", "LOAD", "RDMA", "LAST RESULT"))]
     rows = []
     for r in report["hosts"]:
         lr = r.get("last_result")
-        last = "-" if not lr else (f"{processes.format_duration(lr.get('age_s'))} ago {lr.get('op')} {lr.get('size')} "
+        last = "-" if not lr else (f"{format_duration(lr.get('age_s'))} ago {lr.get('op')} {lr.get('size')} "
                                    f"{lr.get('verdict') or ''}").strip()
         if not r["reachable"]:
             rows.append((r["host"], r.get("error_kind") or "down", "-", "-", "-", "-", "-", last))
@@ -203,8 +205,7 @@ def format_table(report):
         rdma = ", ".join(f"{p['device']}/{p['port']} {p['state']}" for p in r.get("rdma") or []) or "none"
         rows.append((r["host"], "up", r.get("hostname") or "?", f"{len(procs)}" + (f" ({plist})" if plist else ""),
                      f"{cpu:.0f}", load, rdma, last))
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip() for row in [head] + rows]
+    lines = table_lines(columns, [{str(i): x for i, x in enumerate(row)} for row in rows], rule=False)
     errors = [f"  {r['host']}: {r['error']}" for r in report["hosts"] if not r["reachable"]]
     if errors:
         lines += ["", "unreachable:"] + errors

@@ -16,6 +16,7 @@ import json
 import math
 
 from collbench.bounded_repr import terminal_safe
+from collbench import tables
 from collbench.tables import Column, cell_text, format_us, table_lines
 
 FORMAT, VERSION = "collbench-diagnosis", 1
@@ -125,14 +126,12 @@ def table_text(d):
     return "\n".join(out) + "\n"
 
 
+CSV_COLUMNS = [Column(k) for k in ("rank", "host", "link", "port", "priority", "cause", "score", "regressions",
+                                    "detail")]
+
+
 def csv_text(d):
-    import csv
-    import io
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["rank", "host", "link", "port", "priority", "cause", "score", "regressions", "detail"])
-    for i, s in enumerate(d.suspects):
-        w.writerow([i + 1, s.host or "", "->".join(s.link) if s.link else "", s.port or "",
-                    "" if s.priority is None else s.priority, s.cause, f"{s.score:.4f}",
-                    cell_text(s.regressions), cell_text(s.detail)])
-    return buf.getvalue()
+    rows = [{"rank": i + 1, "host": s.host or "", "link": "->".join(s.link) if s.link else "", "port": s.port or "",
+             "priority": "" if s.priority is None else s.priority, "cause": s.cause, "score": f"{s.score:.4f}",
+             "regressions": cell_text(s.regressions), "detail": cell_text(s.detail)} for i, s in enumerate(d.suspects)]
+    return tables.csv_text(CSV_COLUMNS, rows, cell=lambda v: v)

@@ -22,14 +22,12 @@ launcher.build_command and builtin's CBHOSTS parser (topo measure).
 
 import importlib
 
-# config `engine` -> the module whose ENGINE implements it (imported on first use: `once` with
-# one engine need not import the other)
-_MODULES = {
-    "builtin": "collbench.engines.builtin",
-    "osu": "collbench.engines.osu",
-    "nccl-tests": "collbench.engines.nccl_tests",
-}
-NAMES = tuple(_MODULES)
+from collbench.config.schema import ENGINES as NAMES
+
+# config `engine` -> the module whose ENGINE implements it, engines/<name>.py (imported on first
+# use: `once` with one engine need not import the other). The names are the config's (a floor
+# below): an engine registers here, under the name the config declares, never the other way up.
+_MODULES = {name: f"collbench.engines.{name.replace('-', '_')}" for name in NAMES}
 
 
 def get_engine(name):

@@ -1,5 +1,5 @@
 """The one harness for every verb that runs MPI jobs (once, sweep, compare, topo measure, topo
-compare, nccl replay): signals, progress with the time left, leftover launchers, exit codes.
+compare, nccl replay, report's peak test, baseline --runs): signals, progress with the time left, leftover launchers, exit codes.
 
     with harness.Run("sweep", total=len(steps), unit="steps", on_stop="no file written") as run:
         for rec in engine.run_steps(...):
@@ -13,9 +13,9 @@ The verb then says what it keeps (`on_stop`) and returns the exit code.
 """
 
 from collbench.harness.progress import Progress, StepProgress, format_duration, step_weight
-from collbench.harness.run import (EXIT_INTERRUPTED, EXIT_TERMINATED, Run, Terminated, raise_terminated,
-                                   prepare, run_context, run_plan, stop_leftover_jobs)
+from collbench.harness.run import (EXIT_INTERRUPTED, EXIT_TERMINATED, Run, Stopped, Terminated, raise_terminated,
+                                   once_plan, prepare, run_context, run_plan, stop_leftover_jobs)
 from collbench.harness.tally import Tally, tally
 
-__all__ = ["Run", "prepare", "run_context", "run_plan", "Progress", "StepProgress", "Terminated", "raise_terminated", "stop_leftover_jobs",
+__all__ = ["Run", "Stopped", "once_plan", "prepare", "run_context", "run_plan", "Progress", "StepProgress", "Terminated", "raise_terminated", "stop_leftover_jobs",
            "EXIT_INTERRUPTED", "EXIT_TERMINATED", "Tally", "tally", "format_duration", "step_weight"]

@@ -5,16 +5,13 @@ import time
 from collbench.ops import get_op
 from collbench.sizes import format_size
 from collbench.tables import format_us
+from collbench.tables import format_duration as _format_duration
 
 
 def format_duration(seconds):
-    """45s, 12m05s, 3h20m: a duration as a person reads a countdown."""
-    s = max(0, int(round(seconds)))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    """45s, 12m05s, 3h20m: a duration as a person reads a countdown (tables.format_duration, hours
+    beyond a day)."""
+    return _format_duration(seconds, days=False)
 
 
 def step_weight(step):

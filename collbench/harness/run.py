@@ -1,11 +1,11 @@
 """The run context of a verb running MPI jobs: SIGTERM as an exception, Ctrl-C, leftover launchers, exit codes."""
 
 import os
-import signal
 import sys
 import time
 
-from collbench import proctree
+from collbench import proctree, signals
+from collbench.signals import Terminated, raise_terminated  # noqa: F401  (the harness' names for them)
 
 EXIT_INTERRUPTED = 130     # 128 + SIGINT, as a shell reports Ctrl-C
 EXIT_TERMINATED = 143      # 128 + SIGTERM
@@ -19,6 +19,22 @@ def run_context(cfg, engine):
     return RunContext(cfg, engine, launcher.mpi_version(cfg))
 
 
+def once_plan(cfg, engine=None, **flags):
+    """The steps `collbench once` runs for a config narrowed by its flags (engine: --engine; flags:
+    apply_overrides' np, ops, sizes, iterations, datatype, validate); cfg is narrowed in place.
+    A UserError (exit 2) when no step is left. Also the plan of report's peak test and of
+    `baseline --runs`, so their numbers are the numbers `once` gives."""
+    from collbench.config import apply_overrides
+    from collbench.errors import UserError
+    if engine:
+        cfg.engine = engine
+    apply_overrides(cfg, **flags)
+    steps = list(cfg.once_plan())
+    if not steps:
+        raise UserError("the plan has no steps")
+    return steps
+
+
 def prepare(cfg, steps):
     """(engine, run context) for a plan: the config's engine, its preflight (engine built, every
     step checked: exit 2 before anything runs), and the run context."""
@@ -28,12 +44,13 @@ def prepare(cfg, steps):
     return engine, run_context(cfg, cfg.engine)
 
 
-class Terminated(Exception):
-    """SIGTERM arrived: unwind like Ctrl-C so the running MPI job is stopped, not orphaned."""
+class Stopped(Exception):
+    """A Run was stopped by Ctrl-C or SIGTERM and said so: for MPI work below a verb's own logic
+    (report's peak test, baseline --runs), which unwinds to the verb that returns exit_code."""
 
-
-def raise_terminated(signum, frame):
-    raise Terminated()
+    def __init__(self, exit_code):
+        super().__init__(exit_code)
+        self.exit_code = exit_code
 
 
 def stop_leftover_jobs(grace=5.0):
@@ -70,7 +87,7 @@ class Run:
         self.progress = progress or Progress(self.stream, total, quiet=quiet, weights=weights)
         self.exit_code = None
         self.started = time.monotonic()
-        self._previous = None
+        self._signals = None
 
     @property
     def stopped(self):
@@ -83,7 +100,7 @@ class Run:
     def __enter__(self):
         # The MPI job runs in its own session; a SIGTERM to us must still end it (the engines
         # stop their job when unwound), so it is turned into an exception like Ctrl-C.
-        self._previous = signal.signal(signal.SIGTERM, raise_terminated)
+        self._signals = signals.install(signals.VERB, raise_terminated)
         self.started = time.monotonic()
         return self
 
@@ -102,7 +119,7 @@ class Run:
                   f"{self.on_stop}", file=self.stream, flush=True)
             return True
         finally:
-            signal.signal(signal.SIGTERM, self._previous)
+            self._signals.restore()
 
 
 def run_plan(verb, engine, cfg, steps, ctx, quiet=False, on_stop="nothing written", stream=None):

@@ -153,16 +153,36 @@ def cmd_census(args):
 
 
 def cmd_replay(args):
+    return REPLAYS[args.engine](args)
+
+
+def _write_replay(args, checked, result, report, render_table):
+    """Every output of a replay (-o in --format, --csv, --results) that can be written is (the
+    measurements are not thrown away for one that cannot); the Outputs, whose failures the
+    command raises once it has said the rest. report: the module with render_json/render_csv."""
+    from collbench.atomic_file import Outputs
+    from collbench.results.records import dumps
+    if args.format == "json":
+        text = report.render_json(result)
+    elif args.format == "csv":
+        text = report.render_csv(result)
+    else:
+        text = _safe(render_table(result))
+    outs = Outputs()
+    if "--results" in checked:      # appended in place: an existing results log is not read
+        outs.append(checked["--results"], [dumps(r) + "\n" for r in result.records], "--results")
+    if "--csv" in checked:
+        outs.write(checked["--csv"], report.render_csv(result), "--csv")
+    outs.write(args.output, text, "-o")
+    return outs
+
+
+def _replay_builtin(args):
     from collbench import harness
     from collbench.config import load_config
     from collbench.errors import UserError
     from collbench.nccl import replay, replay_report
-    from collbench.atomic_file import Outputs
-    from collbench.results.records import dumps
 
-    if args.engine == "nccl-tests":
-        from collbench.nccl import replay_nccl_tests
-        return replay_nccl_tests.cmd(args)
     # everything that can be wrong with the flags is found before the log is read or anything runs
     if args.comm is not None and args.order != "log":
         raise UserError("--comm picks the communicator of --order log")
@@ -177,20 +197,8 @@ def cmd_replay(args):
     if job.stopped:
         return job.exit_code
 
-    if args.format == "json":
-        text = replay_report.render_json(result)
-    elif args.format == "csv":
-        text = replay_report.render_csv(result)
-    else:
-        text = _safe(replay_report.render_table(result, verbose=args.verbose))
-    # every output that can be written is (the measurements are not thrown away for one that
-    # cannot); a file that failed is named and makes the exit 2, whichever flag it was
-    outs = Outputs()
-    if "--results" in checked:      # appended in place: an existing results log is not read
-        outs.append(checked["--results"], [dumps(r) + "\n" for r in result.records], "--results")
-    if "--csv" in checked:
-        outs.write(checked["--csv"], replay_report.render_csv(result), "--csv")
-    outs.write(args.output, text, "-o")
+    outs = _write_replay(args, checked, result, replay_report,
+                         lambda r: replay_report.render_table(r, verbose=args.verbose))
     if args.format != "table":
         for w in result.warnings:
             print(f"collbench: warning: {_safe(w)}", file=sys.stderr)
@@ -200,3 +208,44 @@ def cmd_replay(args):
               f"failure record(s)), {len(bad_validation)} failed validation", file=sys.stderr)
     outs.raise_if_failed()
     return 1 if result.failed or bad_validation else 0
+
+
+def _replay_nccl_tests(args):
+    """`nccl replay --engine nccl-tests` (grouped order): flags checked before the log is read."""
+    from collbench import harness
+    from collbench.config import load_config
+    from collbench.errors import UserError
+    from collbench.nccl import replay as mpi_replay
+    from collbench.nccl import replay_nccl_tests
+
+    if args.order != "grouped":
+        raise UserError("--engine nccl-tests replays the grouped configurations (--order grouped); "
+                        "--order log is the built-in engine's")
+    common, checked = replay_flags(args)
+    settings = mpi_replay.Settings(order="grouped", **common)
+    cfg = load_config(args.config)
+    cfg.validate = bool(args.validate)
+
+    def progress(row):
+        if not args.quiet:
+            what = f"{row.op} {row.datatype} x{row.count} at {row.call.nranks} ranks"
+            done = f"{row.time_us:.2f} us/call" if row.time_us is not None else f"FAILED: {row.error}"
+            print(f"collbench nccl replay: {what}: {done}", file=sys.stderr)
+
+    with harness.Run("nccl replay", quiet=True, on_stop="nothing written") as job:
+        result = replay_nccl_tests.replay(args.paths, cfg, settings, on_row=progress)
+    if job.stopped:
+        return job.exit_code
+    outs = _write_replay(args, checked, result, replay_nccl_tests, replay_nccl_tests.render_table)
+    for w in result.warnings:
+        print(f"collbench: warning: {_safe(w)}", file=sys.stderr)
+    bad = [r for r in result.records if r.get("type") == "result" and r.get("validation") == "fail"]
+    if result.failed or bad:
+        print(f"collbench: replay: {len(result.failed)} configuration(s) failed, {len(bad)} failed validation",
+              file=sys.stderr)
+    outs.raise_if_failed()
+    return 1 if result.failed or bad else 0
+
+
+# `nccl replay --engine NAME` -> the command that replays with it
+REPLAYS = {"builtin": _replay_builtin, "nccl-tests": _replay_nccl_tests}

@@ -4,11 +4,10 @@ CSV: in log order the RCCL replayer's CSV (one row per replayed call); in groupe
 per configuration (GROUPED_CSV_FIELDS).
 """
 
-import csv
-import io
 import json
 
 from collbench.nccl.replay import csv_text
+from collbench import tables
 from collbench.tables import Column, format_gb_per_s, format_us, table_lines
 
 TABLE_ROWS = 40
@@ -167,23 +166,19 @@ def render_table(result, verbose=False):
 def render_csv(result):
     if result.order == "log":
         return csv_text(result.calls)
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(GROUPED_CSV_FIELDS)
-    for t in result.configurations:
-        row = t.row()
-        cells = []
-        for name in GROUPED_CSV_FIELDS:
-            v = row.get(name)
-            if isinstance(v, bool):
-                v = int(v)
-            elif isinstance(v, list):
-                v = " ".join(map(str, v))
-            elif isinstance(v, float):
-                v = f"{v:.9g}"
-            cells.append("" if v is None else v)
-        w.writerow(cells)
-    return buf.getvalue()
+    return tables.csv_text([tables.Column(name) for name in GROUPED_CSV_FIELDS],
+                           [t.row() for t in result.configurations], cell=_grouped_cell)
+
+
+def _grouped_cell(v):
+    """A grouped CSV cell: booleans 0/1, lists space-joined, floats to 9 digits, None empty."""
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, list):
+        return " ".join(map(str, v))
+    if isinstance(v, float):
+        return f"{v:.9g}"
+    return "" if v is None else v
 
 
 def render_json(result):

@@ -1,10 +1,8 @@
 """Render a Census: a readable table (default), CSV of the configuration groups, or the JSON document."""
 
-import csv
-import io
 import json
 
-from collbench.tables import Column, format_bytes, table_lines
+from collbench.tables import Column, csv_text, format_bytes, table_lines
 
 
 TABLE_ROWS = 40             # rows per section without -v
@@ -102,27 +100,23 @@ def render_table(census, verbose=False):
     return "\n".join(out) + "\n"
 
 
+def _group_cell(name, v):
+    if name == "algorithms":
+        return " ".join(f"{a.algorithm}/{a.protocol}:{a.count}" for a in v)
+    if name in ("roots", "op_names"):
+        return " ".join(str(x) for x in v)
+    if name == "share":
+        return f"{v:.6f}"
+    if name == "redop":
+        return v or ""
+    if name == "inplace":
+        return int(v)
+    return v
+
+
 def render_csv(census):
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(GROUP_CSV_FIELDS)
-    for g in census.groups:
-        row = []
-        for name in GROUP_CSV_FIELDS:
-            v = getattr(g, name)
-            if name == "algorithms":
-                v = " ".join(f"{a.algorithm}/{a.protocol}:{a.count}" for a in v)
-            elif name in ("roots", "op_names"):
-                v = " ".join(str(x) for x in v)
-            elif name == "share":
-                v = f"{v:.6f}"
-            elif name == "redop":
-                v = v or ""
-            elif name == "inplace":
-                v = int(v)
-            row.append(v)
-        w.writerow(row)
-    return buf.getvalue()
+    rows = [{name: _group_cell(name, getattr(g, name)) for name in GROUP_CSV_FIELDS} for g in census.groups]
+    return csv_text([Column(name) for name in GROUP_CSV_FIELDS], rows, cell=lambda v: v)
 
 
 def render_json(census):

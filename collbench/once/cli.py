@@ -10,8 +10,7 @@ import sys
 
 from collbench import engines, harness
 from collbench.cli import add_config_arg
-from collbench.config import apply_overrides, int_flag, load_config
-from collbench.errors import UserError
+from collbench.config import int_flag, load_config
 from collbench.once.report_table import render_other_failures, render_tables
 from collbench.atomic_file import Outputs, check_writable
 from collbench.results.output_files import write_jsonl, write_tsv
@@ -53,13 +52,8 @@ def _count(n, noun):
 def run(args):
     # Everything that can be wrong with the input is checked before the first mpirun.
     cfg = load_config(args.config)
-    if args.engine:
-        cfg.engine = args.engine
-    apply_overrides(cfg, np=args.np, ops=args.ops, sizes=args.sizes, iterations=args.iterations,
-                    datatype=args.datatype, validate=args.validate)
-    steps = list(cfg.once_plan())
-    if not steps:
-        raise UserError("the plan has no steps")
+    steps = harness.once_plan(cfg, engine=args.engine, np=args.np, ops=args.ops, sizes=args.sizes,
+                              iterations=args.iterations, datatype=args.datatype, validate=args.validate)
     results_path = check_writable(args.results, "--results", append=True) if args.results else None
     tsv_path = check_writable(args.tsv, "--tsv") if args.tsv else None
     engine, ctx = harness.prepare(cfg, steps)

@@ -8,6 +8,6 @@ html_report     the page;  markdown_table: the all-gather guide's results table
 
 Its input files are read by collbench.results.file_reader (untrusted JSONL in, checked records
 out, bad lines counted; also used by baseline); the shared pieces it uses sit below the verbs:
-collbench.stats (median / quartiles / MAD), collbench.once_runs (`collbench once` in a subprocess)
+collbench.stats (median / quartiles / MAD), collbench.harness (the peak test: once's plan, run in process)
 and collbench.pair_matrix (topo measure's matrix files, for --peak-from).
 """

@@ -64,7 +64,7 @@ def peak_source(args):
     elif args.peak_from:
         peak = peak_mod.peak_from_matrix(args.peak_from)
     else:
-        return lambda: peak_mod.measure_peak(args.config)
+        return lambda: peak_mod.measure_peak(args.config, quiet=args.quiet)
     return lambda: peak
 
 
@@ -105,8 +105,12 @@ def run(args):
         load_config(args.config)        # a bad config fails now, not after the input was read
     peak_fn = peak_source(args)
 
-    text, data, figures, peak, source = build(args.results, peak_fn, title=args.title, since=since,
-                                              group_by=args.group_by)
+    from collbench import harness
+    try:
+        text, data, figures, peak, source = build(args.results, peak_fn, title=args.title, since=since,
+                                                  group_by=args.group_by)
+    except harness.Stopped as e:        # the harness said what was stopped and that nothing is written
+        return e.exit_code
     # the HTML, the markdown table and the PNGs are one set: all written or none (a full disk
     # leaves the previous report whole, never a new page beside old plots)
     files = FileSet("-o")

@@ -4,26 +4,24 @@ Where it comes from, in order of preference (the report says which):
   --peak-from FILE   a `topo measure` bandwidth matrix (collbench.pair_matrix's JSON or CSV):
                      its fastest pair;
   --peak-gbps N      a number the user knows (GB/s = 10^9 bytes/s, as busbw is shown);
-  (default)          measured now: a two-rank broadcast with the built-in engine through
-                     `collbench once` (a 2-rank bcast is one rank sending to the other, so its
-                     busbw is the point-to-point bandwidth); between two different hosts when
-                     the config has two;
+  (default)          measured now: a two-rank broadcast with the built-in engine, `collbench
+                     once`'s plan through the harness (progress, Ctrl-C) in this process (a
+                     2-rank bcast is one rank sending to the other, so its busbw is the
+                     point-to-point bandwidth); between two different hosts when the config
+                     has two;
   --no-peak          none: the report shows busbw without a percentage.
 """
 
+import copy
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 
-import yaml
-
 from collbench.errors import UserError
-from collbench.once_runs import run_once
 
 PEAK_OPS = "bcast"
 PEAK_SIZES = "256KB,1MB,4MB,16MB"
-PEAK_ITERATIONS = "20"
+PEAK_ITERATIONS = 20
 
 
 @dataclass
@@ -72,57 +70,48 @@ def peak_from_matrix(path):
 
 # ------------------------------------------------------------------ measured now
 
-def two_host_config(config_path, tmpdir):
+def two_host_config(cfg):
     """A copy of the config whose two ranks run on two different hosts, or None when the config
-    has one host (or already places 2 ranks on two). Relative paths are made absolute so the
-    copy in tmpdir means what the original means."""
-    from collbench.config import load_config
-    cfg = load_config(config_path)
+    has one host (or already places 2 ranks on two)."""
     names = list(dict.fromkeys(cfg.host_names))
     if cfg.implicit_hosts or len(names) < 2:
         return None
-    cfg.ranks = 2
-    if len(set(cfg.placement())) >= 2:
+    probe = copy.copy(cfg)
+    probe.ranks = 2
+    if len(set(probe.placement())) >= 2:
         return None
-    with open(config_path, encoding="utf-8") as f:
-        data = yaml.safe_load(f) or {}
-    base = os.path.dirname(os.path.abspath(config_path))
-    data["hosts"] = names[:2]
-    data["ranks"] = 2
-    for k in ("ranks_per_node", "plan", "stress", "exporter", "master", "alerts"):
-        data.pop(k, None)
-    for k in ("engine_path", "osu_path", "state_dir"):
-        if isinstance(data.get(k), str):
-            p = os.path.expanduser(data[k])
-            data[k] = p if os.path.isabs(p) else os.path.normpath(os.path.join(base, p))
-    out = os.path.join(tmpdir, "peak-config.yaml")
-    with open(out, "w", encoding="utf-8") as f:
-        yaml.safe_dump(data, f, sort_keys=False)
-    return out
+    from collbench.config.model import Host
+    probe.hosts, probe.hostfile, probe.ranks_per_node, probe.hosts_order = [Host(n) for n in names[:2]], None, None, None
+    return probe
 
 
-def measure_peak(config=None, timeout=600):
-    """Measure the peak now (see the module doc); a Peak with source 'failed' if it could not."""
-    with tempfile.TemporaryDirectory(prefix="collbench-peak-") as tmp:
-        cfg_path = (two_host_config(config, tmp) if config else None) or config
-        args = ["--np", "2", "--ops", PEAK_OPS, "--sizes", PEAK_SIZES, "--iterations", PEAK_ITERATIONS,
-                "--engine", "builtin"]
-        try:
-            run = run_once(args, config=cfg_path, timeout=timeout)
-        except UserError as e:
-            return Peak(None, "failed", f"the two-rank peak test could not run: {e}")
-        results = [r for r in run.records if r.get("type") == "result" and r.get("busbw_bytes_per_s")]
-        if not results:
-            failures = [r.get("error") for r in run.records if r.get("type") == "failure"]
-            why = failures[0] if failures else (run.stderr.splitlines()[-1] if run.stderr else "no result")
-            return Peak(None, "failed", f"the two-rank peak test failed: {why}")
-        best = max(results, key=lambda r: r["busbw_bytes_per_s"])
-        hosts = list(best.get("hosts") or [])
-        where = (f"between {hosts[0]} and {hosts[1]}" if len(hosts) >= 2
-                 else f"on {hosts[0]} (both ranks on one host: an intra-node peak)" if hosts else "")
-        text = (f"measured for this report: a two-rank broadcast (one rank sends to the other) {where}, "
-                f"transport {best.get('transport', '?')}, engine {best.get('engine', '?')}; best of "
-                f"{PEAK_SIZES.replace(',', '/')} = {best['busbw_bytes_per_s'] / 1e9:.3g} GB/s "
-                f"({best.get('size', '?')})")
-        return Peak(best["busbw_bytes_per_s"], "measured", text, hosts=hosts, transport=best.get("transport"),
-                    engine=best.get("engine"), mpi=best.get("mpi"))
+def measure_peak(config=None, quiet=False):
+    """Measure the peak now (see the module doc); a Peak with source 'failed' if it could not.
+    harness.Stopped when Ctrl-C or SIGTERM stopped it."""
+    from collbench import harness
+    from collbench.config import load_config
+    try:
+        cfg = load_config(config)
+        cfg = two_host_config(cfg) or cfg
+        steps = harness.once_plan(cfg, engine="builtin", np=2, ops=PEAK_OPS, sizes=PEAK_SIZES,
+                                  iterations=PEAK_ITERATIONS)
+        engine, ctx = harness.prepare(cfg, steps)
+    except UserError as e:
+        return Peak(None, "failed", f"the two-rank peak test could not run: {e}")
+    records, job = harness.run_plan("report", engine, cfg, steps, ctx, quiet=quiet, on_stop="no report written")
+    if job.stopped:
+        raise harness.Stopped(job.exit_code)
+    results = [r for r in records if r.get("type") == "result" and r.get("busbw_bytes_per_s")]
+    if not results:
+        failures = [r.get("error") for r in records if r.get("type") == "failure"]
+        return Peak(None, "failed", f"the two-rank peak test failed: {failures[0] if failures else 'no result'}")
+    best = max(results, key=lambda r: r["busbw_bytes_per_s"])
+    hosts = list(best.get("hosts") or [])
+    where = (f"between {hosts[0]} and {hosts[1]}" if len(hosts) >= 2
+             else f"on {hosts[0]} (both ranks on one host: an intra-node peak)" if hosts else "")
+    text = (f"measured for this report: a two-rank broadcast (one rank sends to the other) {where}, "
+            f"transport {best.get('transport', '?')}, engine {best.get('engine', '?')}; best of "
+            f"{PEAK_SIZES.replace(',', '/')} = {best['busbw_bytes_per_s'] / 1e9:.3g} GB/s "
+            f"({best.get('size', '?')})")
+    return Peak(best["busbw_bytes_per_s"], "measured", text, hosts=hosts, transport=best.get("transport"),
+                engine=best.get("engine"), mpi=best.get("mpi"))

@@ -41,7 +41,7 @@ import threading
 import time
 import uuid
 
-from collbench import proctree
+from collbench import proctree, signals
 from collbench.engines import get_engine, launcher
 from collbench.engines.base import failure_message, run_per_step
 from collbench.results import records
@@ -178,11 +178,7 @@ class Daemon:
                 log.warning("job did not stop within %.0fs of SIGTERM: SIGKILL", self.cfg.stress.stop_grace)
                 proctree.signal_tree(self.job_pid, signal.SIGKILL, self._token_pids())
 
-        signal.signal(signal.SIGTERM, on_term)
-        signal.signal(signal.SIGINT, on_term)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)   # a closing SSH session is not a stop
-        signal.signal(signal.SIGALRM, on_alarm)
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        signals.install(signals.DAEMON, on_term, extra={signal.SIGALRM: on_alarm})
 
     def _take_over_stale(self):
         """We hold the lock, so any pid file here is stale: say so, and kill its leftovers."""

@@ -9,7 +9,7 @@ import time
 
 from collbench.errors import UserError
 from collbench.results.state_dir import CRASHED, RUNNING, AlreadyRunning, daemon_status
-from collbench import bench_processes as processes
+from collbench.tables import format_duration
 
 EXIT_START_FAILED = 1
 
@@ -26,7 +26,7 @@ def start(args, cfg, paths):
     from collbench.stress.daemon import Daemon
     st = daemon_status(paths, scan=True)
     if st.state == RUNNING:
-        print(f"collbench stress: already running (pid {st.pid}, up {processes.format_duration(time.time() - st.info.get('started', time.time()))}, "
+        print(f"collbench stress: already running (pid {st.pid}, up {format_duration(time.time() - st.info.get('started', time.time()))}, "
               f"state dir {paths.state_dir}{'; ' + st.reason if st.reason else ''}); "
               "not starting a second daemon", file=sys.stderr)
         return EXIT_START_FAILED

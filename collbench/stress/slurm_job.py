@@ -34,7 +34,7 @@ from collbench.results.results_log import ResultsLog
 from collbench.results.state_dir import (RUNNING, STATUS_EXIT, DaemonStatus, daemon_status, read_state,
                                          write_json_atomic)
 from collbench.stress.backend import Backend
-from collbench.bench_processes import format_duration
+from collbench.tables import format_duration
 from collbench.stress.resolve import resolve
 from collbench.stress.status import last_results, render_status
 

@@ -10,7 +10,7 @@ from collbench.results.state_dir import CRASHED, RUNNING, daemon_status
 from collbench import bench_processes as processes
 from collbench.stress.log_view import BadLines, format_bandwidth, printable
 from collbench.stress.resolve import results_path
-from collbench.tables import Column, format_us, table_lines
+from collbench.tables import Column, format_duration, format_us, table_lines
 
 
 def report(args, cfg, paths):
@@ -67,22 +67,22 @@ def render_status(st, paths, results, last, leftovers):
     info, now = st.info, time.time()
     lines = []
     if st.state == RUNNING:
-        lines.append(f"collbench stress: running (pid {st.pid}, up {processes.format_duration(now - info.get('started', now))}, "
+        lines.append(f"collbench stress: running (pid {st.pid}, up {format_duration(now - info.get('started', now))}, "
                      f"iteration {info.get('iteration', 0)}, {info.get('status', '?')})")
         lines.append(f"  mode {info.get('mode')}, engine {info.get('engine')}, job pid {info.get('job_pid') or '-'}, "
-                     f"relaunches {info.get('relaunches', 0)}, state updated {processes.format_duration(now - info.get('updated', now))} ago")
+                     f"relaunches {info.get('relaunches', 0)}, state updated {format_duration(now - info.get('updated', now))} ago")
         if st.reason:   # found in /proc by its lock, not by its files
             lines.append(f"  WARNING: {st.reason}; the daemon recreates it within seconds "
                          "(`collbench stress stop` stops it)")
     elif st.state == CRASHED:
         lines.append(f"collbench stress: crashed ({st.reason})")
         if info.get("updated"):
-            lines.append(f"  last state update {processes.format_duration(now - info['updated'])} ago at iteration {info.get('iteration', 0)}; "
+            lines.append(f"  last state update {format_duration(now - info['updated'])} ago at iteration {info.get('iteration', 0)}; "
                          "`collbench stress start` replaces the stale pid file, `stop` cleans up")
     else:
         lines.append("collbench stress: stopped")
         if info.get("updated"):
-            lines.append(f"  last ran until {processes.format_duration(now - info['updated'])} ago "
+            lines.append(f"  last ran until {format_duration(now - info['updated'])} ago "
                          f"({info.get('stop_reason') or 'clean stop'}), iteration {info.get('iteration', 0)}")
     if leftovers:
         lines.append(f"  WARNING: {len(leftovers)} process(es) of the dead daemon still running: "
@@ -93,7 +93,7 @@ def render_status(st, paths, results, last, leftovers):
         lines.append(f"  config    {info['config']}")
     fail = last["failure"]
     if fail:
-        lines.append(f"  last failure {processes.format_duration(now - fail.get('ts', now))} ago: "
+        lines.append(f"  last failure {format_duration(now - fail.get('ts', now))} ago: "
                      f"{printable(fail.get('error'))}")
     bad = last.get("bad_lines") or {}
     if bad.get("count"):
@@ -110,5 +110,5 @@ def render_status(st, paths, results, last, leftovers):
     rows = [{"op": r.get("op", "?"), "size": r.get("size", "?"), "avg": r.get("latency_avg_us"),
              "max": r.get("latency_max_us"), "busbw": r.get("busbw_bytes_per_s"),
              "verdict": str(r.get("verdict") or "-"), "iteration": str(r.get("iteration", "-")),
-             "age": processes.format_duration(now - r.get("ts", now))} for r in res]
+             "age": format_duration(now - r.get("ts", now))} for r in res]
     return lines + table_lines(columns, rows, indent="  ", rule=False)

@@ -7,14 +7,13 @@ machinefile, a Slurm hostfile, a `hosts_order:` config snippet and the whole res
 then) or when the files cannot be written (the result is still printed; the old set stays whole).
 """
 
-import csv
-import io
 import json
 import os
 import sys
 
 from collbench import cli_values
 from collbench.atomic_file import Outputs
+from collbench import tables
 from collbench.tables import Column, table_lines
 from collbench.topo.mapping import EXACT_MAX, METHODS, map_order, method_arg
 from collbench.pair_matrix import METRICS, load_matrix
@@ -93,19 +92,16 @@ def cmd_map(args):
 
 
 def csv_text(result):
-    out = io.StringIO()
-    w = csv.writer(out, lineterminator="\n")
-    w.writerow(CSV_COLUMNS)
+    rows = []
     for row in result.rows():
         a, b = row["worst_pair"] or (None, None)
-        w.writerow([row["method"], int(row["chosen"]), f"{row['cost']:.6g}", row["cost_unit"],
-                    f"{row['vs_identity']:.6g}", f"{row['speedup']:.6g}", a or "", b or "",
-                    "" if row["worst_value"] is None else f"{row['worst_value']:.6g}", row["worst_unit"],
-                    f"{row['tie_break_sum']:.6g}",
-                    "" if row["shared_speedup"] is None else f"{row['shared_speedup']:.6g}",
-                    f"{row['seconds']:.4f}",
-                    "" if row["optimal"] is None else int(row["optimal"]), row["note"]])
-    return out.getvalue()
+        rows.append(dict(zip(CSV_COLUMNS, (
+            row["method"], int(row["chosen"]), f"{row['cost']:.6g}", row["cost_unit"], f"{row['vs_identity']:.6g}",
+            f"{row['speedup']:.6g}", a or "", b or "",
+            "" if row["worst_value"] is None else f"{row['worst_value']:.6g}", row["worst_unit"],
+            f"{row['tie_break_sum']:.6g}", "" if row["shared_speedup"] is None else f"{row['shared_speedup']:.6g}",
+            f"{row['seconds']:.4f}", "" if row["optimal"] is None else int(row["optimal"]), row["note"]))))
+    return tables.csv_text([Column(k) for k in CSV_COLUMNS], rows, cell=lambda v: v)
 
 
 def _num(v):
