@@ -204,9 +204,7 @@ def test_process_group_signalling_only_in_proctree():
     assert "killpg" in (PACKAGE / "proctree.py").read_text(encoding="utf-8")
 
 
-# the exporter's own SIGTERM/SIGINT handler moves to signals.install(signals.SERVER, ...) with the
-# exporter's collectors work (issue 27 item 6, owned there): remove it from here then
-SIGNAL_HANDLERS_PENDING = {"exporter/cli.py"}
+SIGNAL_HANDLERS_PENDING = set()   # files allowed their own signal.signal() call: none
 INSTALLS_A_HANDLER = re.compile(r"\bsignal\.signal\s*\(")
 
 

@@ -6,11 +6,11 @@ Settings come from the config's `exporter` section, overridden by flags. Every b
 
 import logging
 import os
-import signal
 import sys
 import threading
 from types import SimpleNamespace
 
+from collbench import signals
 from collbench.config import EXPORTER_SCHEMA, POS_FLOAT, POS_INT, check_flag, flag_path, load_config
 from collbench.errors import ConfigError, UserError
 from collbench.results.state_dir import StatePaths
@@ -228,8 +228,7 @@ def run(args):
         watchdog.start()
 
     stopping = threading.Event()
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    signals.install(signals.SERVER, stop)
     try:
         server.serve_forever(poll_interval=0.1)
     finally:
