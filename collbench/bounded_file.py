@@ -170,13 +170,14 @@ def _read_chunk(fd, size, is_pipe, idle_s):
             raise UntrustedFileError(f"cannot read it ({e.strerror or e})") from None
 
 
-def iter_lines_limited(path, max_bytes, max_line=65536, allow_pipes=False, idle_s=None):
+def iter_lines_limited(path, max_bytes, max_line=65536, allow_pipes=False, idle_s=None, strip_nul=False):
     """The lines of the file at path (str, without their ends, decoded as UTF-8 with bad bytes
     replaced), read in chunks: path '-' is standard input. A regular file, or (allow_pipes) a pipe
     or FIFO, polled so that nothing for idle_s seconds raises; a FIFO with no writer reads as
     empty. At most max_bytes in all (UntrustedFileError past it, after the lines before); a line
     longer than max_line characters comes back cut to max_line + 1 characters (the caller sees
-    that it is too long); NUL bytes raise (not text)."""
+    that it is too long); NUL bytes raise (not text), or (strip_nul: a log a crash left padded with
+    NULs) are dropped."""
     fd, own, is_pipe = _open_stream(path, allow_pipes)
     try:
         total, pending, skipping = 0, b"", False
@@ -188,7 +189,9 @@ def iter_lines_limited(path, max_bytes, max_line=65536, allow_pipes=False, idle_
             if total > max_bytes:
                 raise UntrustedFileError(f"larger than {_size(max_bytes)}")
             if b"\0" in chunk:
-                raise UntrustedFileError("holds NUL bytes, not text")
+                if not strip_nul:
+                    raise UntrustedFileError("holds NUL bytes, not text")
+                chunk = chunk.replace(b"\0", b"")
             start = 0
             while True:
                 nl = chunk.find(b"\n", start)

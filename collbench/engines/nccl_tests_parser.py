@@ -25,6 +25,7 @@ NcclTestsError for input that is not nccl-tests output at all (or too large).
 """
 
 import csv
+import itertools
 import json
 import math
 import re
@@ -40,7 +41,7 @@ class NcclTestsError(ValueError):
     """The input is not nccl-tests / rccl-tests output (or is too large to be)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Variant:
     """One half of a table row: out-of-place or in-place."""
     time_us: float
@@ -62,13 +63,13 @@ class Variant:
         return "pass"   # a max deviation: the footer's "Out of bounds values" says whether it failed
 
 
-@dataclass
+@dataclass(slots=True)
 class Row:
     size: int                    # bytes, as nccl-tests counts them (all_gather: the whole buffer)
     count: int
     type: str
     redop: str = None
-    root: int = None
+    root: int = None             # -1: nccl-tests' "no root"
     oop: Variant = None          # None: not printed (trace replay)
     ip: Variant = None
     line: int = 0
@@ -119,6 +120,9 @@ class Output:
     bad: list = field(default_factory=list)       # (line number, reason) of the first MAX_BAD_KEPT
     ranks_hint: int = None       # ranks a structured form states (rccl-tests' "gpus")
     command_test: str = None     # the binary a command line in the text ran (a copied terminal session)
+    columns: tuple = ()          # the key columns of its table header ("size", "count", "type", "redop", "root")
+    setup_from_previous: bool = False   # a table with no setup lines of its own: devices/params of the run before
+    rows_dropped: int = 0        # result rows past MAX_ROWS (counted, not kept)
 
     def bad_line(self, lineno, reason):
         self.bad_lines += 1
@@ -154,14 +158,14 @@ _VERSION_LINES = ((_TESTS_VERSION, "version"),
                   (re.compile(r"^\s*rccl-tests: Version (\S+)"), "version"),
                   (re.compile(r"^\s*NCCL version (\S+)"), "nccl_version"),
                   (re.compile(r"^#\s*NCCL Tests compiled with NCCL (\S+)"), "nccl_version"))
-_STARTING = re.compile(r"^#\s*Collective test starting:\s*(\S+)")
-_CONCLUDED = re.compile(r"^#\s*Collective test concluded:\s*(\S+)")
+_STARTING = re.compile(r"^#?\s*Collective test starting:\s*(\S+)")
+_CONCLUDED = re.compile(r"^#?\s*Collective test concluded:\s*(\S+)")
 _PARAMS = re.compile(r"^#?\s*nThreads?:?\s+\d+\s+nGpus:?\s+\d+")
 _PARAM_PAIR = re.compile(r"([A-Za-z][A-Za-z ]*?):?\s+(-?\d+)(?:\(\w+\))?(?=\s|$)")
-_DEVICE = re.compile(r"^#\s+Rank\s+(\d+)(?:\s+Group\s+(\d+))?(?:\s+Pid\s+(\d+))?\s+on\s+(\S+)\s+"
+_DEVICE = re.compile(r"^#?\s*Rank\s+(\d+)(?:\s+Group\s+(\d+))?(?:\s+Pid\s+(\d+))?\s+on\s+(\S+)\s+"
                      r"device\s+(\d+)\s+\[([^\]]*)\]\s*(.*?)\s*$")
-_OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)")
-_AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*([0-9.eE+-]+|nan|inf)")
+_OOB = re.compile(r"^#?\s*Out of bounds values\s*:\s*(\d+)")
+_AVG = re.compile(r"^#?\s*Avg bus bandwidth\s*:\s*([0-9.eE+-]+|nan|inf)")
 # the lines that say a run failed: (pattern, the Failure of its match and line number), matched
 # against the line without its leading and trailing white space
 _FAILURE_LINES = (
@@ -176,9 +180,13 @@ _FAILURE_LINES = (
      lambda m, n: Failure(m.group(1).strip(), "NCCL", "", "", n)),
 )
 _NUMBER_START = re.compile(r"^\s*\d")
+# the header lines of the old layout (and of a page that rendered '#' lines as headings), without '#'
+_BARE_HEADER = re.compile(r"^\s*(?:(?:size|bytes)\s+(?:count|N)\s+type\b.*\balgbw\s+busbw\b|"
+                          r"out-of-place\s+in-place\s*$|in-place\s+out-of-place\s*$|\(B\)\s+\(elements\)|"
+                          r"Using devices\s*$)", re.IGNORECASE)
 # a shell line that ran a binary ("$ ./build/all_reduce_perf -b 8"): names the test when nothing else does
-_COMMAND = re.compile(r"(?:^|[/\s])((?:all_reduce|all_gather|alltoallv?|broadcast|reduce_scatter|reduce|"
-                      r"sendrecv|scatter|gather|hypercube)_perf)(?:_mpi)?(?:\s|$)")
+_COMMAND = re.compile(r"(?:^|[/\s=])((?:all_reduce|all_gather|alltoallv?|broadcast|reduce_scatter|reduce|"
+                      r"sendrecv|scatter|gather|hypercube)_perf)(?:_mpi)?(?:\s|$|=)")
 
 # column names of the key part, in the spellings of every version
 _KEY_COLUMNS = {"size": "size", "bytes": "size", "count": "count", "n": "count", "type": "type",
@@ -273,6 +281,10 @@ def _variant(cols, fields):
 def _row(layout, fields, lineno):
     if layout.timestamp and len(fields) > layout.width:
         fields = fields[:layout.width]        # the timestamp is date and time: its own fields
+    if len(fields) == layout.width - 1 and "redop" in layout.keys and "root" in layout.keys:
+        at = layout.keys.index("redop")
+        if re.fullmatch(r"-?\d{1,10}", fields[at]):
+            fields = fields[:at] + [""] + fields[at:]   # hypercube prints its redop as "": no field
     if len(fields) != layout.width:
         raise ValueError(f"{len(fields)} fields, the table header has {layout.width}")
     key = dict(zip(layout.keys, fields))
@@ -316,17 +328,61 @@ def _strip_prefix(line):
 
 def parse_text(text):
     """Every run in a text output (a file may hold several, one after another): [Output]."""
+    return parse_text_lines(text.splitlines())
+
+
+_SETUP_FIELDS = ("version", "nccl_version", "params", "devices")
+
+
+def _next_output(outputs, inherit=False):
+    """A new Output after the current one; inherit: a table with no setup lines of its own (a
+    second table pasted below the first) takes the devices and parameters of the run before."""
+    prev = outputs[-1]
+    out = Output()
+    if inherit:
+        out.version, out.nccl_version = prev.version, prev.nccl_version
+        out.params, out.devices = dict(prev.params), list(prev.devices)
+        out.setup_from_previous = bool(prev.devices or prev.params)
+    outputs.append(out)
+    return out
+
+
+def parse_text_lines(lines):
+    """Every run in the lines of a text output (any iterable of str, read one at a time: a file of
+    millions of rows is never held whole; at most MAX_ROWS rows kept per run, the rest counted)."""
     outputs = [Output()]
     layout = None
     ip_first = False
-    for lineno, raw in enumerate(text.splitlines(), 1):
+    pending_test = None     # a command line or banner naming the next run's test
+    for lineno, raw in enumerate(lines, 1):
         out = outputs[-1]
         if len(raw) > MAX_LINE_CHARS:
-            out.bad_line(lineno, f"line of {len(raw)} characters (at most {MAX_LINE_CHARS})")
+            out.bad_line(lineno, f"line of more than {MAX_LINE_CHARS} characters")
             continue
+        if "\0" in raw:
+            raw = raw.replace("\0", "")
         line = _strip_prefix(raw).rstrip()
         if not line.strip():
             continue
+        row_error = None
+        if _NUMBER_START.match(line):       # most lines of a big output: tried first
+            fields = line.split()
+            if layout is None and len(fields) == _MODERN.width:
+                # an excerpt that starts below the header: the one unambiguous layout (2.13+, 13 columns)
+                layout = _MODERN
+                out.columns = tuple(layout.keys)
+            if layout is None:
+                row_error = "a table row before any table header"
+            elif len(out.rows) >= MAX_ROWS and len(fields) >= layout.width - 1:
+                out.rows_dropped += 1
+                out.bad_line(lineno, f"more than {MAX_ROWS} rows in one run (not kept)")
+                continue
+            else:
+                try:
+                    out.rows.append(_row(layout, fields, lineno))
+                    continue
+                except ValueError as e:
+                    row_error = str(e)    # unless the line is something else that starts with a digit
         m = _NCCL_LOG.search(line)
         if m:
             if m.group(1) in ("WARN", "ABORT") and len(out.warnings) < 20:
@@ -335,17 +391,18 @@ def parse_text(text):
         m = _STARTING.match(line)
         if m:
             if not out.empty:
-                out = Output()
-                outputs.append(out)
+                out = _next_output(outputs)
                 layout = None
-            out.test = m.group(1)
+            out.test = m.group(1)[:100]
+            pending_test = None
             continue
         m = _PARAMS.match(line)
         if m:
             if out.rows or out.failures:
-                out = Output()
-                outputs.append(out)
+                out = _next_output(outputs)
                 layout = None
+            if pending_test and not out.test:
+                out.command_test, pending_test = pending_test, None
             out.params.update(_params(line))
             continue
         m = _TESTS_VERSION.match(line)
@@ -354,15 +411,20 @@ def parse_text(text):
             out.nccl_version = out.nccl_version or nccl_version_of_code(code)
         found = _first_match(_VERSION_LINES, line)
         if found:
-            setattr(out, found[1], found[0].group(1))
+            setattr(out, found[1], found[0].group(1)[:100])
             continue
         m = _CONCLUDED.match(line)
         if m:
             out.concluded = True
-            out.test = out.test or m.group(1)
+            out.test = out.test or m.group(1)[:100]
             continue
         m = _DEVICE.match(line)
         if m:
+            if out.rows or out.failures:         # the device lines of the next run
+                out = _next_output(outputs)
+                layout = None
+            if out.setup_from_previous:
+                out.devices, out.setup_from_previous = [], False
             out.devices.append(Device(rank=int(m.group(1)), group=int(m.group(2)) if m.group(2) else None,
                                       pid=int(m.group(3)) if m.group(3) else None, host=m.group(4),
                                       device=int(m.group(5)), bus_id=m.group(6), name=m.group(7)[:200]))
@@ -383,7 +445,7 @@ def parse_text(text):
             out.failures.append(found[1](found[0], lineno))
             continue
         stripped = line.lstrip()
-        if stripped.startswith("#"):
+        if stripped.startswith("#") or _BARE_HEADER.match(stripped):
             low = stripped.lower()
             if "out-of-place" in low and "in-place" in low:
                 ip_first = low.index("in-place") < low.index("out-of-place")
@@ -391,28 +453,25 @@ def parse_text(text):
                 new = _layout(stripped, ip_first)
                 if new is None:
                     out.bad_line(lineno, "a table header with columns this reader does not know")
+                elif out.rows or out.failures:
+                    # a second table below the first: another run (its own test, same setup unless it says)
+                    out = _next_output(outputs, inherit=True)
+                if pending_test and not out.test and not out.command_test:
+                    out.command_test, pending_test = pending_test, None
                 layout = new
+                if new is not None:
+                    out.columns = tuple(new.keys)
                 ip_first = False
             continue
-        if _NUMBER_START.match(line):
-            fields = line.split()
-            if layout is None:
-                # an excerpt that starts below the header: the one unambiguous layout (2.13+, 13 columns)
-                layout = _MODERN if len(fields) == _MODERN.width else None
-            if layout is None:
-                out.bad_line(lineno, "a table row before any table header")
-                continue
-            if len(out.rows) >= MAX_ROWS:
-                out.bad_line(lineno, f"more than {MAX_ROWS} rows")
-                continue
-            try:
-                out.rows.append(_row(layout, fields, lineno))
-            except ValueError as e:
-                out.bad_line(lineno, str(e))
+        if row_error:
+            out.bad_line(lineno, row_error)
             continue
         m = _COMMAND.search(line)
-        if m and out.command_test is None:
-            out.command_test = m.group(1)
+        if m:
+            if out.rows or out.failures:
+                pending_test = m.group(1)          # names the run that follows
+            elif out.command_test is None:
+                out.command_test = m.group(1)
         # anything else (MPI banners, "Authorization required", a shell prompt) is not ours
     return [o for o in outputs if not o.empty] or [outputs[0]]
 
@@ -656,7 +715,26 @@ def parse(data):
         return parse_rccl_json(text)
     if form == "rccl-csv":
         return parse_rccl_csv(text)
-    outs = parse_text(text)
+    return _checked(parse_text(text))
+
+
+def _checked(outs):
     if not any(o.rows or o.failures or o.devices or o.params for o in outs):
         raise NcclTestsError("no nccl-tests output in it (no parameter line, device line, table or failure)")
     return outs
+
+
+def parse_lines(lines):
+    """parse() for an output read line by line (collbench.bounded_file.iter_lines_limited, which
+    bounds its size): the text form is parsed as it is read, never held whole; the structured
+    forms (-J, -Z json|csv: one document) are joined first."""
+    it = iter(lines)
+    head = []
+    for line in it:
+        head.append(line)
+        if line.strip():
+            break
+    first = head[-1].lstrip() if head else ""
+    if first.startswith(("{", "[")) or ("busBw" in first and "," in first):
+        return parse("\n".join(itertools.chain(head, it)))
+    return _checked(parse_text_lines(itertools.chain(head, it)))
