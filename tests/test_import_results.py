@@ -49,7 +49,8 @@ def test_what_the_output_does_not_say_is_inferred_and_said_or_asked_for(tmp_path
     # at 16 ranks (2(n-1)/n), and the summary says so
     [summary], recs = imported(tmp_path, "nccl-tests", f)
     assert summary["op"] == "allreduce" and summary["ranks"] == 16
-    assert summary["op_from"] == "inferred from the table: redop sum, root -1, busbw/algbw 1.874"
+    assert summary["op_from"] == ("inferred from the table: redop sum, root -1, in-place #wrong checked, "
+                                  "busbw/algbw 1.874")
     assert summary["ranks_from"] == "16 ranks from busbw/algbw 1.874 (2(n-1)/n of allreduce)"
     # an op given that the table contradicts is the user's word; ranks are then not solved for it
     p = collbench("import", "nccl-tests", f, "--op", "bcast", "--format", "json")

@@ -198,14 +198,18 @@ _WRONG = {"#wrong": "count", "wrong": "count", "error": "error", "res": "error"}
 class _Layout:
     """What a table header says: the key columns and each variant's columns, in order."""
 
-    def __init__(self, keys, variants, timestamp):
+    def __init__(self, keys, variants, timestamp, time_scale=1.0):
+        self.time_scale = time_scale  # to microseconds: 1000 for the 2017-2018 layout, which printed ms
         self.keys = keys              # ["size", "count", "type", "redop", "root"]
         self.variants = variants      # [("oop", ["time", "algbw", "busbw", "#wrong", ...]), ("ip", [...])]
         self.timestamp = timestamp    # a trailing -S timestamp column
-
-    @property
-    def width(self):
-        return len(self.keys) + sum(len(cols) for _, cols in self.variants)
+        self.width = len(keys) + sum(len(cols) for _, cols in variants)
+        self.key_at = {k: i for i, k in enumerate(keys)}
+        # per variant: (attribute, first field, the column names, the #wrong column's name or None)
+        self.spans, at = [], len(keys)
+        for name, cols in variants:
+            self.spans.append((name, at, cols, next((c for c in cols if c in _WRONG), None)))
+            at += len(cols)
 
 
 def _layout(header, ip_first):
@@ -231,7 +235,10 @@ def _layout(header, ip_first):
     if not groups or len(groups) > 2 or any(g[:3] != [g[0], "algbw", "busbw"] for g in groups):
         return None
     order = ["ip", "oop"] if ip_first else ["oop", "ip"]
-    return _Layout(keys, list(zip(order, groups)), timestamp)
+    # 2017-2018 (until "Resync all tests with test code from NCCL 2.4", 2019-03) headed its sizes
+    # `bytes N` and printed times in milliseconds (%7.3f of deltaSec * 1.0E3)
+    scale = 1000.0 if names[0].lower() == "bytes" else 1.0
+    return _Layout(keys, list(zip(order, groups)), timestamp, scale)
 
 
 _MODERN = _layout("#  size  count  type  redop  root  time  algbw  busbw  #wrong  time  algbw  busbw  #wrong",
@@ -255,8 +262,12 @@ def _number(text, what):
     return v
 
 
+_WHOLE = re.compile(r"-?\d{1,19}")
+_TYPE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
+
+
 def _integer(text, what, lo=0):
-    if not re.fullmatch(r"-?\d{1,19}", text):
+    if not (text.isdigit() and len(text) <= 19) and not _WHOLE.fullmatch(text):
         raise ValueError(f"{what} {text[:20]!r} is not a whole number")
     v = int(text)
     if v < lo:
@@ -264,42 +275,45 @@ def _integer(text, what, lo=0):
     return v
 
 
-def _variant(cols, fields):
-    vals = dict(zip(cols, fields))
-    wrong_name = next((c for c in cols if c in _WRONG), None)
+def _variant(cols, fields, wrong_name):
     wrong = None
-    if wrong_name is not None and vals[wrong_name] != "N/A":
-        wrong = _number(vals[wrong_name], wrong_name)
-    v = Variant(_number(vals[cols[0]], "time"), _number(vals["algbw"], "algbw"),
-                _number(vals["busbw"], "busbw"), wrong, _WRONG.get(wrong_name, "count"))
-    for col, attr in (("i_min", "i_min_us"), ("i_max", "i_max_us"), ("i_p99", "i_p99_us")):
-        if col in vals:
-            setattr(v, attr, _number(vals[col], col))
+    if wrong_name is not None:
+        text = fields[cols.index(wrong_name)]
+        if text != "N/A":
+            wrong = _number(text, wrong_name)
+    v = Variant(_number(fields[0], "time"), _number(fields[1], "algbw"), _number(fields[2], "busbw"),
+                wrong, _WRONG.get(wrong_name, "count"))
+    if len(cols) > 4:
+        for col, attr in (("i_min", "i_min_us"), ("i_max", "i_max_us"), ("i_p99", "i_p99_us")):
+            if col in cols:
+                setattr(v, attr, _number(fields[cols.index(col)], col))
     return v
 
 
 def _row(layout, fields, lineno):
-    if layout.timestamp and len(fields) > layout.width:
-        fields = fields[:layout.width]        # the timestamp is date and time: its own fields
-    if len(fields) == layout.width - 1 and "redop" in layout.keys and "root" in layout.keys:
-        at = layout.keys.index("redop")
-        if re.fullmatch(r"-?\d{1,10}", fields[at]):
-            fields = fields[:at] + [""] + fields[at:]   # hypercube prints its redop as "": no field
-    if len(fields) != layout.width:
-        raise ValueError(f"{len(fields)} fields, the table header has {layout.width}")
-    key = dict(zip(layout.keys, fields))
-    row = Row(size=_integer(key["size"], "size"), count=_integer(key.get("count", "0"), "count"),
-              type=key.get("type", ""), line=lineno)
-    if "type" in key and not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,31}", row.type):
+    width, at = layout.width, layout.key_at
+    if layout.timestamp and len(fields) > width:
+        fields = fields[:width]        # the timestamp is date and time: its own fields
+    if len(fields) == width - 1 and "redop" in at and "root" in at:
+        i = at["redop"]
+        if _WHOLE.fullmatch(fields[i]):
+            fields = fields[:i] + [""] + fields[i:]   # hypercube prints its redop as "": no field
+    if len(fields) != width:
+        raise ValueError(f"{len(fields)} fields, the table header has {width}")
+    row = Row(size=_integer(fields[at["size"]], "size"),
+              count=_integer(fields[at["count"]], "count") if "count" in at else 0,
+              type=fields[at["type"]] if "type" in at else "", line=lineno)
+    if "type" in at and not _TYPE_NAME.fullmatch(row.type):
         raise ValueError(f"type {row.type[:20]!r} is not a datatype name")
-    if "redop" in key:
-        row.redop = key["redop"]
-    if "root" in key:
-        row.root = _integer(key["root"], "root", lo=-1)
-    at = len(layout.keys)
-    for name, cols in layout.variants:
-        setattr(row, name, _variant(cols, fields[at:at + len(cols)]))
-        at += len(cols)
+    if "redop" in at:
+        row.redop = fields[at["redop"]]
+    if "root" in at:
+        row.root = _integer(fields[at["root"]], "root", lo=-1)
+    for name, start, cols, wrong_name in layout.spans:
+        v = _variant(cols, fields[start:start + len(cols)], wrong_name)
+        if layout.time_scale != 1.0:
+            v.time_us *= layout.time_scale
+        setattr(row, name, v)
     return row
 
 

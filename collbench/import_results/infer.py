@@ -110,8 +110,32 @@ OLD_COLUMNS = {"allreduce": (True, False), "reduce_scatter": (True, False), "red
                "sendrecv": (False, False)}
 
 
+# the tests that never check their in-place result (reportErrors = in_place ? 0 : 1): their
+# in-place #wrong is N/A where the out-of-place one is a number
+IN_PLACE_UNCHECKED = ("sendrecv", "alltoall", "alltoallv")
+
+
+def _in_place_checked(rows):
+    """True: both variants carry a #wrong; False: only the out-of-place one; None: no telling."""
+    seen = {(r.oop.wrong is not None, r.ip.wrong is not None) for r in rows[:1000] if r.oop and r.ip}
+    if seen == {(True, True)}:
+        return True
+    if seen == {(True, False)}:
+        return False
+    return None
+
+
 def _table_candidates(out):
     """The ops the table's columns and row values allow, and what they were."""
+    ops, said = _column_candidates(out)
+    checked = _in_place_checked(out.rows)
+    if checked is not None:
+        ops = [op for op in ops if (op in IN_PLACE_UNCHECKED) != checked]
+        said.append("in-place #wrong " + ("checked" if checked else "N/A (never checked)"))
+    return ops, said
+
+
+def _column_candidates(out):
     cols = set(out.columns)
     if "redop" in cols and "root" in cols:       # 2.13+ (and pre-2019 reduce): values decide
         redops = {r.redop for r in out.rows[:1000]}
