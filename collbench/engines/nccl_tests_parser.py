@@ -243,6 +243,22 @@ def _layout(header, ip_first):
 
 _MODERN = _layout("#  size  count  type  redop  root  time  algbw  busbw  #wrong  time  algbw  busbw  #wrong",
                   ip_first=False)
+# rows met without their header (an excerpt that starts below it, or a paste that lost it): the
+# layout their shape tells, by field count and whether the fourth field is a reduction's name
+_HEADERLESS = {
+    13: _MODERN,     # 2.13+ (and reduce before it: size count type redop root)
+    12: _layout("# size count type redop time algbw busbw error time algbw busbw error", ip_first=False),
+    "12root": _layout("# size count type root time algbw busbw error time algbw busbw error", ip_first=False),
+    11: _layout("# size count type time algbw busbw error time algbw busbw error", ip_first=False),
+}
+
+
+def _headerless_layout(fields):
+    """The layout a header-less row's shape tells, or None."""
+    n = len(fields)
+    if n == 12:
+        return _HEADERLESS["12root" if _WHOLE.fullmatch(fields[3]) else 12]
+    return _HEADERLESS.get(n)
 
 
 def nccl_version_of_code(code):
@@ -381,10 +397,24 @@ def parse_text_lines(lines):
         row_error = None
         if _NUMBER_START.match(line):       # most lines of a big output: tried first
             fields = line.split()
-            if layout is None and len(fields) == _MODERN.width:
-                # an excerpt that starts below the header: the one unambiguous layout (2.13+, 13 columns)
-                layout = _MODERN
-                out.columns = tuple(layout.keys)
+            if layout is None or (out.rows and len(fields) not in (layout.width, layout.width - 1)
+                                   and not layout.timestamp):
+                # rows without their header: an excerpt that starts below it, or a paste that lost
+                # it; a row of another shape below a table is another run (a second test's table)
+                guess = _headerless_layout(fields)
+                try:
+                    first = _row(guess, fields, lineno) if guess is not None else None
+                except ValueError:
+                    first = None          # not a row at all (a log line that starts with a digit)
+                if first is not None:
+                    if layout is not None:
+                        out = _next_output(outputs, inherit=True)
+                        if pending_test:
+                            out.command_test, pending_test = pending_test, None
+                    layout = guess
+                    out.columns = tuple(layout.keys)
+                    out.rows.append(first)
+                    continue
             if layout is None:
                 row_error = "a table row before any table header"
             elif len(out.rows) >= MAX_ROWS and len(fields) >= layout.width - 1:

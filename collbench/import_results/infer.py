@@ -89,9 +89,25 @@ def _ratios(rows):
     return bus, alg, tol_bus, tol_alg
 
 
-def _fits(op, n, ratios):
+# before 2020-06-19 (nccl-tests ec1b5e2, "Change all_gather/reduce_scatter algbw to match the
+# documentation") these two folded (n-1)/n into algbw and printed busbw = algbw
+BEFORE_2020_06 = {"allgather": (lambda n: 1.0, lambda n: (n - 1) / n),
+                  "reduce_scatter": (lambda n: 1.0, lambda n: (n - 1) / n)}
+
+
+def _fits(op, n, ratios, old=False):
+    """Do the ratios fit `op` at n ranks (old: a pre-2.13 table, which may predate 2020-06)?"""
     bus, alg, tol_bus, tol_alg = ratios
-    return _close(bus, _bus_ratio(op, n), tol_bus) and _close(alg, _alg_ratio(op, n), tol_alg)
+    if _close(bus, _bus_ratio(op, n), tol_bus) and _close(alg, _alg_ratio(op, n), tol_alg):
+        return True
+    if old and op in BEFORE_2020_06:
+        b, a = BEFORE_2020_06[op]
+        return _close(bus, b(n), tol_bus) and _close(alg, a(n), tol_alg)
+    return False
+
+
+def _old_table(out):
+    return not ("redop" in out.columns and "root" in out.columns)
 
 
 def _close(observed, expected, tol):
@@ -164,8 +180,9 @@ def infer_from_table(out, ranks=None):
     if ratios is None:
         return Inference(candidates=ops, how=", ".join(said))
     bus, alg = ratios[:2]
-    left = [op for op in ops if (_fits(op, ranks, ratios) if ranks else
-                                 any(_fits(op, n, ratios) for n in range(1, MAX_RANKS + 1)))]
+    old = _old_table(out)
+    left = [op for op in ops if (_fits(op, ranks, ratios, old) if ranks else
+                                 any(_fits(op, n, ratios, old) for n in range(1, MAX_RANKS + 1)))]
     said.append(f"busbw/algbw {bus:.3f}" + (f" at {ranks} ranks" if ranks else ""))
     if "hypercube" in ops:
         said.append(f"algbw x time / size {alg:.3f}")
@@ -183,7 +200,7 @@ def ranks_for(out, op):
     if ratios is None or op not in OP_OF_BINARY.values():
         return None, ""
     bus, alg = ratios[:2]
-    ns = [n for n in range(1, MAX_RANKS + 1) if _fits(op, n, ratios)]
+    ns = [n for n in range(1, MAX_RANKS + 1) if _fits(op, n, ratios, _old_table(out))]
     if len(ns) != 1:
         return None, ""
     if op in RATIO_ALG:
@@ -192,16 +209,26 @@ def ranks_for(out, op):
 
 
 def infer(out, path, ranks=None):
-    """The op of one Output: an Inference whose `how` says what decided it."""
-    for name, where in ((out.test, "the output names its test"), (out.command_test, "the command line in it")):
-        op = op_of_test(name)
-        if op:
-            return Inference(op=op, how=f"{where} ({os.path.basename(str(name))[:60]})")
-    inf = infer_from_table(out, ranks)
-    if inf.op:
-        inf.how = f"inferred from the table: {inf.how}"
-        return inf
+    """The op of one Output: an Inference whose `how` says what decided it. The test's own
+    name (Collective test starting, -J args, rccl-tests' name) is taken as said; a command line
+    in a paste is weaker (it may belong to a neighbouring run): it is taken unless the table
+    rules it out and names another op alone."""
+    op = op_of_test(out.test)
+    if op:
+        return Inference(op=op, how=f"the output names its test ({os.path.basename(str(out.test))[:60]})")
+    table = infer_from_table(out, ranks)
+    op = op_of_test(out.command_test)
+    if op:
+        named = os.path.basename(str(out.command_test))[:60]
+        if table.op and table.op != op:
+            table.how = f"inferred from the table: {table.how} (the command line before it ran {named}, " \
+                        f"which the table rules out)"
+            return table
+        return Inference(op=op, how=f"the command line in it ({named})")
+    if table.op:
+        table.how = f"inferred from the table: {table.how}"
+        return table
     op = op_of_file_name(path)
-    if op and (not inf.candidates or op in inf.candidates):
-        return Inference(op=op, how="the file's name", ranks=inf.ranks, ranks_how=inf.ranks_how)
-    return inf
+    if op and (not table.candidates or op in table.candidates):
+        return Inference(op=op, how="the file's name", ranks=table.ranks, ranks_how=table.ranks_how)
+    return table
