@@ -76,12 +76,18 @@ def cmd_import(args):
     try:
         runs = import_files(args.kind, args.files, sink, wait_s=args.wait, op=args.op, ranks=args.ranks,
                             hosts=hosts, transport=args.transport, variant=args.variant)
-        for run in runs:
-            if not run.records:
-                why = "; ".join(f"{n} row(s): {r}" for r, n in run.skipped.items()) or "no result rows"
-                if run.bad:
-                    why += f"; {run.bad_lines} line(s) not read, the first: line {run.bad[0][0]}: {run.bad[0][1]}"
-                raise UserError(f"{run.path}: nothing to import ({why})")
+        for path in dict.fromkeys(run.path for run in runs):
+            mine = [run for run in runs if run.path == path]
+            if not any(run.records for run in mine):     # a file none of whose runs gives a record
+                skipped = {}
+                for run in mine:
+                    for r, n in run.skipped.items():
+                        skipped[r] = skipped.get(r, 0) + n
+                why = "; ".join(f"{n} row(s): {r}" for r, n in skipped.items()) or "no result rows"
+                bad = next((run for run in mine if run.bad), None)
+                if bad:
+                    why += f"; {bad.bad_lines} line(s) not read, the first: line {bad.bad[0][0]}: {bad.bad[0][1]}"
+                raise UserError(f"{path}: nothing to import ({why})")
         rows = [{"file": run.path, "form": run.form, "op": run.op, "engine": run.engine, "ranks": run.ranks,
                  "hosts": ",".join(run.hosts) or "unknown", "records": run.records,
                  "skipped": "; ".join(f"{n} {r}" for r, n in run.skipped.items()),

@@ -165,7 +165,9 @@ def _least_ranks(out):
 def _ranks(imp, out, op, ranks):
     """(ranks, where from); adds 'ranks' to imp.unknown when nothing says it."""
     if out.ranks:
-        return out.ranks, "the device lines" if out.devices else "the output's gpus"
+        if not out.devices:
+            return out.ranks, "the output's gpus"
+        return out.ranks, "the device lines" + (" of the run before it" if out.setup_from_previous else "")
     if ranks:
         return ranks, "--ranks"
     n, how = ranks_for(out, op)
@@ -222,6 +224,8 @@ def nccl_tests_runs(inp, sink, op=None, ranks=None, hosts=None, transport="unkno
         o = get_op(imp.op)
         if out.rows_dropped:
             imp.skip(f"rows past the first {MAX_ROWS} of a run", out.rows_dropped)
+        if not out.rows and not out.failures:
+            imp.skip("no result rows (a run whose table the output does not hold)")
         picks = [("oop", None), ("ip", True)] if variant == "both" else \
             [("ip", True)] if variant == "in-place" else [("oop", None)]
         for row in out.rows:

@@ -184,7 +184,7 @@ def infer_from_table(out, ranks=None):
     left = [op for op in ops if (_fits(op, ranks, ratios, old) if ranks else
                                  any(_fits(op, n, ratios, old) for n in range(1, MAX_RANKS + 1)))]
     said.append(f"busbw/algbw {bus:.3f}" + (f" at {ranks} ranks" if ranks else ""))
-    if "hypercube" in ops:
+    if "hypercube" in ops or old:
         said.append(f"algbw x time / size {alg:.3f}")
     inf = Inference(candidates=left, how=", ".join(said))
     if len(left) == 1:
