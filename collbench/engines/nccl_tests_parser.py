@@ -123,6 +123,7 @@ class Output:
     columns: tuple = ()          # the key columns of its table header ("size", "count", "type", "redop", "root")
     setup_from_previous: bool = False   # a table with no setup lines of its own: devices/params of the run before
     rows_dropped: int = 0        # result rows past MAX_ROWS (counted, not kept)
+    rccl: bool = False           # a line only rccl-tests prints ("# Errors with asterisks ...")
 
     def bad_line(self, lineno, reason):
         self.bad_lines += 1
@@ -181,6 +182,8 @@ _FAILURE_LINES = (
 )
 _NUMBER_START = re.compile(r"^\s*\d")
 # the header lines of the old layout (and of a page that rendered '#' lines as headings), without '#'
+# rccl-tests' footer line (src/common.cu there), which nccl-tests never prints
+_RCCL_FOOTER = re.compile(r"^#?\s*Errors with asterisks indicate errors that have exceeded")
 _BARE_HEADER = re.compile(r"^\s*(?:(?:size|bytes)\s+(?:count|N)\s+type\b.*\balgbw\s+busbw\b|"
                           r"out-of-place\s+in-place\s*$|in-place\s+out-of-place\s*$|\(B\)\s+\(elements\)|"
                           r"Using devices\s*$)", re.IGNORECASE)
@@ -473,6 +476,9 @@ def parse_text_lines(lines):
             out.devices.append(Device(rank=int(m.group(1)), group=int(m.group(2)) if m.group(2) else None,
                                       pid=int(m.group(3)) if m.group(3) else None, host=m.group(4),
                                       device=int(m.group(5)), bus_id=m.group(6), name=m.group(7)[:200]))
+            continue
+        if _RCCL_FOOTER.match(line):
+            out.rccl = True
             continue
         m = _OOB.match(line)
         if m:

@@ -207,8 +207,9 @@ def nccl_tests_runs(inp, sink, op=None, ranks=None, hosts=None, transport="unkno
                             f"{left}: give --op")
         else:
             continue     # nothing but a parameter line: no run to import
-        imp.engine = "rccl-tests" if out.form.startswith("rccl") or (out.version or "").startswith("develop") \
-            or any("AMD" in d.name for d in out.devices) else "nccl-tests"
+        imp.engine = "rccl-tests" if out.form.startswith("rccl") or out.rccl \
+            or (out.version or "").startswith("develop") or any("AMD" in d.name for d in out.devices) \
+            else "nccl-tests"
         imp.ranks, imp.ranks_from = _ranks(imp, out, imp.op, ranks)
         imp.hosts = out.hosts or list(hosts or [])
         if not imp.hosts:
