@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 MAX_INPUT_BYTES = 64 << 20     # a sweep of every op and type is a few MB
 MAX_LINE_CHARS = 8192          # a device line is < 2 KB (nccl-tests' MAX_LINE 2048 per process)
-MAX_ROWS = 200000
+MAX_ROWS = 100000             # rows kept per run (a sweep of every type and op is a few thousand)
 MAX_BAD_KEPT = 50              # bad lines kept verbatim (all of them are counted)
 
 

@@ -180,7 +180,7 @@ class OsuReader:
             raise OsuOutputError(why, self.text)
         self.out.bad_lines += 1
         if len(self.out.bad) < MAX_BAD_KEPT:
-            self.out.bad.append((lineno, why))
+            self.out.bad.append((lineno, why.split(": ", 1)[1] if why.startswith("line ") else why))
 
     def feed(self, lineno, raw):
         if len(raw) > MAX_LINE_CHARS:

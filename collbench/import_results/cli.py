@@ -92,11 +92,15 @@ def cmd_import(args):
                  "hosts": ",".join(run.hosts) or "unknown", "records": run.records,
                  "skipped": "; ".join(f"{n} {r}" for r, n in run.skipped.items()),
                  "bad_lines": run.bad_lines, "failures": run.failures[0] if run.failures else "",
-                 "unknown": ",".join(run.unknown), "op_from": run.op_from, "ranks_from": run.ranks_from}
+                 "unknown": ",".join(run.unknown), "op_from": run.op_from, "ranks_from": run.ranks_from,
+                 "bad": "; ".join(f"line {n}: {why}" for n, why in run.bad[:3])}
                 for run in runs]
-        if args.format == "table":
+        columns = COLUMNS
+        if args.format == "table":      # the first bad lines go below the table
             rows = [{k: terminal_safe(v) if isinstance(v, str) else v for k, v in r.items()} for r in rows]
-        render(COLUMNS, rows, args.format, out=sys.stdout)
+        else:
+            columns = COLUMNS + (Column("bad", "first bad lines", align="left"),)
+        render(columns, rows, args.format, out=sys.stdout)
         if args.format == "table":
             for run in runs:
                 for line, why in run.bad[:3]:
