@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 
 from collbench.bounded_file import UntrustedFileError, iter_lines_limited
-from collbench.engines.nccl_tests_parser import MAX_ROWS, NcclTestsError, parse_lines
+from collbench.engines.nccl_tests_parser import MAX_ROWS, PRINTED_TYPES, NcclTestsError, parse_lines
 from collbench.engines.osu_parser import OsuOutputError, OsuReader
 from collbench.errors import UserError
 from collbench.import_results.infer import infer, ranks_for
@@ -48,9 +48,8 @@ WAIT_S = 30.0               # a pipe or FIFO with nothing to read for this long 
 # OSU's printed datatype -> ours (the datatype table's osu column); OSU 5.x prints none: MPI_CHAR
 OSU_DATATYPES = {None: "char", **{dt.osu: dt.name for dt in DATATYPE_TABLE.values() if dt.osu}}
 VARIANTS = ("out-of-place", "in-place", "both")
-# nccl-tests' printed type (every version's spelling) -> collbench datatype
-FROM_NCCL_TYPE = {"int8": "char", "char": "char", "int32": "int", "int": "int", "float": "float",
-                  "float32": "float", "double": "double", "float64": "double", "int64": "long"}
+# the ops whose records carry their root (rooted ops; root 0 is the default and left out)
+ROOTED = ("bcast", "reduce", "scatter", "gather")
 
 
 class ImportContext:
@@ -230,9 +229,9 @@ def nccl_tests_runs(inp, sink, op=None, ranks=None, hosts=None, transport="unkno
         picks = [("oop", None), ("ip", True)] if variant == "both" else \
             [("ip", True)] if variant == "in-place" else [("oop", None)]
         for row in out.rows:
-            dt = FROM_NCCL_TYPE.get(row.type)
+            dt = PRINTED_TYPES.get(row.type)
             if dt is None:
-                imp.skip(f"datatype {row.type} (collbench records hold {', '.join(sorted(set(FROM_NCCL_TYPE.values())))})")
+                imp.skip(f"datatype {row.type} (collbench records hold {', '.join(sorted(set(PRINTED_TYPES.values())))})")
                 continue
             if row.redop not in (None, "", "none", "sum"):
                 imp.skip(f"reduction {row.redop} (records are of sum)")
@@ -273,9 +272,6 @@ def nccl_tests_runs(inp, sink, op=None, ranks=None, hosts=None, transport="unkno
             rec["imported_from"] = inp.source()
             sink.add(imp, rec)
     return runs
-
-
-ROOTED = ("bcast", "reduce", "scatter", "gather")
 
 
 def osu_runs(inp, sink, op=None, ranks=None, hosts=None, transport="unknown", variant="out-of-place"):
