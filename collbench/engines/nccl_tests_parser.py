@@ -14,7 +14,16 @@ The text table (the forms are in tests/fixtures/nccl_tests/README.md, each from 
   `NCCL version` lines; NCCL INFO/WARN lines and MPI noise anywhere in between;
 - launcher prefixes on every line: Open MPI `--tag-output` (`[1,0]<stdout>:`) and `srun -l` (`0: `);
 - a run that fails mid-table: the rows before stay, `host: Test NCCL failure common.cu:1204 'why'`
-  (or `Test CUDA failure`, `NCCL failure x.cu:95 'why'`, `Test timeout`) becomes a Failure.
+  (or `Test CUDA failure`, `NCCL failure x.cu:95 'why'`, `Test timeout`) becomes a Failure;
+- 2017-2018 printed times in milliseconds (read as microseconds here) and its footer without '#';
+- pasted forms: header lines without '#' (a rendered page copied back), rows without their header
+  (the layout their field count tells), several runs one after another (a new parameter line,
+  device lines after rows, a command line, or a table of another shape starts the next run; a
+  table with no setup lines of its own takes the devices of the run before); hypercube's empty
+  redop prints no field.
+
+Text is read line by line (parse_lines: a 60 MB output is never held whole); at most MAX_ROWS
+rows are kept per run, the rest counted.
 
 Structured forms: nccl-tests `-J file.json` (2.19+; the writer is src/util.cu), rccl-tests
 `-Z json` (one object per line, or a list) and `-Z csv` (a header row with the same keys).
@@ -187,9 +196,9 @@ _FAILURE_LINES = (
      lambda m, n: Failure(m.group(1).strip(), "NCCL", "", "", n)),
 )
 _NUMBER_START = re.compile(r"^\s*\d")
-# the header lines of the old layout (and of a page that rendered '#' lines as headings), without '#'
 # rccl-tests' footer line (src/common.cu there), which nccl-tests never prints
 _RCCL_FOOTER = re.compile(r"^#?\s*Errors with asterisks indicate errors that have exceeded")
+# header lines without their '#' (a page that rendered '#' lines as headings, copied back as text)
 _BARE_HEADER = re.compile(r"^\s*(?:(?:size|bytes)\s+(?:count|N)\s+type\b.*\balgbw\s+busbw\b|"
                           r"out-of-place\s+in-place\s*$|in-place\s+out-of-place\s*$|\(B\)\s+\(elements\)|"
                           r"Using devices\s*$)", re.IGNORECASE)
