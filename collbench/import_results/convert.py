@@ -286,13 +286,14 @@ def osu_runs(inp, sink, op=None, ranks=None, hosts=None, transport="unknown", va
     total = 0
     try:
         for lineno, line in enumerate(inp.lines(), 1):
+            if total >= MAX_ROWS and reader.current is not None and line[:1].isdigit():
+                key = id(reader.current)      # past the cap: a row is counted, not parsed
+                dropped[key] = dropped.get(key, 0) + 1
+                continue
             row = reader.feed(lineno, line)
             if row is None:
                 continue
             key = id(reader.current)
-            if total >= MAX_ROWS:
-                dropped[key] = dropped.get(key, 0) + 1
-                continue
             total += 1
             kept.setdefault(key, []).append((row.size_bytes, row.avg_us, row.min_us, row.max_us,
                                              row.iterations, row.validation))
