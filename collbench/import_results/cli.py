@@ -29,8 +29,10 @@ KINDS = ("nccl-tests", "osu")
 COLUMNS = (Column("file", align="left"), Column("form", align="left"), Column("op", align="left"),
            Column("engine", align="left"), Column("ranks"), Column("hosts", align="left"),
            Column("records"), Column("skipped", align="left"), Column("bad_lines", "bad lines"),
-           Column("failures", align="left"), Column("unknown", align="left"),
-           Column("op_from", "op from", align="left"), Column("ranks_from", "ranks from", align="left"))
+           Column("failures", align="left"), Column("unknown", align="left"))
+# in csv/json; the table says them in notes below it (they are sentences)
+SOURCE_COLUMNS = (Column("op_from", "op from", align="left"), Column("ranks_from", "ranks from", align="left"),
+                  Column("bad", "first bad lines", align="left"))
 
 
 def register(subparsers):
@@ -95,16 +97,15 @@ def cmd_import(args):
                  "unknown": ",".join(run.unknown), "op_from": run.op_from, "ranks_from": run.ranks_from,
                  "bad": "; ".join(f"line {n}: {why}" for n, why in run.bad[:3])}
                 for run in runs]
-        columns = COLUMNS
-        if args.format == "table":      # the first bad lines go below the table
-            rows = [{k: terminal_safe(v) if isinstance(v, str) else v for k, v in r.items()} for r in rows]
-        else:
-            columns = COLUMNS + (Column("bad", "first bad lines", align="left"),)
-        render(columns, rows, args.format, out=sys.stdout)
         if args.format == "table":
-            for run in runs:
+            rows = [{k: terminal_safe(v) if isinstance(v, str) else v for k, v in r.items()} for r in rows]
+            render(COLUMNS, rows, args.format, out=sys.stdout)
+            for run, row in zip(runs, rows):
+                print(f"  {row['file']}: op {row['op']}: {row['op_from']}; ranks {row['ranks']}: {row['ranks_from']}")
                 for line, why in run.bad[:3]:
-                    print(f"  {terminal_safe(run.path)}:{line}: not read: {terminal_safe(why)}")
+                    print(f"  {row['file']}:{line}: not read: {terminal_safe(why)}")
+        else:
+            render(COLUMNS + SOURCE_COLUMNS, rows, args.format, out=sys.stdout)
         if args.results:
             append_lines(args.results, sink.lines(), flag="--results")
             if args.format == "table":
