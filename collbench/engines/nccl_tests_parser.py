@@ -437,8 +437,10 @@ def parse_text_lines(lines):
             if layout is None:
                 row_error = "a table row before any table header"
             elif len(out.rows) >= MAX_ROWS and len(fields) >= layout.width - 1:
+                if not out.rows_dropped:    # said once; Output.rows_dropped counts them all
+                    out.bad_line(lineno, f"more than {MAX_ROWS} rows in one run: this row and the rest "
+                                         f"counted, not kept")
                 out.rows_dropped += 1
-                out.bad_line(lineno, f"more than {MAX_ROWS} rows in one run (not kept)")
                 continue
             else:
                 try:
