@@ -1,8 +1,10 @@
 """Which collective a nccl-tests / rccl-tests output measured, when only the binary the user ran knew.
 
 In order, the first that answers:
-1. the output names it: `# Collective test starting: all_gather_perf`, -J's args, rccl-tests'
-   JSON `name`, a command line or banner in the paste (`$ ./build/all_reduce_perf -b 8`);
+1. the output names it: `# Collective test starting/concluded: all_gather_perf`, -J's args,
+   rccl-tests' JSON `name`; or a command line or banner in the paste (`$ ./build/all_reduce_perf
+   -b 8`, `======== scatter_perf ========`), unless the table (step 2) rules it out and names
+   another op alone (a paste's command line may belong to a neighbouring run);
 2. the table itself: its column set and row values (a reduction's `redop` is sum/prod/...; others
    print `none`, hypercube prints nothing; rooted ops print a root >= 0, the rest -1; before 2.13
    only reductions had a `redop` column and only bcast/reduce a `root` one), and the ratios
@@ -22,9 +24,6 @@ from collbench.ops import ALL_OPS
 # nccl-tests binary -> our op
 OP_OF_BINARY = {op.nccl_tests_binary: op.name for op in ALL_OPS.values() if op.nccl_tests_binary}
 REDUCTIONS = ("sum", "prod", "max", "min", "avg", "mulsum", "premulsum")
-# the ops nccl-tests prints with a `redop` that is a reduction (2.13+); sendrecv prints its -o too
-REDUCING = ("allreduce", "reduce_scatter", "reduce", "sendrecv")
-ROOTED = ("bcast", "reduce", "scatter", "gather")
 MAX_RANKS = 4096       # the rank counts tried when solving the ratios for n
 # algbw x time / size at n ranks where it is not 1 (nccl-tests src/hypercube.cu: S = count x (n-1))
 RATIO_ALG = {"hypercube": lambda n: (n - 1) / n}
