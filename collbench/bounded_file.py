@@ -11,11 +11,15 @@ answers (a stand-in for a stuck driver), an endless device (/dev/zero), gigabyte
   that is a counted error (the exporter) or a UserError (a verb's input).
 - read_bytes / read_text: the same for a verb's input, failing with a UserError (exit 2) naming the
   file and what was expected, never a traceback.
+- iter_lines_limited: the same bounds for an input read line by line (an imported output of
+  millions of rows is never held whole); a pipe or FIFO (stdin, `<(...)`) when asked for, each read
+  waited for at most idle_s; an over-long line comes back cut (the caller counts it), never buffered.
 """
 
 import errno
 import os
 import re
+import select
 import stat
 import threading
 
@@ -113,6 +117,108 @@ def read_bytes(path, max_bytes, where, expected, allow_devices=False, timeout_s=
         return read_limited(path, max_bytes, allow_devices, timeout_s)
     except UntrustedFileError as e:
         raise UserError(f"{where}: {e} (expected {expected})") from None
+
+
+def _open_stream(path, allow_pipes):
+    """(fd, is_pipe) for path ('-': standard input, never closed here), checked like _read_fd_limited."""
+    if path == "-":
+        fd, own = 0, False
+    else:
+        own = True
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        except ValueError:
+            raise UntrustedFileError("the path holds a NUL byte") from None
+        except OSError as e:
+            raise UntrustedFileError(f"cannot read it ({e.strerror or e})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError as e:
+        if own:
+            os.close(fd)
+        raise UntrustedFileError(f"cannot read it ({e.strerror or e})") from None
+    if stat.S_ISREG(mode):
+        return fd, own, False
+    if allow_pipes and (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        return fd, own, True
+    if own:
+        os.close(fd)
+    if path == "-" and stat.S_ISCHR(mode) and os.isatty(fd):
+        raise UntrustedFileError("standard input is a terminal (pipe an output in, or name a file)")
+    raise UntrustedFileError(f"{_kind(mode)}, not a regular file" + (" or a pipe" if allow_pipes else ""))
+
+
+def _read_chunk(fd, size, is_pipe, idle_s):
+    """One read of at most size bytes; b'' at the end. A pipe is polled: nothing for idle_s
+    seconds (a FIFO or pipe whose writer never writes) is an UntrustedFileError, not a hang."""
+    while True:
+        if is_pipe and idle_s is not None:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+            if not poller.poll(max(0, int(idle_s * 1000))):
+                raise UntrustedFileError(f"nothing to read for {idle_s:g} s (a pipe or FIFO whose writer "
+                                         f"never writes?)")
+        try:
+            return os.read(fd, size)
+        except BlockingIOError:
+            if idle_s is None:
+                raise UntrustedFileError("a pipe with nothing to read") from None
+            continue        # woken without data (another reader took it): poll again
+        except OSError as e:
+            if e.errno == errno.EINTR:
+                continue
+            raise UntrustedFileError(f"cannot read it ({e.strerror or e})") from None
+
+
+def iter_lines_limited(path, max_bytes, max_line=65536, allow_pipes=False, idle_s=None, strip_nul=False):
+    """The lines of the file at path (str, without their ends, decoded as UTF-8 with bad bytes
+    replaced), read in chunks: path '-' is standard input. A regular file, or (allow_pipes) a pipe
+    or FIFO, polled so that nothing for idle_s seconds raises; a FIFO with no writer reads as
+    empty. At most max_bytes in all (UntrustedFileError past it, after the lines before); a line
+    longer than max_line characters comes back cut to max_line + 1 characters (the caller sees
+    that it is too long); NUL bytes raise (not text), or (strip_nul: a log a crash left padded with
+    NULs) are dropped."""
+    fd, own, is_pipe = _open_stream(path, allow_pipes)
+    try:
+        total, pending, skipping = 0, b"", False
+        while True:
+            chunk = _read_chunk(fd, 1 << 20, is_pipe, idle_s)
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > max_bytes:
+                raise UntrustedFileError(f"larger than {_size(max_bytes)}")
+            if b"\0" in chunk:
+                if not strip_nul:
+                    raise UntrustedFileError("holds NUL bytes, not text")
+                chunk = chunk.replace(b"\0", b"")
+            start = 0
+            while True:
+                nl = chunk.find(b"\n", start)
+                if nl < 0:
+                    break
+                piece = chunk[start:nl]
+                start = nl + 1
+                if skipping:
+                    skipping = False
+                    continue
+                line = pending + piece if pending else piece
+                pending = b""
+                yield line[:max_line + 1].decode("utf-8", "replace").rstrip("\r")
+            rest = chunk[start:]
+            if skipping:
+                continue
+            if len(pending) + len(rest) > max_line:
+                # an endless line: hand back its start (too long, counted by the caller), drop the rest
+                yield (pending + rest)[:max_line + 1].decode("utf-8", "replace")
+                pending, skipping = b"", True
+            else:
+                pending += rest
+        if pending and not skipping:
+            yield pending.decode("utf-8", "replace").rstrip("\r")
+    finally:
+        if own:
+            os.close(fd)
 
 
 def read_text(path, max_bytes, where, expected, allow_devices=False, timeout_s=None):

@@ -40,9 +40,13 @@ class Op:
     training_use: str    # what it means for training (the prototype's reference table)
     mpi_function: str    # the MPI call (as MPI's error messages name it)
     nccl_tests_binary: str = None   # nccl-tests' <op>_perf; None: NCCL has no such collective
+    measured: bool = True    # a collbench engine runs it; False: only imported (IMPORTED_OPS)
+    data_peers: bool = False  # S = size x (n-1): each rank's block goes to every other rank once (hypercube)
 
     def data_bytes(self, size_bytes, nranks):
         """S, the bytes that define algorithm bandwidth (docs/METRICS.md)."""
+        if self.data_peers:
+            return size_bytes * (nranks - 1)
         return size_bytes * nranks if self.data_per_rank else size_bytes
 
     def bus_factor(self, nranks):
@@ -87,7 +91,37 @@ OPS = {op.name: op for op in (
        training_use="Synchronization; pure latency", mpi_function="MPI_Barrier"),
 )}
 
-ALIASES = {"broadcast": "bcast", "reducescatter": "reduce_scatter", "reduce-scatter": "reduce_scatter"}
+# What other tools measure and collbench only records (`collbench import nccl-tests`): nccl-tests'
+# point-to-point and rooted tests. Their sizes follow collbench's (one rank's block where the test
+# moves a block per rank); their bus factors are nccl-tests' (src/<test>.cu, <Test>GetBw, 2.19.6).
+# No engine runs them: plans and --ops refuse them (measured=False); every record reader takes them.
+IMPORTED_OPS = {op.name: op for op in (
+    Op(name="sendrecv", title="Sendrecv", osu_binary="", reduction=False, has_size=True,
+       data_per_rank=False, bus_factor_kind="one", legacy_name="",
+       training_use="Pipeline-parallel activations between stages (point to point)",
+       mpi_function="MPI_Sendrecv", nccl_tests_binary="sendrecv_perf", measured=False),
+    Op(name="scatter", title="Scatter", osu_binary="osu_scatter", reduction=False, has_size=True,
+       data_per_rank=True, bus_factor_kind="ring", legacy_name="",
+       training_use="Handing each rank its shard from one root", mpi_function="MPI_Scatter",
+       nccl_tests_binary="scatter_perf", measured=False),
+    Op(name="gather", title="Gather", osu_binary="osu_gather", reduction=False, has_size=True,
+       data_per_rank=True, bus_factor_kind="ring", legacy_name="",
+       training_use="Collecting every rank's shard on one root (checkpoints, evaluation)",
+       mpi_function="MPI_Gather", nccl_tests_binary="gather_perf", measured=False),
+    Op(name="hypercube", title="Hypercube", osu_binary="", reduction=False, has_size=True,
+       data_per_rank=True, bus_factor_kind="one", legacy_name="",
+       training_use="nccl-tests' all-pairs exchange in log2(n) steps (a fabric check)",
+       mpi_function="", nccl_tests_binary="hypercube_perf", measured=False, data_peers=True),
+    Op(name="alltoallv", title="Alltoallv", osu_binary="osu_alltoallv", reduction=False, has_size=True,
+       data_per_rank=True, bus_factor_kind="ring", legacy_name="",
+       training_use="Expert routing in MoE models with uneven token counts", mpi_function="MPI_Alltoallv",
+       nccl_tests_binary="alltoallv_perf", measured=False),
+)}
+# every op a record may name: what collbench measures, then what it imports
+ALL_OPS = {**OPS, **IMPORTED_OPS}
+
+ALIASES = {"broadcast": "bcast", "reducescatter": "reduce_scatter", "reduce-scatter": "reduce_scatter",
+           "send_recv": "sendrecv"}
 
 
 @dataclass(frozen=True)
@@ -115,11 +149,12 @@ DATATYPES = {dt.name: dt.size for dt in DATATYPE_TABLE.values()}
 
 
 def get_op(name):
-    """The Op for a name or alias; KeyError lists the known ops."""
+    """The Op for a name or alias, measured or imported (a record may name either); KeyError lists
+    the known ops. What runs an op checks `op.measured`."""
     key = ALIASES.get(str(name).lower(), str(name).lower())
-    if key not in OPS:
-        raise KeyError(f"unknown op {name!r} (expected one of: {', '.join(OPS)})")
-    return OPS[key]
+    if key not in ALL_OPS:
+        raise KeyError(f"unknown op {name!r} (expected one of: {', '.join(ALL_OPS)})")
+    return ALL_OPS[key]
 
 
 def default_datatype(op):

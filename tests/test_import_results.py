@@ -43,12 +43,18 @@ def test_nccl_tests_text_hosts_ranks_and_op_from_the_output(tmp_path):
     assert "inplace" not in r and r["imported_from"].endswith("v213_group_nccl-1039.txt")
 
 
-def test_what_the_output_does_not_say_is_asked_for_not_invented(tmp_path):
+def test_what_the_output_does_not_say_is_inferred_and_said_or_asked_for(tmp_path):
     f = NCCL / "srun_label_prefix_p4de.txt"
-    p = collbench("import", "nccl-tests", f)
-    assert p.returncode == 2 and "give --op" in p.stderr and str(f.name) in p.stderr
-    p = collbench("import", "nccl-tests", f, "--op", "allreduce")
-    assert p.returncode == 2 and "no '# Rank N ...' device lines" in p.stderr and "--ranks" in p.stderr
+    # one row, no device lines, no test name: redop sum + root -1 + busbw/algbw 1.874 is allreduce
+    # at 16 ranks (2(n-1)/n), and the summary says so
+    [summary], recs = imported(tmp_path, "nccl-tests", f)
+    assert summary["op"] == "allreduce" and summary["ranks"] == 16
+    assert summary["op_from"] == ("inferred from the table: redop sum, root -1, in-place #wrong checked, "
+                                  "busbw/algbw 1.874")
+    assert summary["ranks_from"] == "16 ranks from busbw/algbw 1.874 (2(n-1)/n of allreduce)"
+    # an op given that the table contradicts is the user's word; ranks are then not solved for it
+    p = collbench("import", "nccl-tests", f, "--op", "bcast", "--format", "json")
+    assert p.returncode == 0 and "unknown (no device lines" in json.loads(p.stdout)[0]["ranks_from"]
     [summary], recs = imported(tmp_path, "nccl-tests", f, "--op", "allreduce", "--ranks", "16")
     assert summary["hosts"] == "unknown" and summary["unknown"] == "hosts,nodes,iterations,warmup,transport"
     assert recs[0]["hosts"] == [] and recs[0]["ranks"] == 16

@@ -56,7 +56,9 @@ def test_pre2019_columns_bytes_n_op_res_in_e_notation():
     assert len(out.rows) == 10
     r = out.rows[0]
     assert (r.size, r.count, r.type, r.redop, r.root) == (10000000, 10000000, "char", "sum", None)
-    assert (r.oop.time_us, r.oop.algbw_gbs, r.ip.algbw_gbs) == (0.064, 157.38, 2083.77)
+    # 2017-2018 printed milliseconds (%7.3f of deltaSec * 1.0E3): 10 MB at 157.38 GB/s is 64 us, not 0.064
+    assert (r.oop.time_us, r.oop.algbw_gbs, r.ip.algbw_gbs) == (pytest.approx(64.0), 157.38, 2083.77)
+    assert r.oop.algbw_gbs * 1e3 * r.oop.time_us / r.size == pytest.approx(1.0, rel=0.02)
     assert r.oop.wrong == 0.0 and r.oop.wrong_kind == "error" and r.oop.validation == "pass"
     assert [x.redop for x in out.rows[4:8]] == ["sum", "prod", "max", "min"]
     assert out.rows[8].type == "half"

@@ -109,6 +109,8 @@ class Loader:
                 self.fail(f"{k}.op", f"missing (expected one of: {', '.join(OPS)})")
             try:
                 op = get_op(item["op"])
+                if not op.measured:     # imported only (sendrecv, ...): no engine runs it
+                    raise KeyError(item["op"])
             except KeyError:
                 self.fail(f"{k}.op", f"got {bounded_repr(item['op'])}, expected one of: {', '.join(OPS)}")
             dt = item.get("datatype", datatype) or default_datatype(op)
@@ -165,6 +167,8 @@ class Loader:
             key = f"thresholds.latency.{op_name}"
             try:
                 op = get_op(op_name)
+                if not op.measured:
+                    raise KeyError(op_name)
             except KeyError:
                 self.fail(key, f"unknown op (expected one of: {', '.join(OPS)})")
             if not isinstance(sizes, dict):

@@ -14,7 +14,16 @@ The text table (the forms are in tests/fixtures/nccl_tests/README.md, each from 
   `NCCL version` lines; NCCL INFO/WARN lines and MPI noise anywhere in between;
 - launcher prefixes on every line: Open MPI `--tag-output` (`[1,0]<stdout>:`) and `srun -l` (`0: `);
 - a run that fails mid-table: the rows before stay, `host: Test NCCL failure common.cu:1204 'why'`
-  (or `Test CUDA failure`, `NCCL failure x.cu:95 'why'`, `Test timeout`) becomes a Failure.
+  (or `Test CUDA failure`, `NCCL failure x.cu:95 'why'`, `Test timeout`) becomes a Failure;
+- 2017-2018 printed times in milliseconds (read as microseconds here) and its footer without '#';
+- pasted forms: header lines without '#' (a rendered page copied back), rows without their header
+  (the layout their field count tells), several runs one after another (a new parameter line,
+  device lines after rows, a command line, or a table of another shape starts the next run; a
+  table with no setup lines of its own takes the devices of the run before); hypercube's empty
+  redop prints no field.
+
+Text is read line by line (parse_lines: a 60 MB output is never held whole); at most MAX_ROWS
+rows are kept per run, the rest counted.
 
 Structured forms: nccl-tests `-J file.json` (2.19+; the writer is src/util.cu), rccl-tests
 `-Z json` (one object per line, or a list) and `-Z csv` (a header row with the same keys).
@@ -25,6 +34,7 @@ NcclTestsError for input that is not nccl-tests output at all (or too large).
 """
 
 import csv
+import itertools
 import json
 import math
 import re
@@ -32,15 +42,21 @@ from dataclasses import dataclass, field
 
 MAX_INPUT_BYTES = 64 << 20     # a sweep of every op and type is a few MB
 MAX_LINE_CHARS = 8192          # a device line is < 2 KB (nccl-tests' MAX_LINE 2048 per process)
-MAX_ROWS = 200000
+MAX_ROWS = 100000             # rows kept per run (a sweep of every type and op is a few thousand)
 MAX_BAD_KEPT = 50              # bad lines kept verbatim (all of them are counted)
+
+
+# the type names nccl-tests has printed (every version's spelling) -> collbench's datatype; the
+# others (half, bfloat16, fp8, unsigned) have none
+PRINTED_TYPES = {"int8": "char", "char": "char", "int32": "int", "int": "int", "float": "float",
+                 "float32": "float", "double": "double", "float64": "double", "int64": "long"}
 
 
 class NcclTestsError(ValueError):
     """The input is not nccl-tests / rccl-tests output (or is too large to be)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Variant:
     """One half of a table row: out-of-place or in-place."""
     time_us: float
@@ -62,13 +78,13 @@ class Variant:
         return "pass"   # a max deviation: the footer's "Out of bounds values" says whether it failed
 
 
-@dataclass
+@dataclass(slots=True)
 class Row:
     size: int                    # bytes, as nccl-tests counts them (all_gather: the whole buffer)
     count: int
     type: str
     redop: str = None
-    root: int = None
+    root: int = None             # -1: nccl-tests' "no root"
     oop: Variant = None          # None: not printed (trace replay)
     ip: Variant = None
     line: int = 0
@@ -119,6 +135,10 @@ class Output:
     bad: list = field(default_factory=list)       # (line number, reason) of the first MAX_BAD_KEPT
     ranks_hint: int = None       # ranks a structured form states (rccl-tests' "gpus")
     command_test: str = None     # the binary a command line in the text ran (a copied terminal session)
+    columns: tuple = ()          # the key columns of its table header ("size", "count", "type", "redop", "root")
+    setup_from_previous: bool = False   # a table with no setup lines of its own: devices/params of the run before
+    rows_dropped: int = 0        # result rows past MAX_ROWS (counted, not kept)
+    rccl: bool = False           # a line only rccl-tests prints ("# Errors with asterisks ...")
 
     def bad_line(self, lineno, reason):
         self.bad_lines += 1
@@ -154,14 +174,14 @@ _VERSION_LINES = ((_TESTS_VERSION, "version"),
                   (re.compile(r"^\s*rccl-tests: Version (\S+)"), "version"),
                   (re.compile(r"^\s*NCCL version (\S+)"), "nccl_version"),
                   (re.compile(r"^#\s*NCCL Tests compiled with NCCL (\S+)"), "nccl_version"))
-_STARTING = re.compile(r"^#\s*Collective test starting:\s*(\S+)")
-_CONCLUDED = re.compile(r"^#\s*Collective test concluded:\s*(\S+)")
+_STARTING = re.compile(r"^#?\s*Collective test starting:\s*(\S+)")
+_CONCLUDED = re.compile(r"^#?\s*Collective test concluded:\s*(\S+)")
 _PARAMS = re.compile(r"^#?\s*nThreads?:?\s+\d+\s+nGpus:?\s+\d+")
 _PARAM_PAIR = re.compile(r"([A-Za-z][A-Za-z ]*?):?\s+(-?\d+)(?:\(\w+\))?(?=\s|$)")
-_DEVICE = re.compile(r"^#\s+Rank\s+(\d+)(?:\s+Group\s+(\d+))?(?:\s+Pid\s+(\d+))?\s+on\s+(\S+)\s+"
+_DEVICE = re.compile(r"^#?\s*Rank\s+(\d+)(?:\s+Group\s+(\d+))?(?:\s+Pid\s+(\d+))?\s+on\s+(\S+)\s+"
                      r"device\s+(\d+)\s+\[([^\]]*)\]\s*(.*?)\s*$")
-_OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)")
-_AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*([0-9.eE+-]+|nan|inf)")
+_OOB = re.compile(r"^#?\s*Out of bounds values\s*:\s*(\d+)")
+_AVG = re.compile(r"^#?\s*Avg bus bandwidth\s*:\s*([0-9.eE+-]+|nan|inf)")
 # the lines that say a run failed: (pattern, the Failure of its match and line number), matched
 # against the line without its leading and trailing white space
 _FAILURE_LINES = (
@@ -176,9 +196,15 @@ _FAILURE_LINES = (
      lambda m, n: Failure(m.group(1).strip(), "NCCL", "", "", n)),
 )
 _NUMBER_START = re.compile(r"^\s*\d")
+# rccl-tests' footer line (src/common.cu there), which nccl-tests never prints
+_RCCL_FOOTER = re.compile(r"^#?\s*Errors with asterisks indicate errors that have exceeded")
+# header lines without their '#' (a page that rendered '#' lines as headings, copied back as text)
+_BARE_HEADER = re.compile(r"^\s*(?:(?:size|bytes)\s+(?:count|N)\s+type\b.*\balgbw\s+busbw\b|"
+                          r"out-of-place\s+in-place\s*$|in-place\s+out-of-place\s*$|\(B\)\s+\(elements\)|"
+                          r"Using devices\s*$)", re.IGNORECASE)
 # a shell line that ran a binary ("$ ./build/all_reduce_perf -b 8"): names the test when nothing else does
-_COMMAND = re.compile(r"(?:^|[/\s])((?:all_reduce|all_gather|alltoallv?|broadcast|reduce_scatter|reduce|"
-                      r"sendrecv|scatter|gather|hypercube)_perf)(?:_mpi)?(?:\s|$)")
+_COMMAND = re.compile(r"(?:^|[/\s=])((?:all_reduce|all_gather|alltoallv?|broadcast|reduce_scatter|reduce|"
+                      r"sendrecv|scatter|gather|hypercube)_perf)(?:_mpi)?(?:\s|$|=)")
 
 # column names of the key part, in the spellings of every version
 _KEY_COLUMNS = {"size": "size", "bytes": "size", "count": "count", "n": "count", "type": "type",
@@ -190,14 +216,20 @@ _WRONG = {"#wrong": "count", "wrong": "count", "error": "error", "res": "error"}
 class _Layout:
     """What a table header says: the key columns and each variant's columns, in order."""
 
-    def __init__(self, keys, variants, timestamp):
+    def __init__(self, keys, variants, timestamp, time_scale=1.0):
+        self.time_scale = time_scale  # to microseconds: 1000 for the 2017-2018 layout, which printed ms
         self.keys = keys              # ["size", "count", "type", "redop", "root"]
         self.variants = variants      # [("oop", ["time", "algbw", "busbw", "#wrong", ...]), ("ip", [...])]
         self.timestamp = timestamp    # a trailing -S timestamp column
-
-    @property
-    def width(self):
-        return len(self.keys) + sum(len(cols) for _, cols in self.variants)
+        self.width = len(keys) + sum(len(cols) for _, cols in variants)
+        self.key_at = {k: i for i, k in enumerate(keys)}
+        # the field counts its rows have: one fewer where hypercube's empty redop prints no field
+        self.row_widths = (self.width, self.width - 1) if "redop" in keys and "root" in keys else (self.width,)
+        # per variant: (attribute, first field, the column names, the #wrong column's name or None)
+        self.spans, at = [], len(keys)
+        for name, cols in variants:
+            self.spans.append((name, at, cols, next((c for c in cols if c in _WRONG), None)))
+            at += len(cols)
 
 
 def _layout(header, ip_first):
@@ -223,11 +255,30 @@ def _layout(header, ip_first):
     if not groups or len(groups) > 2 or any(g[:3] != [g[0], "algbw", "busbw"] for g in groups):
         return None
     order = ["ip", "oop"] if ip_first else ["oop", "ip"]
-    return _Layout(keys, list(zip(order, groups)), timestamp)
+    # 2017-2018 (until "Resync all tests with test code from NCCL 2.4", 2019-03) headed its sizes
+    # `bytes N` and printed times in milliseconds (%7.3f of deltaSec * 1.0E3)
+    scale = 1000.0 if names[0].lower() == "bytes" else 1.0
+    return _Layout(keys, list(zip(order, groups)), timestamp, scale)
 
 
 _MODERN = _layout("#  size  count  type  redop  root  time  algbw  busbw  #wrong  time  algbw  busbw  #wrong",
                   ip_first=False)
+# rows met without their header (an excerpt that starts below it, or a paste that lost it): the
+# layout their shape tells, by field count and whether the fourth field is a reduction's name
+_HEADERLESS = {
+    13: _MODERN,     # 2.13+ (and reduce before it: size count type redop root)
+    12: _layout("# size count type redop time algbw busbw error time algbw busbw error", ip_first=False),
+    "12root": _layout("# size count type root time algbw busbw error time algbw busbw error", ip_first=False),
+    11: _layout("# size count type time algbw busbw error time algbw busbw error", ip_first=False),
+}
+
+
+def _headerless_layout(fields):
+    """The layout a header-less row's shape tells, or None."""
+    n = len(fields)
+    if n == 12:
+        return _HEADERLESS["12root" if _WHOLE.fullmatch(fields[3]) else 12]
+    return _HEADERLESS.get(n)
 
 
 def nccl_version_of_code(code):
@@ -247,8 +298,12 @@ def _number(text, what):
     return v
 
 
+_WHOLE = re.compile(r"-?\d{1,19}")
+_TYPE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
+
+
 def _integer(text, what, lo=0):
-    if not re.fullmatch(r"-?\d{1,19}", text):
+    if not (text.isdigit() and len(text) <= 19) and not _WHOLE.fullmatch(text):
         raise ValueError(f"{what} {text[:20]!r} is not a whole number")
     v = int(text)
     if v < lo:
@@ -256,38 +311,45 @@ def _integer(text, what, lo=0):
     return v
 
 
-def _variant(cols, fields):
-    vals = dict(zip(cols, fields))
-    wrong_name = next((c for c in cols if c in _WRONG), None)
+def _variant(cols, fields, wrong_name):
     wrong = None
-    if wrong_name is not None and vals[wrong_name] != "N/A":
-        wrong = _number(vals[wrong_name], wrong_name)
-    v = Variant(_number(vals[cols[0]], "time"), _number(vals["algbw"], "algbw"),
-                _number(vals["busbw"], "busbw"), wrong, _WRONG.get(wrong_name, "count"))
-    for col, attr in (("i_min", "i_min_us"), ("i_max", "i_max_us"), ("i_p99", "i_p99_us")):
-        if col in vals:
-            setattr(v, attr, _number(vals[col], col))
+    if wrong_name is not None:
+        text = fields[cols.index(wrong_name)]
+        if text != "N/A":
+            wrong = _number(text, wrong_name)
+    v = Variant(_number(fields[0], "time"), _number(fields[1], "algbw"), _number(fields[2], "busbw"),
+                wrong, _WRONG.get(wrong_name, "count"))
+    if len(cols) > 4:
+        for col, attr in (("i_min", "i_min_us"), ("i_max", "i_max_us"), ("i_p99", "i_p99_us")):
+            if col in cols:
+                setattr(v, attr, _number(fields[cols.index(col)], col))
     return v
 
 
 def _row(layout, fields, lineno):
-    if layout.timestamp and len(fields) > layout.width:
-        fields = fields[:layout.width]        # the timestamp is date and time: its own fields
-    if len(fields) != layout.width:
-        raise ValueError(f"{len(fields)} fields, the table header has {layout.width}")
-    key = dict(zip(layout.keys, fields))
-    row = Row(size=_integer(key["size"], "size"), count=_integer(key.get("count", "0"), "count"),
-              type=key.get("type", ""), line=lineno)
-    if "type" in key and not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,31}", row.type):
+    width, at = layout.width, layout.key_at
+    if layout.timestamp and len(fields) > width:
+        fields = fields[:width]        # the timestamp is date and time: its own fields
+    if len(fields) == width - 1 and "redop" in at and "root" in at:
+        i = at["redop"]
+        if _WHOLE.fullmatch(fields[i]):
+            fields = fields[:i] + [""] + fields[i:]   # hypercube prints its redop as "": no field
+    if len(fields) != width:
+        raise ValueError(f"{len(fields)} fields, the table header has {width}")
+    row = Row(size=_integer(fields[at["size"]], "size"),
+              count=_integer(fields[at["count"]], "count") if "count" in at else 0,
+              type=fields[at["type"]] if "type" in at else "", line=lineno)
+    if "type" in at and not _TYPE_NAME.fullmatch(row.type):
         raise ValueError(f"type {row.type[:20]!r} is not a datatype name")
-    if "redop" in key:
-        row.redop = key["redop"]
-    if "root" in key:
-        row.root = _integer(key["root"], "root", lo=-1)
-    at = len(layout.keys)
-    for name, cols in layout.variants:
-        setattr(row, name, _variant(cols, fields[at:at + len(cols)]))
-        at += len(cols)
+    if "redop" in at:
+        row.redop = fields[at["redop"]]
+    if "root" in at:
+        row.root = _integer(fields[at["root"]], "root", lo=-1)
+    for name, start, cols, wrong_name in layout.spans:
+        v = _variant(cols, fields[start:start + len(cols)], wrong_name)
+        if layout.time_scale != 1.0:
+            v.time_us *= layout.time_scale
+        setattr(row, name, v)
     return row
 
 
@@ -316,17 +378,76 @@ def _strip_prefix(line):
 
 def parse_text(text):
     """Every run in a text output (a file may hold several, one after another): [Output]."""
+    return parse_text_lines(text.splitlines())
+
+
+_SETUP_FIELDS = ("version", "nccl_version", "params", "devices")
+
+
+def _next_output(outputs, inherit=False):
+    """A new Output after the current one; inherit: a table with no setup lines of its own (a
+    second table pasted below the first) takes the devices and parameters of the run before."""
+    prev = outputs[-1]
+    out = Output()
+    if inherit:
+        out.version, out.nccl_version = prev.version, prev.nccl_version
+        out.params, out.devices = dict(prev.params), list(prev.devices)
+        out.setup_from_previous = bool(prev.devices or prev.params)
+    outputs.append(out)
+    return out
+
+
+def parse_text_lines(lines):
+    """Every run in the lines of a text output (any iterable of str, read one at a time: a file of
+    millions of rows is never held whole; at most MAX_ROWS rows kept per run, the rest counted)."""
     outputs = [Output()]
     layout = None
     ip_first = False
-    for lineno, raw in enumerate(text.splitlines(), 1):
+    pending_test = None     # a command line or banner naming the next run's test
+    for lineno, raw in enumerate(lines, 1):
         out = outputs[-1]
         if len(raw) > MAX_LINE_CHARS:
-            out.bad_line(lineno, f"line of {len(raw)} characters (at most {MAX_LINE_CHARS})")
+            out.bad_line(lineno, f"line of more than {MAX_LINE_CHARS} characters")
             continue
+        if "\0" in raw:
+            raw = raw.replace("\0", "")
         line = _strip_prefix(raw).rstrip()
         if not line.strip():
             continue
+        row_error = None
+        if _NUMBER_START.match(line):       # most lines of a big output: tried first
+            fields = line.split()
+            if layout is None or (out.rows and len(fields) not in layout.row_widths and not layout.timestamp):
+                # rows without their header: an excerpt that starts below it, or a paste that lost
+                # it; a row of another shape below a table is another run (a second test's table)
+                guess = _headerless_layout(fields)
+                try:
+                    first = _row(guess, fields, lineno) if guess is not None else None
+                except ValueError:
+                    first = None          # not a row at all (a log line that starts with a digit)
+                if first is not None:
+                    if layout is not None:
+                        out = _next_output(outputs, inherit=True)
+                        if pending_test:
+                            out.command_test, pending_test = pending_test, None
+                    layout = guess
+                    out.columns = tuple(layout.keys)
+                    out.rows.append(first)
+                    continue
+            if layout is None:
+                row_error = "a table row before any table header"
+            elif len(out.rows) >= MAX_ROWS and len(fields) >= layout.width - 1:
+                if not out.rows_dropped:    # said once; Output.rows_dropped counts them all
+                    out.bad_line(lineno, f"more than {MAX_ROWS} rows in one run: this row and the rest "
+                                         f"counted, not kept")
+                out.rows_dropped += 1
+                continue
+            else:
+                try:
+                    out.rows.append(_row(layout, fields, lineno))
+                    continue
+                except ValueError as e:
+                    row_error = str(e)    # unless the line is something else that starts with a digit
         m = _NCCL_LOG.search(line)
         if m:
             if m.group(1) in ("WARN", "ABORT") and len(out.warnings) < 20:
@@ -335,17 +456,18 @@ def parse_text(text):
         m = _STARTING.match(line)
         if m:
             if not out.empty:
-                out = Output()
-                outputs.append(out)
+                out = _next_output(outputs)
                 layout = None
-            out.test = m.group(1)
+            out.test = m.group(1)[:100]
+            pending_test = None
             continue
         m = _PARAMS.match(line)
         if m:
             if out.rows or out.failures:
-                out = Output()
-                outputs.append(out)
+                out = _next_output(outputs)
                 layout = None
+            if pending_test and not out.test:
+                out.command_test, pending_test = pending_test, None
             out.params.update(_params(line))
             continue
         m = _TESTS_VERSION.match(line)
@@ -354,18 +476,26 @@ def parse_text(text):
             out.nccl_version = out.nccl_version or nccl_version_of_code(code)
         found = _first_match(_VERSION_LINES, line)
         if found:
-            setattr(out, found[1], found[0].group(1))
+            setattr(out, found[1], found[0].group(1)[:100])
             continue
         m = _CONCLUDED.match(line)
         if m:
             out.concluded = True
-            out.test = out.test or m.group(1)
+            out.test = out.test or m.group(1)[:100]
             continue
         m = _DEVICE.match(line)
         if m:
+            if out.rows or out.failures:         # the device lines of the next run
+                out = _next_output(outputs)
+                layout = None
+            if out.setup_from_previous:
+                out.devices, out.setup_from_previous = [], False
             out.devices.append(Device(rank=int(m.group(1)), group=int(m.group(2)) if m.group(2) else None,
                                       pid=int(m.group(3)) if m.group(3) else None, host=m.group(4),
                                       device=int(m.group(5)), bus_id=m.group(6), name=m.group(7)[:200]))
+            continue
+        if _RCCL_FOOTER.match(line):
+            out.rccl = True
             continue
         m = _OOB.match(line)
         if m:
@@ -383,7 +513,7 @@ def parse_text(text):
             out.failures.append(found[1](found[0], lineno))
             continue
         stripped = line.lstrip()
-        if stripped.startswith("#"):
+        if (stripped.startswith("#") or _BARE_HEADER.match(stripped)) and not _COMMAND.search(stripped):
             low = stripped.lower()
             if "out-of-place" in low and "in-place" in low:
                 ip_first = low.index("in-place") < low.index("out-of-place")
@@ -391,28 +521,25 @@ def parse_text(text):
                 new = _layout(stripped, ip_first)
                 if new is None:
                     out.bad_line(lineno, "a table header with columns this reader does not know")
+                elif out.rows or out.failures:
+                    # a second table below the first: another run (its own test, same setup unless it says)
+                    out = _next_output(outputs, inherit=True)
+                if pending_test and not out.test and not out.command_test:
+                    out.command_test, pending_test = pending_test, None
                 layout = new
+                if new is not None:
+                    out.columns = tuple(new.keys)
                 ip_first = False
             continue
-        if _NUMBER_START.match(line):
-            fields = line.split()
-            if layout is None:
-                # an excerpt that starts below the header: the one unambiguous layout (2.13+, 13 columns)
-                layout = _MODERN if len(fields) == _MODERN.width else None
-            if layout is None:
-                out.bad_line(lineno, "a table row before any table header")
-                continue
-            if len(out.rows) >= MAX_ROWS:
-                out.bad_line(lineno, f"more than {MAX_ROWS} rows")
-                continue
-            try:
-                out.rows.append(_row(layout, fields, lineno))
-            except ValueError as e:
-                out.bad_line(lineno, str(e))
+        if row_error:
+            out.bad_line(lineno, row_error)
             continue
         m = _COMMAND.search(line)
-        if m and out.command_test is None:
-            out.command_test = m.group(1)
+        if m:
+            if out.rows or out.failures:
+                pending_test = m.group(1)          # names the run that follows
+            elif out.command_test is None:
+                out.command_test = m.group(1)
         # anything else (MPI banners, "Authorization required", a shell prompt) is not ours
     return [o for o in outputs if not o.empty] or [outputs[0]]
 
@@ -656,7 +783,26 @@ def parse(data):
         return parse_rccl_json(text)
     if form == "rccl-csv":
         return parse_rccl_csv(text)
-    outs = parse_text(text)
+    return _checked(parse_text(text))
+
+
+def _checked(outs):
     if not any(o.rows or o.failures or o.devices or o.params for o in outs):
         raise NcclTestsError("no nccl-tests output in it (no parameter line, device line, table or failure)")
     return outs
+
+
+def parse_lines(lines):
+    """parse() for an output read line by line (collbench.bounded_file.iter_lines_limited, which
+    bounds its size): the text form is parsed as it is read, never held whole; the structured
+    forms (-J, -Z json|csv: one document) are joined first."""
+    it = iter(lines)
+    head = []
+    for line in it:
+        head.append(line)
+        if line.strip():
+            break
+    first = head[-1].lstrip() if head else ""
+    if first.startswith(("{", "[")) or ("busBw" in first and "," in first):
+        return parse("\n".join(itertools.chain(head, it)))
+    return _checked(parse_text_lines(itertools.chain(head, it)))

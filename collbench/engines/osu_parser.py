@@ -10,8 +10,13 @@ output with `DATA VALIDATION ERROR: ...`. Usage/help text, or output with no res
 an OsuOutputError carrying the text, so the caller can show what OSU said.
 """
 
+import math
 import re
 from dataclasses import dataclass, field
+
+MAX_LINE_CHARS = 8192      # a row is < 200 characters; a longer line is not one (counted when not strict)
+MAX_BAD_KEPT = 50          # bad rows kept verbatim when counting (all of them are counted)
+MAX_IGNORED_KEPT = 1000
 
 # OSU's preamble: printf("# " BENCHMARK " v" PACKAGE_VERSION) with BENCHMARK "OSU MPI%s <title>"
 _TITLE_RE = re.compile(r"^# OSU MPI(?P<variant>-[A-Z]+(?: MANAGED)?)? (?P<title>.+?)"
@@ -77,6 +82,7 @@ class OsuBlock:
     datatype: str                   # "MPI_FLOAT", or None (5.x prints none; it is MPI_CHAR)
     columns: list = field(default_factory=list)
     rows: list = field(default_factory=list)
+    row_count: int = 0              # rows read (also when a streaming reader does not keep them)
 
     def row_for(self, size_bytes):
         """The row for a message size (barrier: its only row), or None."""
@@ -90,7 +96,9 @@ class OsuBlock:
 class OsuOutput:
     blocks: list
     validation_error: str = None    # OSU's "DATA VALIDATION ERROR: ..." line
-    ignored: list = field(default_factory=list)   # lines that were not part of a table
+    ignored: list = field(default_factory=list)   # lines that were not part of a table (the first 1000)
+    bad_lines: int = 0              # rows that could not be read (OsuReader(strict=False) only)
+    bad: list = field(default_factory=list)       # (line number, why) of the first MAX_BAD_KEPT
 
     def block(self, datatype=None):
         """The block for an MPI datatype name ("MPI_FLOAT"); a 5.x block (no datatype) matches any."""
@@ -115,7 +123,7 @@ def _parse_row(line, columns, lineno, text):
     tokens = line.split()
     if len(tokens) != len(columns):
         raise OsuOutputError(f"line {lineno}: {len(tokens)} values under {len(columns)} columns "
-                             f"({', '.join(columns)}): {line.strip()!r}", text)
+                             f"({', '.join(columns)}): {line.strip()[:200]!r}", text)
     row = OsuRow()
     for name, tok in zip(columns, tokens):
         row.values[name] = tok
@@ -123,73 +131,123 @@ def _parse_row(line, columns, lineno, text):
         attr = _COLUMNS.get(name)
         try:
             if tail:
-                row.tail_us[int(tail.group("pct"))] = float(tok)
+                row.tail_us[int(tail.group("pct"))] = _finite(tok)
             elif attr == "validation":
                 if tok not in ("Pass", "Fail"):
                     raise ValueError(tok)
                 row.validation = tok.lower()
             elif attr in _INT_FIELDS:
+                if not re.fullmatch(r"\d{1,19}", tok):
+                    raise ValueError(tok)
                 setattr(row, attr, int(tok))
             elif attr is not None:
-                setattr(row, attr, float(tok))
+                setattr(row, attr, _finite(tok))
         except ValueError:
-            raise OsuOutputError(f"line {lineno}: {tok!r} is not a valid {name!r} value: "
-                                 f"{line.strip()!r}", text) from None
+            raise OsuOutputError(f"line {lineno}: {tok[:40]!r} is not a valid {name!r} value"
+                                 + (" (a finite number >= 0)" if attr not in ("validation",) else "")
+                                 + f": {line.strip()[:200]!r}", text) from None
     return row
+
+
+def _finite(tok):
+    """A latency or tail as OSU prints it (%.2f): finite and >= 0; nan, inf, 1e999 and a
+    60-million-digit number are not (float() would make the last two inf)."""
+    if len(tok) > 40:
+        raise ValueError(tok)
+    v = float(tok)
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(tok)
+    return v
+
+
+class OsuReader:
+    """OSU's stdout read one line at a time (parse_output's reading, for outputs of millions of
+    rows): feed() returns the OsuRow a line holds, or None; `current` is the block it belongs to.
+    strict: a row that does not fit its header raises OsuOutputError (an engine run: OSU's own
+    output must be whole); otherwise it is counted in bad_lines with its line number and why.
+    keep_rows: also keep each row in its block (parse_output); a streaming caller keeps none."""
+
+    def __init__(self, strict=True, keep_rows=True, text=""):
+        self.strict, self.keep_rows, self.text = strict, keep_rows, text
+        self.out = OsuOutput(blocks=[])
+        self.title = None       # (benchmark, op, version, variant) of the current preamble
+        self.datatype = None
+        self.current = None     # the block receiving rows
+        self.usage_lines = []
+
+    def _bad(self, lineno, why):
+        if self.strict:
+            raise OsuOutputError(why, self.text)
+        self.out.bad_lines += 1
+        if len(self.out.bad) < MAX_BAD_KEPT:
+            self.out.bad.append((lineno, why.split(": ", 1)[1] if why.startswith("line ") else why))
+
+    def feed(self, lineno, raw):
+        if len(raw) > MAX_LINE_CHARS:
+            self._bad(lineno, f"line {lineno}: more than {MAX_LINE_CHARS} characters")
+            return None
+        line = _TAG_RE.sub("", raw).rstrip()
+        if not line.strip():
+            return None
+        if self.current is not None and line[:1] in "0123456789-. " and re.match(r"^\s*[-\d.]", line):
+            try:
+                row = _parse_row(line, self.current.columns, lineno, self.text)
+            except OsuOutputError as e:
+                self._bad(lineno, str(e))
+                return None
+            self.current.row_count += 1
+            if self.keep_rows:
+                self.current.rows.append(row)
+            return row
+        m = _TITLE_RE.match(line)
+        if m:
+            self.title = (m.group("title"), OSU_TITLES.get(m.group("title")), m.group("version"),
+                          m.group("variant") or "")
+            self.datatype, self.current = None, None
+            return None
+        m = _DATATYPE_RE.match(line)
+        if m:
+            self.datatype, self.current = m.group("dt"), None
+            return None
+        if _is_column_header(line):
+            if self.title is None:
+                raise OsuOutputError(f"line {lineno}: column header before any '# OSU MPI ...' "
+                                     f"title: {line[:200]!r}", self.text)
+            self.current = OsuBlock(benchmark=self.title[0], op=self.title[1], version=self.title[2],
+                                    variant=self.title[3], datatype=self.datatype, columns=parse_columns(line))
+            self.out.blocks.append(self.current)
+            return None
+        m = _VALIDATION_ERROR_RE.match(line)
+        if m:
+            self.out.validation_error = line.strip()
+            return None
+        if _USAGE_RE.match(line):
+            self.usage_lines.append(line)
+            return None
+        if len(self.out.ignored) < MAX_IGNORED_KEPT:
+            self.out.ignored.append(line)
+        return None
+
+    def finish(self):
+        """The OsuOutput; OsuOutputError for usage text or no result rows."""
+        if self.usage_lines:
+            raise OsuOutputError("OSU printed its usage text instead of results (an option it does not "
+                                 f"accept?): {self.usage_lines[0].strip()}", self.text)
+        if not sum(b.row_count for b in self.out.blocks):
+            what = "no '# OSU MPI ...' title" if self.title is None else f"no result rows under {self.title[0]!r}"
+            if self.out.bad_lines:
+                what += f" that could be read ({self.out.bad_lines} not: {self.out.bad[0][1]})"
+            raise OsuOutputError(f"OSU output holds {what}", self.text)
+        return self.out
 
 
 def parse_output(text):
     """Parse one OSU collective benchmark's stdout into an OsuOutput.
 
-    Raises OsuOutputError (with .text) for usage/help text, rows that do not fit their header,
-    or output holding no result rows at all.
+    Raises OsuOutputError (with .text) for usage/help text, rows that do not fit their header
+    (or hold a value that is not a finite number >= 0), or output holding no result rows at all.
     """
-    blocks, ignored = [], []
-    title = None            # (benchmark, op, version, variant) of the current preamble
-    datatype = None
-    current = None          # the block receiving rows
-    validation_error = None
-    usage_lines = []
-
+    reader = OsuReader(strict=True, keep_rows=True, text=text)
     for lineno, raw in enumerate(text.splitlines(), 1):
-        line = _TAG_RE.sub("", raw).rstrip()
-        if not line.strip():
-            continue
-        m = _TITLE_RE.match(line)
-        if m:
-            title = (m.group("title"), OSU_TITLES.get(m.group("title")), m.group("version"),
-                     m.group("variant") or "")
-            datatype, current = None, None
-            continue
-        m = _DATATYPE_RE.match(line)
-        if m:
-            datatype, current = m.group("dt"), None
-            continue
-        if _is_column_header(line):
-            if title is None:
-                raise OsuOutputError(f"line {lineno}: column header before any '# OSU MPI ...' "
-                                     f"title: {line!r}", text)
-            current = OsuBlock(benchmark=title[0], op=title[1], version=title[2], variant=title[3],
-                               datatype=datatype, columns=parse_columns(line))
-            blocks.append(current)
-            continue
-        m = _VALIDATION_ERROR_RE.match(line)
-        if m:
-            validation_error = line.strip()
-            continue
-        if _USAGE_RE.match(line):
-            usage_lines.append(line)
-            continue
-        if current is not None and re.match(r"^\s*[-\d.]", line):
-            current.rows.append(_parse_row(line, current.columns, lineno, text))
-            continue
-        ignored.append(line)
-
-    if usage_lines:
-        raise OsuOutputError("OSU printed its usage text instead of results (an option it does not "
-                             f"accept?): {usage_lines[0].strip()}", text)
-    rows = sum(len(b.rows) for b in blocks)
-    if not rows:
-        what = "no '# OSU MPI ...' title" if title is None else f"no result rows under {title[0]!r}"
-        raise OsuOutputError(f"OSU output holds {what}", text)
-    return OsuOutput(blocks=blocks, validation_error=validation_error, ignored=ignored)
+        reader.feed(lineno, raw)
+    return reader.finish()

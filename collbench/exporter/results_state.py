@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 
 from collbench.congestion.attribution import MAX_K, ranked
-from collbench.ops import OPS
+from collbench.ops import ALL_OPS, OPS
 from collbench.sizes import format_size
 from collbench.results.record_parser import RECORD_TYPES, ParseError, parse_record
 
@@ -69,7 +69,7 @@ def series_from_record(rec):
     algbw, busbw = rec.get("algbw_bytes_per_s"), rec.get("busbw_bytes_per_s")
     size = rec.get("size")
     if size is None:
-        size = format_size(rec["size_bytes"]) if OPS[rec["op"]].has_size else "-"
+        size = format_size(rec["size_bytes"]) if ALL_OPS[rec["op"]].has_size else "-"
     return Series(
         op=rec["op"], size=size, size_bytes=rec["size_bytes"], nodes=rec["nodes"], ranks=rec["ranks"],
         avg_s=avg / 1e6,
@@ -138,7 +138,7 @@ class ResultsState:
             self.records[rec["type"]] += 1
             if rec["type"] == "failure":
                 op = rec.get("op") or NO_OP
-                self.failures[op] += 1
+                self.failures[op] = self.failures.get(op, 0) + 1   # an imported op's counter starts here
             self._apply(rec, ser, newest_first=False)
             for observe in self.observers if ser is not None else ():
                 observe(ser)

@@ -26,7 +26,7 @@ import json
 import re
 import sys
 
-from collbench.ops import DATATYPES, OPS
+from collbench.ops import ALL_OPS, DATATYPES
 from collbench.sizes import format_size
 
 MAX_LINE_BYTES = 1 << 20
@@ -310,7 +310,7 @@ def _event_name(key, v):
         raise _Reject(f"{key}: expected an event name ([a-z][a-z0-9_]*, up to 64), got {_what(v)}")
 
 
-_OP = _choice(*OPS)
+_OP = _choice(*ALL_OPS)   # imported ops (sendrecv, ...) are records too
 _ID = _string(256)
 _COUNT = _integer(0)
 # any finite value >= 0 (docs/LOG_FORMAT.md): a latency of 1e308 is a (hopeless) measurement, not a bad line
@@ -394,7 +394,7 @@ def _validate(rec):
         if key in rec:
             check(key, rec[key])
     if t == "result":
-        op = OPS[rec["op"]]
+        op = ALL_OPS[rec["op"]]
         want = format_size(rec["size_bytes"]) if op.has_size else "-"
         if not op.has_size and rec["size_bytes"] != 0:
             raise _Reject(f"size_bytes: expected 0 for {op.name}, got {rec['size_bytes']}")
