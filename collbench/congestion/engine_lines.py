@@ -1,4 +1,4 @@
-"""The built-in engine's CBCONG lines (collbench_engine.c, "congestion counters") -> the record's
+"""The built-in engine's CBCONG lines (engines/engine_counters.c) -> the record's
 `congestion` field. A line is checked like any outside input: a damaged one is ignored (the step
 keeps its result, without the field)."""
 

@@ -21,7 +21,7 @@ from collbench.congestion import counters
 SPEC_VERSION = 1
 DEFAULT_SYSFS_ROOT = "/sys"
 DEFAULT_NETSTAT = "/proc/net/netstat"
-# what the engine accepts in a spec token (collbench_engine.c's CONG_MAX_PATH / CONG_MAX_NAME)
+# what the engine accepts in a spec token (engine_counters.c's CONG_MAX_PATH / CONG_MAX_NAME)
 MAX_PATH = 1024
 MAX_NAME = 64
 MAX_NETDEVS = 16
