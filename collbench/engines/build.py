@@ -1,5 +1,5 @@
 """Locate or build the built-in engine with mpicc: collbench/engines/collbench_engine.c (ops, plan,
-timing, validation) and the sources beside it (COMPANIONS: counter readers, off-CPU reader), one
+timing, validation) and the sources beside it (COMPANIONS: counter and per-peer readers, off-CPU reader), one
 binary, sharing collbench_engine.h.
 
 The binary is cached per (every source and header, MPI wrapper flags, compiler version):
@@ -20,7 +20,7 @@ from collbench.errors import UserError
 
 ENGINE_DIR = Path(__file__).resolve().parent
 SOURCE = ENGINE_DIR / "collbench_engine.c"
-COMPANIONS = (ENGINE_DIR / "engine_counters.c", ENGINE_DIR / "engine_offcpu.c")
+COMPANIONS = (ENGINE_DIR / "engine_counters.c", ENGINE_DIR / "engine_paths.c", ENGINE_DIR / "engine_offcpu.c")
 HEADERS = (ENGINE_DIR / "collbench_engine.h",)
 BINARY_PREFIX = "collbench-engine-"
 CFLAGS = ("-O2", "-Wall", "-Wextra", "-std=c99")

@@ -4,6 +4,8 @@
  *   collbench_engine.c   ops, plan, timing, validation, hosts and pairs, main
  *   engine_counters.c    --congestion: the host counters around each step (sysfs, SIOCETHTOOL,
  *                        netstat) and the CBCONG line
+ *   engine_paths.c       per-peer evidence in that line: tcp_info per socket (netlink inet_diag)
+ *                        and per-QP RDMA counters (a fixture tree), summed per peer
  *   engine_offcpu.c      the share of a timed loop each rank's thread spent off its CPU
  */
 #ifndef COLLBENCH_ENGINE_H
@@ -28,6 +30,13 @@ void json_string(char *out, size_t outlen, const char *s);
 int cong_setup(const char *spec_path, int rank, int nranks);
 void cong_before_step(int fresh);
 void cong_after_step(int rank, int loop, int index);
+
+/* engine_paths.c: called by engine_counters.c on each host's reader; paths_setup is collective
+ * over the readers' communicator */
+int paths_setup(int tcp, const char *qp_root, MPI_Comm leaders, const char *host);
+void paths_before(int reuse_after);
+void paths_after(void);
+char *paths_fragment(int *len);
 
 /* engine_offcpu.c: the thread's CPU clock around the loop, then the share reduced to rank 0 */
 double offcpu_clock(void);

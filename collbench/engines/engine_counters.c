@@ -6,13 +6,15 @@
  * prints, before the step's CBREC line, one line
  *   CBCONG {"loop":L,"step":S,"t0":wall,"t1":wall,"hosts":{"HOST":{"dt":s,"n":read,"src":sources,
  *           "f":[vanished,unreadable,backwards,garbage],"drop":k,"us":snapshot µs,"r":reader's rank,
- *           "d":{"counter@where":delta,...}},...}}
+ *           "d":{"counter@where":delta,...}[,"p":{"PEER|counter":delta,...},"ps":..,"pd":..,"pf":..,"pus":..]},...}}
  * with only the counters that moved (at most CONG_MAX_MOVED per host, the largest; the rest in
  * "drop"). Which counters, and where each host reads them, is the SPEC file Python writes from
  * its one table (collbench/congestion/sources.py spec_text): this code knows no counter names.
  * Without --validate a step's after-snapshot is the next step's before (cong_before_step).
  * Faults follow collbench/congestion/deltas.py: a counter that vanished, cannot be read, went
  * backwards or holds garbage is skipped and counted, never a negative delta, never a failed step.
+ * With the spec's "paths tcp" line or a host's rdma_qp_root, the same reader reads per-peer
+ * counters too (engine_paths.c: "p" and the fields after it).
  * Test hook: COLLBENCH_ENGINE_HOST_OF_RANK="hA,hA,hB,hB" names each world rank's host (several
  * emulated hosts on one machine); otherwise MPI_Get_processor_name.
  */
@@ -76,6 +78,8 @@ typedef struct {
     MPI_Comm leaders;               /* one rank per host; MPI_COMM_NULL on the others */
     char host[CONG_HOST_LEN];
     char sysfs_root[CONG_MAX_PATH], netstat[CONG_MAX_PATH], ethtool_root[CONG_MAX_PATH];
+    char qp_root[CONG_MAX_PATH];    /* per-QP counters (engine_paths.c); empty: none */
+    int paths_tcp;                  /* the spec's "paths tcp": tcp_info per peer (engine_paths.c) */
     char netdevs[CONG_MAX_NETDEVS][16];
     int nnetdevs;
     char (*names[CS_N])[CONG_MAX_NAME];
@@ -164,6 +168,7 @@ static void cong_add_name(int set, const char *tok)
 static void cong_apply_sources(char **tok, int ntok)
 {
     cong.ethtool_root[0] = '\0';
+    cong.qp_root[0] = '\0';
     cong.nnetdevs = 0;
     for (int i = 0; i + 1 < ntok; i += 2) {
         if (strcmp(tok[i], "sysfs_root") == 0)
@@ -172,6 +177,8 @@ static void cong_apply_sources(char **tok, int ntok)
             snprintf(cong.netstat, sizeof(cong.netstat), "%s", tok[i + 1]);
         else if (strcmp(tok[i], "ethtool_root") == 0)
             snprintf(cong.ethtool_root, sizeof(cong.ethtool_root), "%s", tok[i + 1]);
+        else if (strcmp(tok[i], "rdma_qp_root") == 0)
+            snprintf(cong.qp_root, sizeof(cong.qp_root), "%s", tok[i + 1]);
         else if (strcmp(tok[i], "netdev") == 0 && cong.nnetdevs < CONG_MAX_NETDEVS && strlen(tok[i + 1]) < 16)
             snprintf(cong.netdevs[cong.nnetdevs++], 16, "%.15s", tok[i + 1]);
     }
@@ -214,6 +221,9 @@ static int cong_load_spec(char *text)
             int set = strcmp(tok[1], "IpExt") == 0 ? CS_IPEXT : strcmp(tok[1], "TcpExt") == 0 ? CS_TCPEXT : -1;
             for (int i = 2; set >= 0 && i < ntok; i++)
                 cong_add_name(set, tok[i]);
+        } else if (strcmp(tok[0], "paths") == 0) {
+            for (int i = 1; i < ntok; i++)
+                cong.paths_tcp |= strcmp(tok[i], "tcp") == 0;
         } else if (strcmp(tok[0], "defaults") != 0 && strcmp(tok[0], "host") != 0)
             return -1;
     }
@@ -714,9 +724,11 @@ int cong_setup(const char *spec_path, int rank, int nranks)
     if (any_bad) {
         if (rank == 0)
             fprintf(stderr, "collbench-engine: congestion spec %s: a line that is not "
-                            "defaults/host/rdma_hw/rdma_port/ethtool/netstat\n", spec_path);
+                            "defaults/host/rdma_hw/rdma_port/ethtool/netstat/paths\n", spec_path);
         return -1;
     }
+    if (cong.reader)                /* collective over the readers */
+        paths_setup(cong.paths_tcp, cong.qp_root, cong.leaders, cong.host);
     cong.sock = -1;
     if (cong.reader && (!(cong.before.s = malloc(sizeof(CongSample) * CONG_MAX_SAMPLES))
                         || !(cong.after.s = malloc(sizeof(CongSample) * CONG_MAX_SAMPLES))))
@@ -738,6 +750,7 @@ void cong_before_step(int fresh)
         cong.after = t;
     } else
         cong_snapshot(&cong.before);
+    paths_before(cong.have_after && !fresh);
     cong.have_after = 0;
 }
 
@@ -793,12 +806,14 @@ static char *cong_fragment(int *len)
     }
     if (moved)
         qsort(moved, (size_t)nmoved, sizeof(CongMoved), cong_cmp_moved);
-    int keep = nmoved < CONG_MAX_MOVED ? nmoved : CONG_MAX_MOVED;
-    size_t cap = 512 + (size_t)CONG_HOST_LEN * 6 + (size_t)keep * (CONG_MAX_KEY * 6 + 32);
+    int keep = nmoved < CONG_MAX_MOVED ? nmoved : CONG_MAX_MOVED, plen = 0;
+    char *pfrag = paths_fragment(&plen);    /* ,"p":{...}: empty without paths */
+    size_t cap = 512 + (size_t)CONG_HOST_LEN * 6 + (size_t)keep * (CONG_MAX_KEY * 6 + 32) + (size_t)plen;
     char *out = malloc(cap), quoted[CONG_HOST_LEN * 6 + 3], qk[CONG_MAX_KEY * 6 + 3];
     size_t n = 0;
     if (!out) {
         free(moved);
+        free(pfrag);
         *len = 0;
         return NULL;
     }
@@ -811,8 +826,9 @@ static char *cong_fragment(int *len)
         json_string(qk, sizeof(qk), moved[k].key);
         n += (size_t)snprintf(out + n, cap - n, "%s%s:%llu", k ? "," : "", qk, moved[k].d);
     }
-    n += (size_t)snprintf(out + n, cap - n, "}}");
+    n += (size_t)snprintf(out + n, cap - n, "}%s}", pfrag ? pfrag : "");
     free(moved);
+    free(pfrag);
     *len = (int)n;
     return out;
 }
@@ -825,6 +841,7 @@ void cong_after_step(int rank, int loop, int index)
     double started = cong_mono();
     cong_snapshot(&cong.after);
     cong.snap_us = (cong_mono() - started) * 1e6;
+    paths_after();                  /* timed on its own: "pus" */
     cong.have_after = 1;
     int len = 0, nreaders = 0, leader_rank = 0;
     char *frag = cong_fragment(&len);

@@ -1,0 +1,552 @@
+/*
+ * engine_paths.c: per-peer evidence, which path and not only which host (collbench_engine.h).
+ *
+ * Around each step, where engine_counters.c reads the host counters (the lowest rank of each
+ * host, outside the timed loop), the same reader reads
+ *   tcp   the kernel's tcp_info of every TCP socket of its network namespace, by netlink
+ *         inet_diag (NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY: what `ss -ti` reads), IPv4 and IPv6;
+ *   qp    per-QP counters and each QP's peer from a fixture tree shaped like netlink RDMA's
+ *         objects (`rdma res show qp` + `rdma res show cm_id` + `rdma statistic qp`; no RDMA
+ *         device exists where this was written, docs/CONGESTION.md "Per-peer evidence"):
+ *           <qp_root>/<dev>/<port>/<lqpn>/rqpn              RDMA_NLDEV_ATTR_RES_RQPN
+ *           <qp_root>/<dev>/<port>/<lqpn>/dst_addr          RDMA_NLDEV_ATTR_RES_DST_ADDR (its cm_id)
+ *           <qp_root>/<dev>/<port>/<lqpn>/counters/<name>   RDMA_NLDEV_ATTR_STAT_HWCOUNTERS of the
+ *                                                           counter bound to the QP
+ * Deltas are per socket (inet_diag's cookie) or per QP, then summed per peer: a socket or QP
+ * that only the after-snapshot holds was made during the step and counts whole; one that
+ * closed during the step is left out (its last counts are gone with it). Gauges are read at the
+ * step's end: tcp_lost (packets the sockets hold as lost, summed) and tcp_rtt_us_max (the
+ * largest smoothed RTT). A peer is named by the host that owns its address (each reader's
+ * addresses are gathered at set-up), else by the address; loopback and this host's own
+ * addresses are not paths. Only active peers are kept (a socket sent segments or retransmitted,
+ * a QP counter moved), at most PATH_MAX_PEERS, the most retransmitting first; the rest count in
+ * "pd". Fragment: ,"p":{"PEER|counter":value,...},"ps":sockets+QPs read,"pd":dropped,
+ * "pf":failed reads,"pus":µs of the last read.
+ */
+#define _DEFAULT_SOURCE     /* getifaddrs */
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <ifaddrs.h>
+#include <limits.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <linux/sock_diag.h>
+#include <linux/tcp.h>
+
+#include "collbench_engine.h"
+
+#define PATH_MAX_SOCKS 8192          /* sockets + QP counters kept per snapshot */
+#define PATH_MAX_PEERS 64            /* peers in one host's fragment */
+#define PATH_MAX_QP_CTRS 32          /* counters per QP */
+#define PATH_MAX_ADDRS 16            /* addresses gathered per host */
+#define PATH_ADDR 48                 /* INET6_ADDRSTRLEN and a NUL */
+#define PATH_NAME 64
+#define PATH_HOST (MPI_MAX_PROCESSOR_NAME + 1)
+#define PATH_RECV_BUF (64 * 1024)
+#define PATH_MAX_FILE 64
+
+/* tcp_info fields, in fragment order; the record's counter names (collbench/congestion/counters.py
+ * PATH_COUNTERS describes each) */
+enum { T_RETRANS, T_LOST, T_CE, T_REORD, T_SEGS_OUT, T_BYTES_RETRANS, T_OOO, T_RTT, T_N };
+static const char *const TCP_NAMES[T_N] = {
+    "tcp_retrans_segs", "tcp_lost", "tcp_delivered_ce", "tcp_reord_seen", "tcp_segs_out",
+    "tcp_bytes_retrans", "tcp_rcv_ooopack", "tcp_rtt_us_max"};
+static const struct { size_t off, size; } TCP_FIELDS[T_N] = {
+    {offsetof(struct tcp_info, tcpi_total_retrans), 4}, {offsetof(struct tcp_info, tcpi_lost), 4},
+    {offsetof(struct tcp_info, tcpi_delivered_ce), 4}, {offsetof(struct tcp_info, tcpi_reord_seen), 4},
+    {offsetof(struct tcp_info, tcpi_segs_out), 4}, {offsetof(struct tcp_info, tcpi_bytes_retrans), 8},
+    {offsetof(struct tcp_info, tcpi_rcv_ooopack), 4}, {offsetof(struct tcp_info, tcpi_rtt), 4}};
+#define T_GAUGES ((1u << T_LOST) | (1u << T_RTT))   /* read at the step's end, not differenced */
+
+typedef struct {
+    char id[PATH_NAME];              /* "c<cookie>" of a socket, "<dev>/<port>/<lqpn>/<counter>" of a QP's */
+    char peer[PATH_ADDR];
+    unsigned long long v[T_N];       /* a QP counter's value is v[0] */
+    unsigned have;                   /* bit per field the kernel's tcp_info was long enough for */
+    int qp;
+} PathSample;
+
+typedef struct {
+    PathSample *s;
+    int n, failed;
+} PathSnap;
+
+typedef struct {
+    char peer[PATH_HOST];            /* the owning host's name, else the address */
+    unsigned long long tcp[T_N];
+    unsigned have;
+    int active;
+    int nqp;
+    char qp_name[PATH_MAX_QP_CTRS][PATH_NAME];
+    unsigned long long qp_d[PATH_MAX_QP_CTRS];
+} PathPeer;
+
+static struct {
+    int tcp, enabled;
+    char qp_root[1024];
+    char (*addr)[PATH_ADDR];         /* every reader's addresses ... */
+    char (*owner)[PATH_HOST];        /* ... and the host that owns each */
+    int naddr;
+    char mine[PATH_MAX_ADDRS][PATH_ADDR];
+    int nmine;
+    PathSnap before, after;
+    double us;
+} paths;
+
+static double paths_mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- set-up: this host's addresses, every reader's, gathered over the readers' communicator */
+
+static void own_addresses(void)
+{
+    struct ifaddrs *ifs = NULL;
+    paths.nmine = 0;
+    if (getifaddrs(&ifs) != 0)
+        return;
+    for (struct ifaddrs *i = ifs; i && paths.nmine < PATH_MAX_ADDRS; i = i->ifa_next) {
+        if (!i->ifa_addr || (i->ifa_flags & IFF_LOOPBACK))
+            continue;
+        const void *a = i->ifa_addr->sa_family == AF_INET ? (const void *)&((struct sockaddr_in *)i->ifa_addr)->sin_addr
+                      : i->ifa_addr->sa_family == AF_INET6 ? (const void *)&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr
+                      : NULL;
+        if (a && inet_ntop(i->ifa_addr->sa_family, a, paths.mine[paths.nmine], PATH_ADDR))
+            paths.nmine++;
+    }
+    freeifaddrs(ifs);
+}
+
+int paths_setup(int tcp, const char *qp_root, MPI_Comm leaders, const char *host)
+{
+    int nreaders = 0;
+    paths.tcp = tcp;
+    snprintf(paths.qp_root, sizeof(paths.qp_root), "%s", qp_root ? qp_root : "");
+    paths.enabled = tcp || paths.qp_root[0];
+    if (!paths.enabled)
+        return 0;
+    own_addresses();
+    MPI_Comm_size(leaders, &nreaders);
+    char (*mine)[PATH_ADDR] = calloc(PATH_MAX_ADDRS, PATH_ADDR), hostname[PATH_HOST];
+    paths.addr = calloc((size_t)nreaders * PATH_MAX_ADDRS, PATH_ADDR);
+    paths.owner = calloc((size_t)nreaders, PATH_HOST);
+    paths.before.s = malloc(sizeof(PathSample) * PATH_MAX_SOCKS);
+    paths.after.s = malloc(sizeof(PathSample) * PATH_MAX_SOCKS);
+    if (!mine || !paths.addr || !paths.owner || !paths.before.s || !paths.after.s)
+        MPI_Abort(MPI_COMM_WORLD, EXIT_NO_MEMORY);
+    memcpy(mine, paths.mine, sizeof(paths.mine));
+    memset(hostname, 0, sizeof(hostname));
+    snprintf(hostname, sizeof(hostname), "%s", host);
+    MPI_Allgather(mine, PATH_MAX_ADDRS * PATH_ADDR, MPI_CHAR, paths.addr, PATH_MAX_ADDRS * PATH_ADDR, MPI_CHAR, leaders);
+    MPI_Allgather(hostname, PATH_HOST, MPI_CHAR, paths.owner, PATH_HOST, MPI_CHAR, leaders);
+    paths.naddr = nreaders * PATH_MAX_ADDRS;
+    free(mine);
+    return 0;
+}
+
+/* The name a peer address goes by: the reader's host owning it, else the address itself;
+ * NULL for loopback and this host's own addresses (not a path). */
+static const char *peer_name(const char *addr)
+{
+    if (strncmp(addr, "127.", 4) == 0 || strcmp(addr, "::1") == 0 || !addr[0])
+        return NULL;
+    for (int i = 0; i < paths.nmine; i++)
+        if (strcmp(paths.mine[i], addr) == 0)
+            return NULL;
+    for (int i = 0; i < paths.naddr; i++)
+        if (paths.addr[i][0] && strcmp(paths.addr[i], addr) == 0)
+            return paths.owner[i / PATH_MAX_ADDRS];
+    return addr;
+}
+
+/* ---- tcp: one inet_diag dump per address family */
+
+static void tcp_sample(PathSnap *sn, const struct inet_diag_msg *m, int len)
+{
+    char addr[PATH_ADDR] = "";
+    const struct tcp_info *ti = NULL;
+    int tlen = 0;
+    for (struct rtattr *a = (struct rtattr *)(m + 1); RTA_OK(a, len); a = RTA_NEXT(a, len))
+        if (a->rta_type == INET_DIAG_INFO) {
+            ti = RTA_DATA(a);
+            tlen = (int)RTA_PAYLOAD(a);
+        }
+    if (!ti || sn->n >= PATH_MAX_SOCKS)
+        return;
+    if (m->idiag_family == AF_INET)
+        inet_ntop(AF_INET, m->id.idiag_dst, addr, sizeof(addr));
+    else {
+        const unsigned char *b = (const unsigned char *)m->id.idiag_dst;
+        static const unsigned char v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+        if (memcmp(b, v4mapped, 12) == 0)
+            inet_ntop(AF_INET, b + 12, addr, sizeof(addr));
+        else
+            inet_ntop(AF_INET6, b, addr, sizeof(addr));
+    }
+    if (!peer_name(addr))
+        return;
+    PathSample *x = &sn->s[sn->n++];
+    memset(x, 0, sizeof(*x));
+    snprintf(x->id, sizeof(x->id), "c%08x%08x", m->id.idiag_cookie[1], m->id.idiag_cookie[0]);
+    snprintf(x->peer, sizeof(x->peer), "%s", addr);
+    for (int f = 0; f < T_N; f++) {
+        if (TCP_FIELDS[f].off + TCP_FIELDS[f].size > (size_t)tlen)
+            continue;                           /* an older kernel's shorter tcp_info */
+        const unsigned char *p = (const unsigned char *)ti + TCP_FIELDS[f].off;
+        if (TCP_FIELDS[f].size == 8) {
+            uint64_t v;
+            memcpy(&v, p, 8);
+            x->v[f] = v;
+        } else {
+            uint32_t v;
+            memcpy(&v, p, 4);
+            x->v[f] = v;
+        }
+        x->have |= 1u << f;
+    }
+}
+
+static int tcp_dump(PathSnap *sn, int family, char *buf)
+{
+    int fd = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+    if (fd < 0)
+        return -1;
+    struct timeval tv = {1, 0};                 /* a kernel that never answers costs 1 s, once */
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    struct {
+        struct nlmsghdr nh;
+        struct inet_diag_req_v2 r;
+    } req;
+    memset(&req, 0, sizeof(req));
+    req.nh.nlmsg_len = sizeof(req);
+    req.nh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+    req.nh.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+    req.r.sdiag_family = (unsigned char)family;
+    req.r.sdiag_protocol = IPPROTO_TCP;
+    req.r.idiag_ext = 1u << (INET_DIAG_INFO - 1);
+    /* connections only: not LISTEN (10), TIME_WAIT (6), CLOSE (7), SYN_RECV (3) */
+    req.r.idiag_states = ~((1u << 10) | (1u << 6) | (1u << 7) | (1u << 3)) & 0xfff;
+    struct sockaddr_nl kernel = {.nl_family = AF_NETLINK};
+    if (sendto(fd, &req, sizeof(req), 0, (struct sockaddr *)&kernel, sizeof(kernel)) < 0) {
+        close(fd);
+        return -1;
+    }
+    int rc = -1;
+    for (int rounds = 0; rounds < 100000; rounds++) {
+        ssize_t got = recv(fd, buf, PATH_RECV_BUF, 0);
+        if (got <= 0)
+            break;
+        int len = (int)got, done = 0;
+        for (struct nlmsghdr *h = (struct nlmsghdr *)buf; NLMSG_OK(h, len); h = NLMSG_NEXT(h, len)) {
+            if (h->nlmsg_type == NLMSG_DONE) {
+                done = 1;
+                rc = 0;
+                break;
+            }
+            if (h->nlmsg_type == NLMSG_ERROR) {
+                done = 1;
+                break;
+            }
+            if (h->nlmsg_type == SOCK_DIAG_BY_FAMILY && h->nlmsg_len >= NLMSG_LENGTH(sizeof(struct inet_diag_msg)))
+                tcp_sample(sn, NLMSG_DATA(h), (int)(h->nlmsg_len - NLMSG_LENGTH(sizeof(struct inet_diag_msg))));
+        }
+        if (done)
+            break;
+    }
+    close(fd);
+    return rc;
+}
+
+/* ---- qp: the fixture tree (netlink RDMA's objects, one value per file) */
+
+static int read_small(const char *path, char *out, size_t outlen)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(out, 1, outlen - 1, f);
+    int bad = ferror(f) || (n == outlen - 1 && fgetc(f) != EOF);
+    fclose(f);
+    if (bad)
+        return -1;
+    out[n] = '\0';
+    out[strcspn(out, " \t\r\n")] = '\0';    /* one token */
+    return 0;
+}
+
+static int parse_count(const char *s, unsigned long long *out)
+{
+    unsigned long long v = 0;
+    if (!*s)
+        return -1;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9' || v > (ULLONG_MAX - (unsigned)(*s - '0')) / 10)
+            return -1;
+        v = v * 10 + (unsigned)(*s - '0');
+    }
+    *out = v;
+    return 0;
+}
+
+static int plain(const char *name)
+{
+    return name[0] != '.' && strlen(name) < 24 && !strchr(name, '|') && !strchr(name, '"');
+}
+
+/* one QP: its peer, then each counter bound to it */
+static void qp_read(PathSnap *sn, const char *dir, const char *id)
+{
+    char path[1300], peer[PATH_MAX_FILE], value[PATH_MAX_FILE];
+    snprintf(path, sizeof(path), "%.1199s/dst_addr", dir);
+    if (read_small(path, peer, sizeof(peer)) < 0 || !peer[0]) {
+        sn->failed++;                           /* a QP without a known peer: no path */
+        return;
+    }
+    char *port = strrchr(peer, ':');            /* cm_id's "10.0.0.2:4791" or "[fe80::1]:4791" */
+    if (peer[0] == '[') {
+        memmove(peer, peer + 1, strlen(peer));
+        if ((port = strchr(peer, ']')))
+            *port = '\0';
+    } else if (port && strchr(peer, ':') == port)
+        *port = '\0';
+    struct in6_addr probe;
+    if ((inet_pton(AF_INET, peer, &probe) != 1 && inet_pton(AF_INET6, peer, &probe) != 1) || !peer_name(peer)) {
+        sn->failed += peer_name(peer) != NULL;
+        return;
+    }
+    snprintf(path, sizeof(path), "%.1199s/counters", dir);
+    DIR *d = opendir(path);
+    if (!d) {
+        sn->failed++;
+        return;
+    }
+    int kept = 0;
+    for (struct dirent *e = readdir(d); e && kept < PATH_MAX_QP_CTRS; e = readdir(d)) {
+        if (!plain(e->d_name) || sn->n >= PATH_MAX_SOCKS)
+            continue;
+        snprintf(path, sizeof(path), "%.1199s/counters/%.23s", dir, e->d_name);
+        unsigned long long v;
+        if (read_small(path, value, sizeof(value)) < 0 || parse_count(value, &v) < 0) {
+            sn->failed++;
+            continue;
+        }
+        PathSample *x = &sn->s[sn->n++];
+        memset(x, 0, sizeof(*x));
+        snprintf(x->id, sizeof(x->id), "%.38s/%.24s", id, e->d_name);
+        snprintf(x->peer, sizeof(x->peer), "%s", peer);
+        x->v[0] = v;
+        x->qp = 1;
+        kept++;
+    }
+    closedir(d);
+}
+
+static void qp_dump(PathSnap *sn)
+{
+    char path[1200], id[PATH_NAME];     /* names are plain(): under 24 bytes */
+    DIR *devs = opendir(paths.qp_root);
+    if (!devs) {
+        sn->failed++;
+        return;
+    }
+    for (struct dirent *dev = readdir(devs); dev; dev = readdir(devs)) {
+        if (!plain(dev->d_name))
+            continue;
+        snprintf(path, sizeof(path), "%.1023s/%.23s", paths.qp_root, dev->d_name);
+        DIR *ports = opendir(path);
+        for (struct dirent *port = ports ? readdir(ports) : NULL; port; port = readdir(ports)) {
+            if (!plain(port->d_name))
+                continue;
+            snprintf(path, sizeof(path), "%.1023s/%.23s/%.23s", paths.qp_root, dev->d_name, port->d_name);
+            DIR *qps = opendir(path);
+            for (struct dirent *qp = qps ? readdir(qps) : NULL; qp; qp = readdir(qps)) {
+                if (!plain(qp->d_name))
+                    continue;
+                snprintf(path, sizeof(path), "%.1023s/%.23s/%.23s/%.23s", paths.qp_root, dev->d_name, port->d_name, qp->d_name);
+                snprintf(id, sizeof(id), "%.16s/%.4s/%.12s", dev->d_name, port->d_name, qp->d_name);
+                qp_read(sn, path, id);
+            }
+            if (qps)
+                closedir(qps);
+        }
+        if (ports)
+            closedir(ports);
+    }
+    closedir(devs);
+}
+
+static int cmp_id(const void *a, const void *b)
+{
+    return strcmp(((const PathSample *)a)->id, ((const PathSample *)b)->id);
+}
+
+static void snapshot(PathSnap *sn)
+{
+    double t0 = paths_mono();
+    char *buf = paths.tcp ? malloc(PATH_RECV_BUF) : NULL;
+    sn->n = 0;
+    sn->failed = 0;
+    if (paths.tcp && (!buf || tcp_dump(sn, AF_INET, buf) < 0))
+        sn->failed++;
+    if (paths.tcp && buf && tcp_dump(sn, AF_INET6, buf) < 0)
+        sn->failed++;
+    free(buf);
+    if (paths.qp_root[0])
+        qp_dump(sn);
+    qsort(sn->s, (size_t)sn->n, sizeof(PathSample), cmp_id);
+    paths.us = (paths_mono() - t0) * 1e6;
+}
+
+void paths_before(int reuse_after)
+{
+    if (!paths.enabled)
+        return;
+    if (reuse_after) {
+        PathSnap t = paths.before;
+        paths.before = paths.after;
+        paths.after = t;
+    } else
+        snapshot(&paths.before);
+}
+
+void paths_after(void)
+{
+    if (paths.enabled)
+        snapshot(&paths.after);
+}
+
+/* ---- the fragment: per-sample deltas summed per peer */
+
+static PathPeer *peer_slot(PathPeer *peers, int *npeers, int cap, const char *addr)
+{
+    const char *name = peer_name(addr);
+    for (int i = 0; i < *npeers; i++)
+        if (strcmp(peers[i].peer, name) == 0)
+            return &peers[i];
+    if (*npeers >= cap)
+        return NULL;
+    PathPeer *p = &peers[(*npeers)++];
+    memset(p, 0, sizeof(*p));
+    snprintf(p->peer, sizeof(p->peer), "%s", name);
+    return p;
+}
+
+static void add_sample(PathPeer *p, const PathSample *y, const PathSample *x)
+{
+    if (y->qp) {
+        unsigned long long d = x ? (y->v[0] >= x->v[0] ? y->v[0] - x->v[0] : 0) : y->v[0];
+        const char *name = strrchr(y->id, '/') + 1;
+        if (!d)
+            return;
+        p->active = 1;
+        for (int k = 0; k < p->nqp; k++)
+            if (strcmp(p->qp_name[k], name) == 0) {
+                p->qp_d[k] += d;
+                return;
+            }
+        if (p->nqp < PATH_MAX_QP_CTRS) {
+            snprintf(p->qp_name[p->nqp], PATH_NAME, "%s", name);
+            p->qp_d[p->nqp++] = d;
+        }
+        return;
+    }
+    for (int f = 0; f < T_N; f++) {
+        if (!(y->have & (1u << f)))
+            continue;
+        p->have |= 1u << f;
+        if (f == T_RTT)
+            p->tcp[f] = y->v[f] > p->tcp[f] ? y->v[f] : p->tcp[f];
+        else if (T_GAUGES & (1u << f))
+            p->tcp[f] += y->v[f];
+        else if (!x)
+            p->tcp[f] += y->v[f];
+        else if (TCP_FIELDS[f].size == 4)
+            p->tcp[f] += (uint32_t)(y->v[f] - x->v[f]);      /* a 32-bit counter that wrapped */
+        else
+            p->tcp[f] += y->v[f] >= x->v[f] ? y->v[f] - x->v[f] : 0;
+    }
+    if ((x ? y->v[T_SEGS_OUT] != x->v[T_SEGS_OUT] || y->v[T_RETRANS] != x->v[T_RETRANS] : y->v[T_SEGS_OUT] != 0))
+        p->active = 1;
+}
+
+static int cmp_peer(const void *a, const void *b)
+{
+    const PathPeer *x = a, *y = b;
+    if (x->tcp[T_RETRANS] != y->tcp[T_RETRANS])
+        return x->tcp[T_RETRANS] < y->tcp[T_RETRANS] ? 1 : -1;
+    return strcmp(x->peer, y->peer);
+}
+
+/* ,"p":{...},"ps":..,"pd":..,"pf":..,"pus":..  (NULL when paths are off); *len its length */
+char *paths_fragment(int *len)
+{
+    *len = 0;
+    if (!paths.enabled)
+        return NULL;
+    const PathSnap *b = &paths.before, *a = &paths.after;
+    int cap = 4 * PATH_MAX_PEERS, npeers = 0, lost = 0;
+    PathPeer *peers = calloc((size_t)cap, sizeof(PathPeer));
+    if (!peers)
+        return NULL;
+    for (int i = 0, j = 0; j < a->n; j++) {    /* both sorted by id: a merge */
+        while (i < b->n && strcmp(b->s[i].id, a->s[j].id) < 0)
+            i++;
+        const PathSample *x = i < b->n && strcmp(b->s[i].id, a->s[j].id) == 0 ? &b->s[i] : NULL;
+        PathPeer *p = peer_slot(peers, &npeers, cap, a->s[j].peer);
+        if (p)
+            add_sample(p, &a->s[j], x);
+        else
+            lost++;
+    }
+    int active = 0;
+    for (int k = 0; k < npeers; k++)
+        if (peers[k].active)
+            peers[active++] = peers[k];
+    qsort(peers, (size_t)active, sizeof(PathPeer), cmp_peer);
+    int keep = active < PATH_MAX_PEERS ? active : PATH_MAX_PEERS;
+    size_t outcap = 256 + (size_t)keep * (T_N + PATH_MAX_QP_CTRS) * (PATH_HOST * 6 + PATH_NAME + 40), n = 0;
+    char *out = malloc(outcap), qk[PATH_HOST * 6 + PATH_NAME + 8], key[PATH_HOST + PATH_NAME + 8];
+    if (!out) {
+        free(peers);
+        return NULL;
+    }
+    n += (size_t)snprintf(out, outcap, ",\"p\":{");
+    int first = 1;
+    for (int k = 0; k < keep; k++) {
+        const PathPeer *p = &peers[k];
+        for (int f = 0; f < T_N; f++) {
+            if (!(p->have & (1u << f)))
+                continue;
+            snprintf(key, sizeof(key), "%s|%s", p->peer, TCP_NAMES[f]);
+            json_string(qk, sizeof(qk), key);
+            n += (size_t)snprintf(out + n, outcap - n, "%s%s:%llu", first ? "" : ",", qk, p->tcp[f]);
+            first = 0;
+        }
+        for (int q = 0; q < p->nqp; q++) {
+            snprintf(key, sizeof(key), "%s|qp_%s", p->peer, p->qp_name[q]);
+            json_string(qk, sizeof(qk), key);
+            n += (size_t)snprintf(out + n, outcap - n, "%s%s:%llu", first ? "" : ",", qk, p->qp_d[q]);
+            first = 0;
+        }
+    }
+    n += (size_t)snprintf(out + n, outcap - n, "},\"ps\":%d,\"pd\":%d,\"pf\":%d,\"pus\":%.1f",
+                          a->n, active - keep + lost, a->failed, paths.us);
+    free(peers);
+    *len = (int)n;
+    return out;
+}
