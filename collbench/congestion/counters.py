@@ -194,6 +194,9 @@ def _path_rows():
                     "segments <host> sent to <peer> (tcpi_segs_out): how busy the path was"),
         PathCounter("tcp_bytes_retrans", "tcp_info", RP, "bytes",
                     "bytes <host> retransmitted to <peer> (tcpi_bytes_retrans)"),
+        PathCounter("tcp_dsack_dups", "tcp_info", RP, "packets",
+                    "segments <host> retransmitted that <peer> reported it already had (tcpi_dsack_dups): "
+                    "spurious retransmissions (a late ACK, a descheduled receiver), not loss"),
         PathCounter("tcp_rcv_ooopack", "tcp_info", NP, "packets",
                     "packets <host> received from <peer> out of order (tcpi_rcv_ooopack): loss or "
                     "reordering on the path in"),

@@ -11,7 +11,7 @@ from collbench.congestion.deltas import FAULTS, HostDelta
 PREFIX = "CBCONG "
 MAX_HOSTS = 65536
 MAX_MOVED_PER_HOST = 64
-MAX_PATHS_PER_HOST = 64 * 40     # engine_paths.c: PATH_MAX_PEERS peers, 8 tcp + 32 QP counters each
+MAX_PATHS_PER_HOST = 64 * 40     # engine_paths.c: PATH_MAX_PEERS peers, 9 tcp + 31 QP counters each
 _MAX_VALUE = (1 << 64) - 1
 
 

@@ -49,7 +49,7 @@
 
 #define PATH_MAX_SOCKS 8192          /* sockets + QP counters kept per snapshot */
 #define PATH_MAX_PEERS 64            /* peers in one host's fragment */
-#define PATH_MAX_QP_CTRS 32          /* counters per QP */
+#define PATH_MAX_QP_CTRS 31          /* counters per QP */
 #define PATH_MAX_ADDRS 16            /* addresses gathered per host */
 #define PATH_ADDR 48                 /* INET6_ADDRSTRLEN and a NUL */
 #define PATH_NAME 64
@@ -59,15 +59,16 @@
 
 /* tcp_info fields, in fragment order; the record's counter names (collbench/congestion/counters.py
  * PATH_COUNTERS describes each) */
-enum { T_RETRANS, T_LOST, T_CE, T_REORD, T_SEGS_OUT, T_BYTES_RETRANS, T_OOO, T_RTT, T_N };
+enum { T_RETRANS, T_LOST, T_CE, T_REORD, T_SEGS_OUT, T_BYTES_RETRANS, T_DSACK, T_OOO, T_RTT, T_N };
 static const char *const TCP_NAMES[T_N] = {
     "tcp_retrans_segs", "tcp_lost", "tcp_delivered_ce", "tcp_reord_seen", "tcp_segs_out",
-    "tcp_bytes_retrans", "tcp_rcv_ooopack", "tcp_rtt_us_max"};
+    "tcp_bytes_retrans", "tcp_dsack_dups", "tcp_rcv_ooopack", "tcp_rtt_us_max"};
 static const struct { size_t off, size; } TCP_FIELDS[T_N] = {
     {offsetof(struct tcp_info, tcpi_total_retrans), 4}, {offsetof(struct tcp_info, tcpi_lost), 4},
     {offsetof(struct tcp_info, tcpi_delivered_ce), 4}, {offsetof(struct tcp_info, tcpi_reord_seen), 4},
     {offsetof(struct tcp_info, tcpi_segs_out), 4}, {offsetof(struct tcp_info, tcpi_bytes_retrans), 8},
-    {offsetof(struct tcp_info, tcpi_rcv_ooopack), 4}, {offsetof(struct tcp_info, tcpi_rtt), 4}};
+    {offsetof(struct tcp_info, tcpi_dsack_dups), 4}, {offsetof(struct tcp_info, tcpi_rcv_ooopack), 4},
+    {offsetof(struct tcp_info, tcpi_rtt), 4}};
 #define T_GAUGES ((1u << T_LOST) | (1u << T_RTT))   /* read at the step's end, not differenced */
 
 typedef struct {
