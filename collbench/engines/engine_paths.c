@@ -72,7 +72,7 @@ static const struct { size_t off, size; } TCP_FIELDS[T_N] = {
 #define T_GAUGES ((1u << T_LOST) | (1u << T_RTT))   /* read at the step's end, not differenced */
 
 typedef struct {
-    char id[PATH_NAME];              /* "c<cookie>" of a socket, "<dev>/<port>/<lqpn>/<counter>" of a QP's */
+    char id[96];                     /* "c<cookie>" of a socket, "<dev>/<port>/<lqpn>/<counter>" of a QP's */
     char peer[PATH_ADDR];
     unsigned long long v[T_N];       /* a QP counter's value is v[0] */
     unsigned have;                   /* bit per field the kernel's tcp_info was long enough for */
@@ -306,7 +306,7 @@ static int parse_count(const char *s, unsigned long long *out)
 
 static int plain(const char *name)
 {
-    return name[0] != '.' && strlen(name) < 24 && !strchr(name, '|') && !strchr(name, '"');
+    return name[0] != '.' && strlen(name) < 40 && !strchr(name, '|') && !strchr(name, '"');
 }
 
 /* one QP: its peer, then each counter bound to it */
@@ -340,7 +340,7 @@ static void qp_read(PathSnap *sn, const char *dir, const char *id)
     for (struct dirent *e = readdir(d); e && kept < PATH_MAX_QP_CTRS; e = readdir(d)) {
         if (!plain(e->d_name) || sn->n >= PATH_MAX_SOCKS)
             continue;
-        snprintf(path, sizeof(path), "%.1199s/counters/%.23s", dir, e->d_name);
+        snprintf(path, sizeof(path), "%.1199s/counters/%.39s", dir, e->d_name);
         unsigned long long v;
         if (read_small(path, value, sizeof(value)) < 0 || parse_count(value, &v) < 0) {
             sn->failed++;
@@ -348,7 +348,7 @@ static void qp_read(PathSnap *sn, const char *dir, const char *id)
         }
         PathSample *x = &sn->s[sn->n++];
         memset(x, 0, sizeof(*x));
-        snprintf(x->id, sizeof(x->id), "%.38s/%.24s", id, e->d_name);
+        snprintf(x->id, sizeof(x->id), "%.40s/%.40s", id, e->d_name);
         snprintf(x->peer, sizeof(x->peer), "%s", peer);
         x->v[0] = v;
         x->qp = 1;
@@ -359,7 +359,7 @@ static void qp_read(PathSnap *sn, const char *dir, const char *id)
 
 static void qp_dump(PathSnap *sn)
 {
-    char path[1200], id[PATH_NAME];     /* names are plain(): under 24 bytes */
+    char path[1200], id[PATH_NAME];     /* names are plain(): under 40 bytes */
     DIR *devs = opendir(paths.qp_root);
     if (!devs) {
         sn->failed++;
@@ -368,17 +368,17 @@ static void qp_dump(PathSnap *sn)
     for (struct dirent *dev = readdir(devs); dev; dev = readdir(devs)) {
         if (!plain(dev->d_name))
             continue;
-        snprintf(path, sizeof(path), "%.1023s/%.23s", paths.qp_root, dev->d_name);
+        snprintf(path, sizeof(path), "%.1023s/%.39s", paths.qp_root, dev->d_name);
         DIR *ports = opendir(path);
         for (struct dirent *port = ports ? readdir(ports) : NULL; port; port = readdir(ports)) {
             if (!plain(port->d_name))
                 continue;
-            snprintf(path, sizeof(path), "%.1023s/%.23s/%.23s", paths.qp_root, dev->d_name, port->d_name);
+            snprintf(path, sizeof(path), "%.1023s/%.39s/%.39s", paths.qp_root, dev->d_name, port->d_name);
             DIR *qps = opendir(path);
             for (struct dirent *qp = qps ? readdir(qps) : NULL; qp; qp = readdir(qps)) {
                 if (!plain(qp->d_name))
                     continue;
-                snprintf(path, sizeof(path), "%.1023s/%.23s/%.23s/%.23s", paths.qp_root, dev->d_name, port->d_name, qp->d_name);
+                snprintf(path, sizeof(path), "%.1023s/%.39s/%.39s/%.39s", paths.qp_root, dev->d_name, port->d_name, qp->d_name);
                 snprintf(id, sizeof(id), "%.16s/%.4s/%.12s", dev->d_name, port->d_name, qp->d_name);
                 qp_read(sn, path, id);
             }
