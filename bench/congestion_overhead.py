@@ -16,6 +16,11 @@
    step: a step's after-snapshot is the next step's before). Target: loss < 1 %. The loss
    depends on the step length: --scale 1 is the stress plan as the daemon runs it, --scale 10
    (default) steps ten times shorter.
+3. The per-peer read (engines/engine_paths.c: tcp_info of every TCP socket of the namespace by
+   netlink inet_diag, TCP transports): its own time per snapshot ("pus" in CBCONG) with the
+   sockets this namespace has, and with --sockets more idle loopback connections opened by this
+   script (the kernel dumps them all; loopback peers are then left out); and the duty cycle over
+   ob1-tcp with the host counters on and the per-peer read off/on, alternating.
 
     .venv/bin/python bench/congestion_overhead.py                   # 3 rounds of 10 s windows
     .venv/bin/python bench/congestion_overhead.py --rounds 5 --seconds 20
@@ -80,8 +85,9 @@ def spread(values):
     return f"median {statistics.median(v):7.1f}  p10 {q(0.1):7.1f}  p90 {q(0.9):7.1f}  max {v[-1]:8.1f}  (n={len(v)})"
 
 
-def engine_snapshot_us(cfg, loops, workdir):
-    """The engine's own after-step snapshot times (µs) over `loops` barrier steps."""
+def engine_snapshot_us(cfg, loops, workdir, field="us"):
+    """The engine's own after-step snapshot times (µs) over `loops` barrier steps (field "pus":
+    the per-peer read's)."""
     argv, env = builtin.engine_command(cfg, [Step("barrier", 0, 1, 0, "char")], os.path.join(workdir, "plan.txt"),
                                        loop=True, max_loops=loops)
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
@@ -91,7 +97,7 @@ def engine_snapshot_us(cfg, loops, workdir):
     for line in out.stdout.splitlines():
         if line.startswith("CBCONG "):
             for h in json.loads(line[7:])["hosts"].values():
-                us.append(h["us"])
+                us.append(h[field])
     return us[10:]   # the first snapshots list the directories cold
 
 
@@ -117,6 +123,70 @@ def one_file_us(path, n):
     return out
 
 
+def tcp_sockets():
+    """Established-or-other TCP sockets of this namespace (what one inet_diag dump walks)."""
+    n = 0
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(path) as f:
+                n += max(0, sum(1 for _ in f) - 1)
+        except OSError:
+            pass
+    return n
+
+
+def open_loopback_connections(n):
+    """n idle established loopback TCP connections (2n sockets), kept open by the caller."""
+    import socket
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1024)
+    held = [server]
+    for _ in range(n):
+        c = socket.create_connection(server.getsockname())
+        s, _ = server.accept()
+        held += [c, s]
+    return held
+
+
+def paths_section(cfg, args, work, sysfs, eth):
+    cfg.congestion.enabled, cfg.congestion.sysfs_root, cfg.congestion.ethtool_root = True, sysfs, eth
+    transport, ranks = cfg.transport, cfg.ranks
+    cfg.transport, cfg.ranks = "ob1-tcp", 1
+    print("per-peer read (tcp_info by inet_diag), µs per snapshot:")
+    cfg.congestion.paths = True
+    print(f"  {tcp_sockets():5d} TCP sockets in the namespace   {spread(engine_snapshot_us(cfg, args.snapshots, work, 'pus'))}")
+    held = open_loopback_connections(args.sockets)
+    try:
+        print(f"  {tcp_sockets():5d} TCP sockets in the namespace   {spread(engine_snapshot_us(cfg, args.snapshots, work, 'pus'))}")
+    finally:
+        for s in held:
+            s.close()
+    print(f"  beside it, the host counters' snapshot (same runs' config)  "
+          f"{spread(engine_snapshot_us(cfg, args.snapshots, work))}")
+    cfg.transport, cfg.ranks = "ob1-tcp", ranks
+    plan = bench_plan("scaled", args.scale)
+    print(f"duty cycle, ob1-tcp, {cfg.ranks} ranks, host counters on, per-peer read off/on alternating "
+          f"({args.seconds:g} s windows):")
+    duty = {False: [], True: []}
+    for rnd in range(args.rounds):
+        for on in (False, True):
+            cfg.congestion.paths = on
+            d, nres, nfail = run_window(cfg, plan, "loop", args.seconds)
+            duty[on].append(d)
+            print(f"  round {rnd + 1} per-peer {'on ' if on else 'off'}  duty cycle {d:.4f}  {nres:5d} records"
+                  f"  {nfail} failures", flush=True)
+    losses = [(off - on) / off * 100 for off, on in zip(duty[False], duty[True]) if off]
+    if losses:
+        print(f"  off: median {statistics.median(duty[False]):.4f} (min {min(duty[False]):.4f}, max {max(duty[False]):.4f})")
+        print(f"  on:  median {statistics.median(duty[True]):.4f} (min {min(duty[True]):.4f}, max {max(duty[True]):.4f})")
+        print(f"  loss per round, %: {', '.join(f'{x:+.2f}' for x in losses)}; median {statistics.median(losses):+.2f} "
+              f"(measured difference, machine noise included)")
+    with open("/proc/loadavg") as f:
+        print(f"  load average: {f.read().split()[0]}")
+    cfg.transport = transport
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", help="collbench config (default: this machine, shm)")
@@ -125,6 +195,8 @@ def main():
     p.add_argument("--rounds", type=int, default=3, help="off/on window pairs (default 3)")
     p.add_argument("--seconds", type=float, default=10.0, help="window per mode and round (default 10)")
     p.add_argument("--scale", type=int, default=10, help="iteration divisor of the prototype plan (default 10)")
+    p.add_argument("--sockets", type=int, default=500, help="idle loopback connections for the per-peer read (default 500)")
+    p.add_argument("--only", choices=("host", "paths"), help="run only the host counters' part or the per-peer part")
     args = p.parse_args()
 
     work = tempfile.mkdtemp(prefix="collbench-congestion-bench-")
@@ -134,6 +206,9 @@ def main():
         cfg.ranks = args.np
         cfg.stress.backoff_initial = 1.0
         ensure_engine(cfg)
+        if args.only == "paths":
+            paths_section(cfg, args, work, sysfs, eth)
+            return 0
         src = sources.HostSources(sysfs, "/proc/net/netstat", eth)
         n_counters = len(HostReader(src).snapshot().values)
         print(f"one host: {n_counters} counters (2 RDMA ports' hw_counters + counters, 2 netdevs' ethtool "
@@ -193,6 +268,8 @@ def main():
         print(f"  loss per round, %: {', '.join(f'{x:+.2f}' for x in losses)}; median {statistics.median(losses):+.2f} "
               f"(target < 1 %; measured difference, machine noise included)")
         print(f"  snapshot time per window, %: {', '.join(f'{x:.3f}' for x in bounds)} (the loss it can cause)")
+        if args.only != "host":
+            paths_section(cfg, args, work, sysfs, eth)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 #include <linux/inet_diag.h>
@@ -104,6 +105,8 @@ static struct {
     int nmine;
     PathSnap before, after;
     double us;
+    unsigned char *bc;               /* inet_diag bytecode: "dst is one of the job's hosts" */
+    int bclen;
 } paths;
 
 static double paths_mono(void)
@@ -133,6 +136,8 @@ static void own_addresses(void)
     freeifaddrs(ifs);
 }
 
+static void build_filter(void);
+
 int paths_setup(int tcp, const char *qp_root, MPI_Comm leaders, const char *host)
 {
     int nreaders = 0;
@@ -157,6 +162,11 @@ int paths_setup(int tcp, const char *qp_root, MPI_Comm leaders, const char *host
     MPI_Allgather(hostname, PATH_HOST, MPI_CHAR, paths.owner, PATH_HOST, MPI_CHAR, leaders);
     paths.naddr = nreaders * PATH_MAX_ADDRS;
     free(mine);
+    /* bench hook (bench/congestion_overhead.py): COLLBENCH_ENGINE_PATHS_UNFILTERED=1 dumps every
+     * socket, the cost without the kernel's filter */
+    const char *unfiltered = getenv("COLLBENCH_ENGINE_PATHS_UNFILTERED");
+    if (tcp && !(unfiltered && strcmp(unfiltered, "1") == 0))
+        build_filter();
     return 0;
 }
 
@@ -173,6 +183,57 @@ static const char *peer_name(const char *addr)
         if (paths.addr[i][0] && strcmp(paths.addr[i], addr) == 0)
             return paths.owner[i / PATH_MAX_ADDRS];
     return addr;
+}
+
+/* The kernel's filter for the dump: a socket whose peer is one of the other readers' addresses.
+ * The kernel still walks every socket but fills tcp_info only for these (a node's other sockets,
+ * ssh, storage, monitoring, are not the job's paths and cost ~1 µs each otherwise). The chain
+ * is what `ss` compiles "dst A or dst B or ...": each condition jumps to a JMP to the end (yes)
+ * or over it to the next condition (no); the last one's no lands past the end (rejected).
+ * Left unset (every socket dumped) when the job's addresses would not fit one netlink attribute. */
+#define PATH_MAX_BC 60000
+
+static void build_filter(void)
+{
+    unsigned char *bc = malloc(PATH_MAX_BC);
+    int n = 0, nconds = 0, starts[4096];
+    if (!bc)
+        return;
+    for (int i = 0; i < paths.naddr && nconds < 4096; i++) {
+        unsigned char a[16];
+        int fam = inet_pton(AF_INET, paths.addr[i], a) == 1 ? AF_INET
+                : inet_pton(AF_INET6, paths.addr[i], a) == 1 ? AF_INET6 : 0;
+        int alen = fam == AF_INET ? 4 : 16, size = (int)(sizeof(struct inet_diag_bc_op) + sizeof(struct inet_diag_hostcond)) + alen;
+        if (!fam || !peer_name(paths.addr[i]))
+            continue;                               /* empty slot, or this host's own */
+        if (n + size + (int)sizeof(struct inet_diag_bc_op) > PATH_MAX_BC) {
+            free(bc);
+            return;
+        }
+        struct inet_diag_bc_op op = {INET_DIAG_BC_D_COND, (unsigned short)size, (unsigned short)(size + 4)};
+        struct inet_diag_hostcond hc = {(unsigned char)fam, (unsigned char)(alen * 8), -1};
+        starts[nconds++] = n;
+        memcpy(bc + n, &op, sizeof(op));
+        memcpy(bc + n + sizeof(op), &hc, sizeof(hc));
+        memcpy(bc + n + sizeof(op) + sizeof(hc), a, (size_t)alen);
+        n += size;
+        struct inet_diag_bc_op jmp = {INET_DIAG_BC_JMP, 4, 0};   /* its no: set below, to the end */
+        memcpy(bc + n, &jmp, sizeof(jmp));
+        n += (int)sizeof(jmp);
+    }
+    if (!nconds) {                                  /* a job on one host: no path to read */
+        free(bc);
+        paths.tcp = 0;
+        return;
+    }
+    n -= (int)sizeof(struct inet_diag_bc_op);       /* the last condition needs no JMP after it */
+    for (int c = 0; c < nconds - 1; c++) {
+        int size = ((struct inet_diag_bc_op *)(bc + starts[c]))->yes, at = starts[c] + size;
+        unsigned short to_end = (unsigned short)(n - at);
+        memcpy(bc + at + offsetof(struct inet_diag_bc_op, no), &to_end, sizeof(to_end));
+    }
+    paths.bc = bc;
+    paths.bclen = n;
 }
 
 /* ---- tcp: one inet_diag dump per address family */
@@ -232,9 +293,10 @@ static int tcp_dump(PathSnap *sn, int family, char *buf)
     struct {
         struct nlmsghdr nh;
         struct inet_diag_req_v2 r;
+        struct rtattr bc;                       /* INET_DIAG_REQ_BYTECODE, then paths.bc */
     } req;
     memset(&req, 0, sizeof(req));
-    req.nh.nlmsg_len = sizeof(req);
+    size_t reqlen = NLMSG_LENGTH(sizeof(struct inet_diag_req_v2));
     req.nh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
     req.nh.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
     req.r.sdiag_family = (unsigned char)family;
@@ -242,8 +304,17 @@ static int tcp_dump(PathSnap *sn, int family, char *buf)
     req.r.idiag_ext = 1u << (INET_DIAG_INFO - 1);
     /* connections only: not LISTEN (10), TIME_WAIT (6), CLOSE (7), SYN_RECV (3) */
     req.r.idiag_states = ~((1u << 10) | (1u << 6) | (1u << 7) | (1u << 3)) & 0xfff;
+    struct iovec iov[2] = {{&req, reqlen}, {paths.bc, 0}};
+    if (paths.bc) {
+        req.bc.rta_type = INET_DIAG_REQ_BYTECODE;
+        req.bc.rta_len = (unsigned short)RTA_LENGTH(paths.bclen);
+        iov[0].iov_len = reqlen + sizeof(struct rtattr);
+        iov[1].iov_len = (size_t)paths.bclen;
+    }
+    req.nh.nlmsg_len = (unsigned)(iov[0].iov_len + iov[1].iov_len);
     struct sockaddr_nl kernel = {.nl_family = AF_NETLINK};
-    if (sendto(fd, &req, sizeof(req), 0, (struct sockaddr *)&kernel, sizeof(kernel)) < 0) {
+    struct msghdr msg = {.msg_name = &kernel, .msg_namelen = sizeof(kernel), .msg_iov = iov, .msg_iovlen = paths.bc ? 2 : 1};
+    if (sendmsg(fd, &msg, 0) < 0) {
         close(fd);
         return -1;
     }
