@@ -16,14 +16,15 @@
    step: a step's after-snapshot is the next step's before). Target: loss < 1 %. The loss
    depends on the step length: --scale 1 is the stress plan as the daemon runs it, --scale 10
    (default) steps ten times shorter.
-3. The per-peer read (engines/engine_paths.c: tcp_info of every TCP socket of the namespace by
-   netlink inet_diag, TCP transports): its own time per snapshot ("pus" in CBCONG) with the
-   sockets this namespace has, and with --sockets more idle loopback connections opened by this
-   script (the kernel dumps them all; loopback peers are then left out); and the duty cycle over
-   ob1-tcp with the host counters on and the per-peer read off/on, alternating.
+3. The per-peer read (engines/engine_paths.c: tcp_info of the TCP sockets by netlink inet_diag,
+   TCP transports), on a 2-host namespace testbed (root): its own time per snapshot ("pus" in
+   CBCONG) with the kernel filtering the dump to the job's peers and, the baseline, without
+   (every socket), with the namespace's own sockets and with --sockets more idle loopback
+   connections; then the duty cycle of --loops plan loops per job with the per-peer read off/on.
 
     .venv/bin/python bench/congestion_overhead.py                   # 3 rounds of 10 s windows
     .venv/bin/python bench/congestion_overhead.py --rounds 5 --seconds 20
+    .venv/bin/python bench/congestion_overhead.py --only paths --snapshots 500 --rounds 5
 """
 
 import argparse
@@ -123,68 +124,94 @@ def one_file_us(path, n):
     return out
 
 
-def tcp_sockets():
-    """Established-or-other TCP sockets of this namespace (what one inet_diag dump walks)."""
-    n = 0
-    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(path) as f:
-                n += max(0, sum(1 for _ in f) - 1)
-        except OSError:
-            pass
-    return n
+HOLDER = """
+import socket, sys, time
+server = socket.socket(); server.bind(("127.0.0.1", 0)); server.listen(1024)
+held = []
+for _ in range(int(sys.argv[1])):
+    c = socket.create_connection(server.getsockname()); s, _ = server.accept(); held += [c, s]
+print("ready", flush=True)
+time.sleep(3600)
+"""
 
 
-def open_loopback_connections(n):
-    """n idle established loopback TCP connections (2n sockets), kept open by the caller."""
-    import socket
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(1024)
-    held = [server]
-    for _ in range(n):
-        c = socket.create_connection(server.getsockname())
-        s, _ = server.accept()
-        held += [c, s]
-    return held
+def testbed_job(desc, cfg, steps, work, loops, env=None):
+    """The engine's CBCONG and CBREC payloads of one --loop job on the testbed, launched from h1."""
+    argv, job_env = builtin.engine_command(cfg, steps, os.path.join(work, "plan.txt"), loop=True, max_loops=loops)
+    out = subprocess.run(["ip", "netns", "exec", desc["hosts"][0]["netns"], *argv], env={**job_env, **(env or {})},
+                         capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise SystemExit(f"engine failed: {out.stderr[-2000:]}")
+    cong = [json.loads(ln[7:]) for ln in out.stdout.splitlines() if ln.startswith("CBCONG ")]
+    recs = [json.loads(ln[6:]) for ln in out.stdout.splitlines() if ln.startswith("CBREC ")]
+    return cong, recs
 
 
-def paths_section(cfg, args, work, sysfs, eth):
-    cfg.congestion.enabled, cfg.congestion.sysfs_root, cfg.congestion.ethtool_root = True, sysfs, eth
-    transport, ranks = cfg.transport, cfg.ranks
-    cfg.transport, cfg.ranks = "ob1-tcp", 1
-    print("per-peer read (tcp_info by inet_diag), µs per snapshot:")
-    cfg.congestion.paths = True
-    print(f"  {tcp_sockets():5d} TCP sockets in the namespace   {spread(engine_snapshot_us(cfg, args.snapshots, work, 'pus'))}")
-    held = open_loopback_connections(args.sockets)
+def _field_us(cong, field):
+    return [h.get(field, 0.0) for c in cong[10:] for h in c["hosts"].values()]
+
+
+def _duty(recs):
+    """Share of the job's wall time (first step's start to last step's end) inside the steps."""
+    busy = sum(r["t_end"] - r["t_start"] for r in recs)
+    return busy / (recs[-1]["t_end"] - recs[0]["t_start"])
+
+
+def paths_section(args, work):
+    """Per-peer read on a 2-host namespace testbed (one rank per host over TCP): its cost with the
+    kernel's filter (sockets to the job's hosts only) and without it (every socket of the
+    namespace), with the namespace's own sockets and with --sockets idle loopback connections
+    more; then the duty cycle with the per-peer read off and on, alternating."""
+    from lab import testbed
+    if os.geteuid() != 0:
+        print("per-peer read: needs root (a namespace testbed); skipped")
+        return
+    desc = testbed.up(2, os.path.join(work, "tb"), python=sys.executable)
+    holder = None
     try:
-        print(f"  {tcp_sockets():5d} TCP sockets in the namespace   {spread(engine_snapshot_us(cfg, args.snapshots, work, 'pus'))}")
-    finally:
-        for s in held:
-            s.close()
-    print(f"  beside it, the host counters' snapshot (same runs' config)  "
-          f"{spread(engine_snapshot_us(cfg, args.snapshots, work))}")
-    cfg.transport, cfg.ranks = "ob1-tcp", ranks
-    plan = bench_plan("scaled", args.scale)
-    print(f"duty cycle, ob1-tcp, {cfg.ranks} ranks, host counters on, per-peer read off/on alternating "
-          f"({args.seconds:g} s windows):")
-    duty = {False: [], True: []}
-    for rnd in range(args.rounds):
-        for on in (False, True):
-            cfg.congestion.paths = on
-            d, nres, nfail = run_window(cfg, plan, "loop", args.seconds)
-            duty[on].append(d)
-            print(f"  round {rnd + 1} per-peer {'on ' if on else 'off'}  duty cycle {d:.4f}  {nres:5d} records"
-                  f"  {nfail} failures", flush=True)
-    losses = [(off - on) / off * 100 for off, on in zip(duty[False], duty[True]) if off]
-    if losses:
+        cfg = load_config(desc["config"])
+        cfg.congestion.enabled, cfg.congestion.paths = True, True
+        barrier = [Step("barrier", 0, 1, 0, "char")]
+        h1 = desc["hosts"][0]["netns"]
+        print(f"per-peer read (tcp_info by netlink inet_diag), µs per snapshot, 2-host testbed, "
+              f"{args.snapshots} barrier steps:")
+        for extra in (0, args.sockets):
+            if extra:
+                holder = subprocess.Popen(["ip", "netns", "exec", h1, sys.executable, "-c", HOLDER, str(extra)],
+                                          stdout=subprocess.PIPE, text=True)
+                holder.stdout.readline()
+            for label, env in (("filtered (the job's peers)", None),
+                               ("unfiltered (every socket)", {"COLLBENCH_ENGINE_PATHS_UNFILTERED": "1"})):
+                cong, _ = testbed_job(desc, cfg, barrier, work, args.snapshots, env)
+                print(f"  +{2 * extra:5d} idle sockets, {label:<27} {spread(_field_us(cong, 'pus'))}", flush=True)
+        cong, _ = testbed_job(desc, cfg, barrier, work, args.snapshots)
+        print(f"  beside it, the host counters' snapshot         {spread(_field_us(cong, 'us'))}")
+        plan = bench_plan("scaled", args.scale)
+        print(f"duty cycle, {len(plan)}-step plan (iterations / {args.scale}) x {args.loops} loops per job, "
+              f"per-peer read off/on alternating, order swapped each round (+{2 * args.sockets} idle sockets on h1, "
+              f"filtered):")
+        duty = {False: [], True: []}
+        for rnd in range(args.rounds):
+            for on in ((False, True) if rnd % 2 == 0 else (True, False)):   # neither always second
+                cfg.congestion.paths = on
+                cong, recs = testbed_job(desc, cfg, plan, work, args.loops)
+                duty[on].append(_duty(recs))
+                share = sum(_field_us(cong, "pus")) * 1e-6 / (recs[-1]["t_end"] - recs[0]["t_start"]) * 100
+                print(f"  round {rnd + 1} per-peer {'on ' if on else 'off'}  duty cycle {duty[on][-1]:.4f}  "
+                      f"{len(recs)} steps" + (f"  (per-peer reads: {share:.3f} % of the job's wall time)" if on else ""),
+                      flush=True)
+        losses = [(off - on) / off * 100 for off, on in zip(duty[False], duty[True])]
         print(f"  off: median {statistics.median(duty[False]):.4f} (min {min(duty[False]):.4f}, max {max(duty[False]):.4f})")
         print(f"  on:  median {statistics.median(duty[True]):.4f} (min {min(duty[True]):.4f}, max {max(duty[True]):.4f})")
         print(f"  loss per round, %: {', '.join(f'{x:+.2f}' for x in losses)}; median {statistics.median(losses):+.2f} "
               f"(measured difference, machine noise included)")
-    with open("/proc/loadavg") as f:
-        print(f"  load average: {f.read().split()[0]}")
-    cfg.transport = transport
+        with open("/proc/loadavg") as f:
+            print(f"  load average: {f.read().split()[0]}")
+    finally:
+        if holder:
+            holder.kill()
+            holder.wait()
+        testbed.down(desc["dir"])
 
 
 def main():
@@ -196,6 +223,7 @@ def main():
     p.add_argument("--seconds", type=float, default=10.0, help="window per mode and round (default 10)")
     p.add_argument("--scale", type=int, default=10, help="iteration divisor of the prototype plan (default 10)")
     p.add_argument("--sockets", type=int, default=500, help="idle loopback connections for the per-peer read (default 500)")
+    p.add_argument("--loops", type=int, default=3, help="plan loops per job in the per-peer duty cycle (default 3)")
     p.add_argument("--only", choices=("host", "paths"), help="run only the host counters' part or the per-peer part")
     args = p.parse_args()
 
@@ -207,7 +235,7 @@ def main():
         cfg.stress.backoff_initial = 1.0
         ensure_engine(cfg)
         if args.only == "paths":
-            paths_section(cfg, args, work, sysfs, eth)
+            paths_section(args, work)
             return 0
         src = sources.HostSources(sysfs, "/proc/net/netstat", eth)
         n_counters = len(HostReader(src).snapshot().values)
@@ -269,7 +297,7 @@ def main():
               f"(target < 1 %; measured difference, machine noise included)")
         print(f"  snapshot time per window, %: {', '.join(f'{x:.3f}' for x in bounds)} (the loss it can cause)")
         if args.only != "host":
-            paths_section(cfg, args, work, sysfs, eth)
+            paths_section(args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
