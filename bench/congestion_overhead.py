@@ -18,9 +18,10 @@
    (default) steps ten times shorter.
 3. The per-peer read (engines/engine_paths.c: tcp_info of the TCP sockets by netlink inet_diag,
    TCP transports), on a 2-host namespace testbed (root): its own time per snapshot ("pus" in
-   CBCONG) with the kernel filtering the dump to the job's peers and, the baseline, without
-   (every socket), with the namespace's own sockets and with --sockets more idle loopback
-   connections; then the duty cycle of --loops plan loops per job with the per-peer read off/on.
+   CBCONG): the engine's way (a dump the kernel filters to the job's peers, then lookups of
+   those sockets by id) beside the baseline of a full dump at every snapshot, with the
+   namespace's own sockets and with --sockets more idle loopback connections; then the duty
+   cycle of --loops plan loops per job with the per-peer read off/on.
 
     .venv/bin/python bench/congestion_overhead.py                   # 3 rounds of 10 s windows
     .venv/bin/python bench/congestion_overhead.py --rounds 5 --seconds 20
@@ -158,10 +159,9 @@ def _duty(recs):
 
 
 def paths_section(args, work):
-    """Per-peer read on a 2-host namespace testbed (one rank per host over TCP): its cost with the
-    kernel's filter (sockets to the job's hosts only) and without it (every socket of the
-    namespace), with the namespace's own sockets and with --sockets idle loopback connections
-    more; then the duty cycle with the per-peer read off and on, alternating."""
+    """Per-peer read on a 2-host namespace testbed (one rank per host over TCP): its cost, and a
+    full dump's at every snapshot beside it, with the namespace's own sockets and with --sockets
+    idle loopback connections more; then the duty cycle with the per-peer read off and on."""
     from lab import testbed
     if os.geteuid() != 0:
         print("per-peer read: needs root (a namespace testbed); skipped")
@@ -180,12 +180,12 @@ def paths_section(args, work):
                 holder = subprocess.Popen(["ip", "netns", "exec", h1, sys.executable, "-c", HOLDER, str(extra)],
                                           stdout=subprocess.PIPE, text=True)
                 holder.stdout.readline()
-            for label, env in (("filtered (the job's peers)", None),
-                               ("unfiltered (every socket)", {"COLLBENCH_ENGINE_PATHS_UNFILTERED": "1"})):
+            for label, env in (("engine (lookups; filtered dumps)", None),
+                               ("baseline: dump all, every step", {"COLLBENCH_ENGINE_PATHS_NAIVE": "1"})):
                 cong, _ = testbed_job(desc, cfg, barrier, work, args.snapshots, env)
-                print(f"  +{2 * extra:5d} idle sockets, {label:<27} {spread(_field_us(cong, 'pus'))}", flush=True)
+                print(f"  +{2 * extra:5d} idle sockets, {label:<32} {spread(_field_us(cong, 'pus'))}", flush=True)
         cong, _ = testbed_job(desc, cfg, barrier, work, args.snapshots)
-        print(f"  beside it, the host counters' snapshot         {spread(_field_us(cong, 'us'))}")
+        print(f"  beside it, the host counters' snapshot              {spread(_field_us(cong, 'us'))}")
         plan = bench_plan("scaled", args.scale)
         print(f"duty cycle, {len(plan)}-step plan (iterations / {args.scale}) x {args.loops} loops per job, "
               f"per-peer read off/on alternating, order swapped each round (+{2 * args.sockets} idle sockets on h1, "

@@ -36,7 +36,7 @@ void cong_after_step(int rank, int loop, int index);
 int paths_setup(int tcp, const char *qp_root, MPI_Comm leaders, const char *host);
 void paths_before(int reuse_after);
 void paths_after(void);
-char *paths_fragment(int *len);
+const char *paths_fragment(int *len);
 
 /* engine_offcpu.c: the thread's CPU clock around the loop, then the share reduced to rank 0 */
 double offcpu_clock(void);

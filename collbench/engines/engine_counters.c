@@ -807,13 +807,12 @@ static char *cong_fragment(int *len)
     if (moved)
         qsort(moved, (size_t)nmoved, sizeof(CongMoved), cong_cmp_moved);
     int keep = nmoved < CONG_MAX_MOVED ? nmoved : CONG_MAX_MOVED, plen = 0;
-    char *pfrag = paths_fragment(&plen);    /* ,"p":{...}: empty without paths */
+    const char *pfrag = paths_fragment(&plen);  /* ,"p":{...}: NULL without paths */
     size_t cap = 512 + (size_t)CONG_HOST_LEN * 6 + (size_t)keep * (CONG_MAX_KEY * 6 + 32) + (size_t)plen;
     char *out = malloc(cap), quoted[CONG_HOST_LEN * 6 + 3], qk[CONG_MAX_KEY * 6 + 3];
     size_t n = 0;
     if (!out) {
         free(moved);
-        free(pfrag);
         *len = 0;
         return NULL;
     }
@@ -828,7 +827,6 @@ static char *cong_fragment(int *len)
     }
     n += (size_t)snprintf(out + n, cap - n, "}%s}", pfrag ? pfrag : "");
     free(moved);
-    free(pfrag);
     *len = (int)n;
     return out;
 }

@@ -57,6 +57,8 @@
 #define PATH_HOST (MPI_MAX_PROCESSOR_NAME + 1)
 #define PATH_RECV_BUF (64 * 1024)
 #define PATH_MAX_FILE 64
+#define PATH_PEER_SLOTS 256          /* peers summed per step (more: counted in "pd") */
+#define PATH_MAX_FRAGMENT 65536      /* one host's "p" (more: counted in "pd") */
 
 /* tcp_info fields, in fragment order; the record's counter names (collbench/congestion/counters.py
  * PATH_COUNTERS describes each) */
@@ -112,7 +114,11 @@ static struct {
     int nl;                          /* the NETLINK_SOCK_DIAG socket, kept open (-1: none yet) */
     struct { unsigned char family; struct inet_diag_sockid sid; } *known;   /* the last dump's sockets */
     int nknown, stale;
+    int naive;                       /* bench hook: a dump of every socket at every snapshot */
     double dumped_at;
+    PathPeer *peers;                 /* PATH_PEER_SLOTS, and the receive buffer: allocated once, */
+    char *buf;                       /* never freed per step (a freed large block would move
+                                      * glibc's mmap threshold under MPI's own buffers) */
 } paths;
 
 static double paths_mono(void)
@@ -151,16 +157,12 @@ int paths_setup(int tcp, const char *qp_root, MPI_Comm leaders, const char *host
     paths.nl = -1;
     snprintf(paths.qp_root, sizeof(paths.qp_root), "%s", qp_root ? qp_root : "");
     paths.enabled = tcp || paths.qp_root[0];
-    if (!paths.enabled)
-        return 0;
-    own_addresses();
+    own_addresses();                /* every reader gathers, whether its own host reads paths or not */
     MPI_Comm_size(leaders, &nreaders);
     char (*mine)[PATH_ADDR] = calloc(PATH_MAX_ADDRS, PATH_ADDR), hostname[PATH_HOST];
     paths.addr = calloc((size_t)nreaders * PATH_MAX_ADDRS, PATH_ADDR);
     paths.owner = calloc((size_t)nreaders, PATH_HOST);
-    paths.before.s = malloc(sizeof(PathSample) * PATH_MAX_SOCKS);
-    paths.after.s = malloc(sizeof(PathSample) * PATH_MAX_SOCKS);
-    if (!mine || !paths.addr || !paths.owner || !paths.before.s || !paths.after.s)
+    if (!mine || !paths.addr || !paths.owner)
         MPI_Abort(MPI_COMM_WORLD, EXIT_NO_MEMORY);
     memcpy(mine, paths.mine, sizeof(paths.mine));
     memset(hostname, 0, sizeof(hostname));
@@ -169,10 +171,20 @@ int paths_setup(int tcp, const char *qp_root, MPI_Comm leaders, const char *host
     MPI_Allgather(hostname, PATH_HOST, MPI_CHAR, paths.owner, PATH_HOST, MPI_CHAR, leaders);
     paths.naddr = nreaders * PATH_MAX_ADDRS;
     free(mine);
-    /* bench hook (bench/congestion_overhead.py): COLLBENCH_ENGINE_PATHS_UNFILTERED=1 dumps every
-     * socket, the cost without the kernel's filter */
-    const char *unfiltered = getenv("COLLBENCH_ENGINE_PATHS_UNFILTERED");
-    if (tcp && !(unfiltered && strcmp(unfiltered, "1") == 0))
+    if (!paths.enabled)
+        return 0;
+    paths.before.s = malloc(sizeof(PathSample) * PATH_MAX_SOCKS);
+    paths.after.s = malloc(sizeof(PathSample) * PATH_MAX_SOCKS);
+    paths.known = malloc(sizeof(*paths.known) * PATH_MAX_SOCKS);
+    paths.peers = calloc(PATH_PEER_SLOTS, sizeof(PathPeer));
+    paths.buf = malloc(PATH_RECV_BUF);
+    if (!paths.before.s || !paths.after.s || !paths.known || !paths.peers || !paths.buf)
+        MPI_Abort(MPI_COMM_WORLD, EXIT_NO_MEMORY);
+    /* bench hook (bench/congestion_overhead.py): COLLBENCH_ENGINE_PATHS_NAIVE=1 dumps every socket
+     * at every snapshot, no filter and no lookups: the cost this reader avoids */
+    const char *naive = getenv("COLLBENCH_ENGINE_PATHS_NAIVE");
+    paths.naive = naive && strcmp(naive, "1") == 0;
+    if (tcp && !paths.naive)
         build_filter();
     return 0;
 }
@@ -408,9 +420,9 @@ static int tcp_lookup(PathSnap *sn, char *buf)
 
 static void tcp_read(PathSnap *sn)
 {
-    char *buf = malloc(PATH_RECV_BUF);
+    char *buf = paths.buf;
     double now = paths_mono();
-    int lookup = buf && paths.known && paths.nknown > 0 && !paths.stale && now - paths.dumped_at < PATH_REDUMP_SECONDS;
+    int lookup = !paths.naive && paths.nknown > 0 && !paths.stale && now - paths.dumped_at < PATH_REDUMP_SECONDS;
     int first = sn->n;
     if (lookup && tcp_lookup(sn, buf) < 0) {
         sn->n = first;                          /* start again with a dump */
@@ -418,10 +430,10 @@ static void tcp_read(PathSnap *sn)
         lookup = 0;
     }
     if (!lookup) {
-        if (!buf || tcp_dump(sn, AF_INET, buf) < 0 || tcp_dump(sn, AF_INET6, buf) < 0) {
+        if (tcp_dump(sn, AF_INET, buf) < 0 || tcp_dump(sn, AF_INET6, buf) < 0) {
             sn->failed++;
             netlink_reset();
-        } else if (paths.known || (paths.known = malloc(sizeof(*paths.known) * PATH_MAX_SOCKS))) {
+        } else {
             paths.nknown = 0;
             for (int i = first; i < sn->n; i++) {
                 paths.known[paths.nknown].family = sn->s[i].family;
@@ -431,7 +443,6 @@ static void tcp_read(PathSnap *sn)
             paths.stale = 0;
         }
     }
-    free(buf);
 }
 
 /* ---- qp: the fixture tree (netlink RDMA's objects, one value per file) */
@@ -650,22 +661,22 @@ static int cmp_peer(const void *a, const void *b)
     return strcmp(x->peer, y->peer);
 }
 
-/* ,"p":{...},"ps":..,"pd":..,"pf":..,"pus":..  (NULL when paths are off); *len its length */
-char *paths_fragment(int *len)
+/* ,"p":{...},"ps":..,"pd":..,"pf":..,"pus":..  in a buffer of its own (NULL when paths are off);
+ * *len its length. At most PATH_MAX_FRAGMENT bytes: what does not fit counts in "pd". */
+const char *paths_fragment(int *len)
 {
+    static char out[PATH_MAX_FRAGMENT + 256];
     *len = 0;
-    if (!paths.enabled)
+    if (!paths.enabled || !paths.peers)
         return NULL;
     const PathSnap *b = &paths.before, *a = &paths.after;
-    int cap = 4 * PATH_MAX_PEERS, npeers = 0, lost = 0;
-    PathPeer *peers = calloc((size_t)cap, sizeof(PathPeer));
-    if (!peers)
-        return NULL;
+    int npeers = 0, lost = 0, dropped = 0;
+    PathPeer *peers = paths.peers;
     for (int i = 0, j = 0; j < a->n; j++) {    /* both sorted by id: a merge */
         while (i < b->n && strcmp(b->s[i].id, a->s[j].id) < 0)
             i++;
         const PathSample *x = i < b->n && strcmp(b->s[i].id, a->s[j].id) == 0 ? &b->s[i] : NULL;
-        PathPeer *p = peer_slot(peers, &npeers, cap, a->s[j].peer);
+        PathPeer *p = peer_slot(peers, &npeers, PATH_PEER_SLOTS, a->s[j].peer);
         if (p)
             add_sample(p, &a->s[j], x);
         else
@@ -677,34 +688,32 @@ char *paths_fragment(int *len)
             peers[active++] = peers[k];
     qsort(peers, (size_t)active, sizeof(PathPeer), cmp_peer);
     int keep = active < PATH_MAX_PEERS ? active : PATH_MAX_PEERS;
-    size_t outcap = 256 + (size_t)keep * (T_N + PATH_MAX_QP_CTRS) * (PATH_HOST * 6 + PATH_NAME + 40), n = 0;
-    char *out = malloc(outcap), qk[PATH_HOST * 6 + PATH_NAME + 8], key[PATH_HOST + PATH_NAME + 8];
-    if (!out) {
-        free(peers);
-        return NULL;
-    }
-    n += (size_t)snprintf(out, outcap, ",\"p\":{");
+    char qk[PATH_HOST * 6 + PATH_NAME + 8], key[PATH_HOST + PATH_NAME + 8], entry[sizeof(qk) + 32];
+    size_t n = (size_t)snprintf(out, sizeof(out), ",\"p\":{");
     int first = 1;
     for (int k = 0; k < keep; k++) {
         const PathPeer *p = &peers[k];
-        for (int f = 0; f < T_N; f++) {
-            if (!(p->have & (1u << f)))
+        for (int e = 0; e < T_N + p->nqp; e++) {
+            if (e < T_N && !(p->have & (1u << e)))
                 continue;
-            snprintf(key, sizeof(key), "%s|%s", p->peer, TCP_NAMES[f]);
+            if (e < T_N)
+                snprintf(key, sizeof(key), "%s|%s", p->peer, TCP_NAMES[e]);
+            else
+                snprintf(key, sizeof(key), "%s|qp_%s", p->peer, p->qp_name[e - T_N]);
             json_string(qk, sizeof(qk), key);
-            n += (size_t)snprintf(out + n, outcap - n, "%s%s:%llu", first ? "" : ",", qk, p->tcp[f]);
-            first = 0;
-        }
-        for (int q = 0; q < p->nqp; q++) {
-            snprintf(key, sizeof(key), "%s|qp_%s", p->peer, p->qp_name[q]);
-            json_string(qk, sizeof(qk), key);
-            n += (size_t)snprintf(out + n, outcap - n, "%s%s:%llu", first ? "" : ",", qk, p->qp_d[q]);
+            int l = snprintf(entry, sizeof(entry), "%s%s:%llu", first ? "" : ",", qk,
+                             e < T_N ? p->tcp[e] : p->qp_d[e - T_N]);
+            if (n + (size_t)l > PATH_MAX_FRAGMENT) {
+                dropped++;
+                continue;
+            }
+            memcpy(out + n, entry, (size_t)l);
+            n += (size_t)l;
             first = 0;
         }
     }
-    n += (size_t)snprintf(out + n, outcap - n, "},\"ps\":%d,\"pd\":%d,\"pf\":%d,\"pus\":%.1f",
-                          a->n, active - keep + lost, a->failed, paths.us);
-    free(peers);
+    n += (size_t)snprintf(out + n, sizeof(out) - n, "},\"ps\":%d,\"pd\":%d,\"pf\":%d,\"pus\":%.1f",
+                          a->n, active - keep + lost + dropped, a->failed, paths.us);
     *len = (int)n;
     return out;
 }
