@@ -154,9 +154,10 @@ def test_qp_counters_are_summed_per_peer_from_the_rdma_tree(tmp_path):
     # hA: one QP with garbage in a counter, one without a peer: both counted, neither a path
     (roots["hA"] / "mlx5_0/1/1234/counters/out_of_sequence").write_text("N/A\n")
     (roots["hA"] / "mlx5_0/1/1235/dst_addr").unlink()
+    # hC reads no QP tree: the hosts' readers still agree on every collective
     config = {
-        "ranks": 4, "transport": "shm", "step_timeout": 300,
-        "env": {"COLLBENCH_ENGINE_HOST_OF_RANK": "hA,hA,hB,hB"},
+        "ranks": 5, "transport": "shm", "step_timeout": 300,
+        "env": {"COLLBENCH_ENGINE_HOST_OF_RANK": "hA,hA,hB,hB,hC"},
         "congestion": {"enabled": True, "sysfs_root": str(tmp_path / "no-rdma"),
                        "hosts": {n: {"rdma_qp_root": str(r)} for n, r in roots.items()}},
     }
@@ -179,7 +180,27 @@ def test_qp_counters_are_summed_per_peer_from_the_rdma_tree(tmp_path):
     assert len(recs) == 2 and driver.driven > 0
     for r in recs:
         paths = r["congestion"]["paths"]
+        assert r["congestion"]["hosts_read"] == 3
         # only the driven QP's peer, only from hB, only the counters that moved
         assert set(paths) == {"hB>192.0.2.11|qp_out_of_sequence", "hB>192.0.2.11|qp_local_ack_timeout_err"}, paths
         oos, tmo = paths["hB>192.0.2.11|qp_out_of_sequence"], paths["hB>192.0.2.11|qp_local_ack_timeout_err"]
         assert tmo > 0 and abs(oos - 5 * tmo) <= 5, paths    # the two files are replaced one after the other
+
+
+def test_a_record_with_full_paths_at_1024_hosts_stays_bounded_and_keeps_the_worst_paths():
+    from collbench.congestion import deltas
+    hosts = [f"node{i:04d}.cluster.example" for i in range(1024)]
+    many = {f"rx_prio{p}_pause{s}@ens{i}f0np0": 10_000 + i for p in range(8) for s in ("", "_duration")
+            for i in range(3)}
+    host_deltas = {h: deltas.HostDelta(dict(many), {"backwards": 1}, 60, 0.5) for h in hosts}
+    names = [c.name for c in counters.PATH_COUNTERS if c.source == "tcp_info"]
+    paths = {h: {f"{hosts[(i + j + 1) % 1024]}|{n}": (7 if (i, j) == (500, 3) and n == "tcp_retrans_segs" else 1)
+                 for j in range(64) for n in names} for i, h in enumerate(hosts)}
+    field = record_field.build(host_deltas, 1795363100.0, 1795363100.5, hosts=hosts, paths=paths)
+    assert len(field["paths"]) == record_field.MAX_PATHS
+    assert field["dropped"] == 1024 * 48 - record_field.MAX_MOVED + 1024 * 64 * len(names) - record_field.MAX_PATHS
+    worst = f"{hosts[500]}>{hosts[504]}"
+    assert field["paths"][f"{worst}|tcp_retrans_segs"] == 7 and f"{worst}|tcp_rtt_us_max" in field["paths"]
+    assert record_field.validate(field) is None
+    line = json.dumps({"type": "result", "congestion": field})
+    assert len(line) < (1 << 20) * 0.8, len(line)
