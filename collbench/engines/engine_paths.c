@@ -3,8 +3,11 @@
  *
  * Around each step, where engine_counters.c reads the host counters (the lowest rank of each
  * host, outside the timed loop), the same reader reads
- *   tcp   the kernel's tcp_info of every TCP socket of its network namespace, by netlink
- *         inet_diag (NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY: what `ss -ti` reads), IPv4 and IPv6;
+ *   tcp   the kernel's tcp_info of its TCP sockets to the job's other hosts, by netlink
+ *         inet_diag (NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY: what `ss -ti` reads), IPv4 and IPv6:
+ *         a dump the kernel filters to those peers (build_filter), then, for 10 s, each of the
+ *         dumped sockets asked for by id (tcp_lookup), a socket made in between found by the
+ *         next dump and counted whole in the step that finds it;
  *   qp    per-QP counters and each QP's peer from a fixture tree shaped like netlink RDMA's
  *         objects (`rdma res show qp` + `rdma res show cm_id` + `rdma statistic qp`; no RDMA
  *         device exists where this was written, docs/CONGESTION.md "Per-peer evidence"):
