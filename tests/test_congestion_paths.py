@@ -204,3 +204,19 @@ def test_a_record_with_full_paths_at_1024_hosts_stays_bounded_and_keeps_the_wors
     assert record_field.validate(field) is None
     line = json.dumps({"type": "result", "congestion": field})
     assert len(line) < (1 << 20) * 0.8, len(line)
+
+
+@pytest.mark.mpi
+def test_a_tcp_job_on_one_host_has_no_paths_field(tmp_path):
+    """ob1 over loopback: every socket is this host's own, no path to read, no field at all."""
+    config = {"ranks": 2, "transport": "ob1-tcp", "step_timeout": 300,
+              "congestion": {"enabled": True, "sysfs_root": str(tmp_path / "no-rdma")}}
+    cfg = tmp_path / "collbench.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    results = tmp_path / "results.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "collbench", "once", "--config", str(cfg), "--results", str(results),
+                           "--quiet", "--ops", "allreduce", "--sizes", "1MB", "--iterations", "10"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (rec,) = [r for r in map(json.loads, results.read_text().splitlines()) if r["type"] == "result"]
+    assert rec["congestion"]["hosts_read"] == 1 and "paths" not in rec["congestion"], rec["congestion"]

@@ -188,7 +188,8 @@ int paths_setup(int tcp, const char *qp_root, MPI_Comm leaders, const char *host
     const char *naive = getenv("COLLBENCH_ENGINE_PATHS_NAIVE");
     paths.naive = naive && strcmp(naive, "1") == 0;
     if (tcp && !paths.naive)
-        build_filter();
+        build_filter();             /* a job on one host: no tcp path, then no "p" at all */
+    paths.enabled = paths.tcp || paths.qp_root[0];
     return 0;
 }
 
