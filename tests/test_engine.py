@@ -74,6 +74,31 @@ def test_build_is_cached_keyed_and_forced(tmp_path, monkeypatch):
     assert not list((tmp_path / "cache").glob(".build-*"))
 
 
+def test_every_engine_source_is_built_keyed_shipped_and_small(tmp_path, monkeypatch):
+    """The engine is several C sources and a header: each is in the cache key (an edit to any of
+    them is a new binary), the package ships them, and none grows past 1,400 lines."""
+    import tomllib
+    from fnmatch import fnmatch
+    engine_dir = engine_build.SOURCE.parent
+    on_disk = {p.name for p in engine_dir.iterdir() if p.suffix in (".c", ".h")}
+    keyed = {p.name for p in (engine_build.SOURCE, *engine_build.COMPANIONS, *engine_build.HEADERS)}
+    assert on_disk == keyed and len(keyed) >= 3
+    globs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["collbench"]
+    for name in keyed:
+        assert any(fnmatch(f"engines/{name}", g) for g in globs), name
+        assert len((engine_dir / name).read_text().splitlines()) <= 1400, name
+    monkeypatch.setattr(engine_build, "toolchain_fingerprint", lambda mpicc: "same")
+    key = engine_build.engine_key("mpicc")
+    for attr in ("COMPANIONS", "HEADERS"):
+        paths = getattr(engine_build, attr)
+        copy = tmp_path / paths[0].name
+        copy.write_text(paths[0].read_text() + "\n/* changed */\n")
+        monkeypatch.setattr(engine_build, attr, (copy, *paths[1:]))
+        assert engine_build.engine_key("mpicc") != key, attr
+        monkeypatch.setattr(engine_build, attr, paths)
+    assert engine_build.engine_key("mpicc") == key
+
+
 def test_concurrent_builders_never_corrupt_the_binary(tmp_path):
     env = dict(os.environ, COLLBENCH_CACHE_DIR=str(tmp_path / "cache"))
     code = "from collbench.engines.build import ensure_engine; print(ensure_engine(force=True))"

@@ -175,10 +175,11 @@ STR_MAP = _str_map()
 
 
 def _host_sources():
-    """congestion.hosts: {hostname: {sysfs_root, netstat, ethtool_root: absolute paths; netdevs: [names]}}."""
-    expected = ("a mapping of hostname: {sysfs_root, netstat, ethtool_root: absolute paths without "
-                "spaces; netdevs: a list of names}")
-    keys = ("sysfs_root", "netstat", "ethtool_root", "netdevs")
+    """congestion.hosts: {hostname: {sysfs_root, netstat, ethtool_root, rdma_qp_root: absolute paths;
+    netdevs: [names]}}."""
+    expected = ("a mapping of hostname: {sysfs_root, netstat, ethtool_root, rdma_qp_root: absolute paths "
+                "without spaces; netdevs: a list of names}")
+    keys = ("sysfs_root", "netstat", "ethtool_root", "rdma_qp_root", "netdevs")
 
     def check(v):
         if not isinstance(v, dict) or len(v) > 65536:

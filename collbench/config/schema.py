@@ -57,6 +57,8 @@ CONGESTION_SCHEMA = {
     "ethtool_root": (PATH, None),            # a directory of `ethtool -S` outputs, one file per netdev; unset: the ioctl
     "netdevs": (STR_LIST, None),             # default: the files in ethtool_root, else the RDMA devices' netdevs
     "xmit_wait_tick_ns": (POS_FLOAT, 8.0),   # port_xmit_wait's tick (NIC generation dependent: docs/METRICS.md)
+    "paths": (BOOL, True),                   # TCP transports: tcp_info per peer too (congestion.paths)
+    "rdma_qp_root": (PATH, None),            # a tree of per-QP counters and peers (docs/CONGESTION.md); unset: none
     "hosts": (HOST_SOURCES, {}),             # per-host sysfs_root / netstat / ethtool_root / netdevs
 }
 # `collbench doctor`: where each host's RoCE settings are read, and what they must be (unset: only

@@ -8,6 +8,10 @@ Sources:
   ethtool    `ethtool -S <netdev>` statistics (SIOCETHTOOL), mlx5 names
   netstat    /proc/net/netstat (per network namespace), section IpExt or TcpExt
 
+Per-path counters (PATH_COUNTERS, the record's congestion.paths "<host>><peer>|<counter>"):
+  tcp_info   the kernel's tcp_info of each TCP socket (netlink inet_diag), summed per peer
+  rdma_qp    per-QP counters (`rdma statistic qp`) of the QPs to each peer (`rdma res show qp`)
+
 Sides (the diagnosis names the congested *path*, not only the host whose counter moved):
   np     notification point: the receiver of a congested flow (it saw the ECN marks, sent CNPs)
   rp     reaction point: the sender of a congested flow (it got CNPs / ECE and slowed down)
@@ -157,3 +161,54 @@ def describe(source, name):
     if c is None:
         return ""
     return f"{c.meaning} [{c.side}: {SIDES[c.side]}; {c.unit}]"
+
+
+# ---------------------------------------------------------------- per-path counters
+# Read per socket or QP by the engine (engines/engine_paths.c, which spells the tcp_* names) and
+# summed per peer: the record's congestion.paths["<host>><peer>|<name>"], <host> the host whose
+# sockets or QPs were read. Deltas over the step unless the unit says otherwise.
+PATH_SOURCES = ("tcp_info", "rdma_qp")
+
+
+class PathCounter(NamedTuple):
+    name: str        # as the record spells it
+    source: str      # one of PATH_SOURCES
+    side: str        # of <host>: RP (it sent on the path), NP (it received), LINK (the path itself)
+    unit: str
+    meaning: str
+
+
+def _path_rows():
+    rows = [
+        PathCounter("tcp_retrans_segs", "tcp_info", RP, "packets",
+                    "segments <host> retransmitted to <peer> (tcpi_total_retrans): loss on the path, or "
+                    "its ACKs lost on the way back"),
+        PathCounter("tcp_lost", "tcp_info", RP, "packets",
+                    "segments <host>'s sockets to <peer> held as lost at the step's end (tcpi_lost, a gauge)"),
+        PathCounter("tcp_delivered_ce", "tcp_info", RP, "packets",
+                    "segments <host> sent that <peer> received CE-marked (tcpi_delivered_ce): the path out is "
+                    "congested"),
+        PathCounter("tcp_reord_seen", "tcp_info", RP, "events",
+                    "reordering events <host> saw on its sockets to <peer> (tcpi_reord_seen)"),
+        PathCounter("tcp_segs_out", "tcp_info", RP, "packets",
+                    "segments <host> sent to <peer> (tcpi_segs_out): how busy the path was"),
+        PathCounter("tcp_bytes_retrans", "tcp_info", RP, "bytes",
+                    "bytes <host> retransmitted to <peer> (tcpi_bytes_retrans)"),
+        PathCounter("tcp_dsack_dups", "tcp_info", RP, "packets",
+                    "segments <host> retransmitted that <peer> reported it already had (tcpi_dsack_dups): "
+                    "spurious retransmissions (a late ACK, a descheduled receiver), not loss"),
+        PathCounter("tcp_rcv_ooopack", "tcp_info", NP, "packets",
+                    "packets <host> received from <peer> out of order (tcpi_rcv_ooopack): loss or "
+                    "reordering on the path in"),
+        PathCounter("tcp_rtt_us_max", "tcp_info", LINK, "microseconds",
+                    "the largest smoothed RTT of <host>'s sockets to <peer> at the step's end (tcpi_rtt, a "
+                    "gauge): queueing on the path"),
+    ]
+    # a QP's counters are the device's hw_counters, counted for the QPs bound to them
+    rows += [PathCounter("qp_" + c.name, "rdma_qp", c.side, c.unit, c.meaning + " (on <host>'s QPs to <peer>)")
+             for c in COUNTERS if c.source == "rdma_hw"]
+    return tuple(rows)
+
+
+PATH_COUNTERS = _path_rows()
+PATH_BY_NAME = {c.name: c for c in PATH_COUNTERS}

@@ -7,7 +7,7 @@ never a negative delta:
   backwards   after < before (a driver reload or a counter reset)
 
 A counter that appears only after has no baseline: it is left out, not counted.
-The built-in engine applies the same rules in C (collbench_engine.c, cong_delta).
+The built-in engine applies the same rules in C (engines/engine_counters.c, cong_fragment).
 """
 
 from typing import Dict, NamedTuple

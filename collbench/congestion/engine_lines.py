@@ -1,4 +1,4 @@
-"""The built-in engine's CBCONG lines (collbench_engine.c, "congestion counters") -> the record's
+"""The built-in engine's CBCONG lines (engines/engine_counters.c) -> the record's
 `congestion` field. A line is checked like any outside input: a damaged one is ignored (the step
 keeps its result, without the field)."""
 
@@ -11,6 +11,7 @@ from collbench.congestion.deltas import FAULTS, HostDelta
 PREFIX = "CBCONG "
 MAX_HOSTS = 65536
 MAX_MOVED_PER_HOST = 64
+MAX_PATHS_PER_HOST = 64 * 40     # engine_paths.c: PATH_MAX_PEERS peers, 9 tcp + 31 QP counters each
 _MAX_VALUE = (1 << 64) - 1
 
 
@@ -20,6 +21,19 @@ def _count(v, hi=_MAX_VALUE):
 
 def _seconds(v):
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 1e12
+
+
+def _host_paths(h):
+    """A host's per-peer counters ("p": {"<peer>|<counter>": n}, engine_paths.c) and the peers it
+    left out ("pd"): ({}, 0) without them, None when damaged."""
+    if "p" not in h:
+        return {}, 0
+    p = h["p"]
+    if (not isinstance(p, dict) or len(p) > MAX_PATHS_PER_HOST
+            or not all(isinstance(k, str) and "|" in k and len(k) <= 400 and _count(v) for k, v in p.items())
+            or not all(_count(h.get(k, 0)) for k in ("ps", "pd", "pf")) or not _seconds(h.get("pus", 0))):
+        return None
+    return dict(p), h.get("pd", 0)
 
 
 def _host_delta(h):
@@ -33,8 +47,11 @@ def _host_delta(h):
         return None
     if "r" in h and not _count(h["r"], 1 << 31):
         return None
+    paths = _host_paths(h)
+    if paths is None:
+        return None
     return (HostDelta(dict(d), {name: n for name, n in zip(FAULTS, f) if n}, h["n"], float(h["dt"]), h["src"]),
-            h.get("drop", 0), h.get("r"))
+            h.get("drop", 0), h.get("r"), paths)
 
 
 def parse_line(line):
@@ -51,17 +68,22 @@ def parse_line(line):
             or not _seconds(p.get("t0")) or not _seconds(p.get("t1")) or not isinstance(p.get("hosts"), dict)
             or len(p["hosts"]) > MAX_HOSTS):
         return None
-    hosts, dropped, readers = {}, 0, {}
+    hosts, dropped, readers, paths = {}, 0, {}, {}
     for name, h in p["hosts"].items():
         got = _host_delta(h)
         if got is None:
             return None
-        hosts[name], drop, rank = got
-        dropped += drop
+        hosts[name], drop, rank, (host_paths, paths_dropped) = got
+        dropped += drop + paths_dropped
         if rank is not None:
             readers[name] = rank
-    return {"loop": p["loop"], "step": p["step"], "t0": float(p["t0"]), "t1": float(p["t1"]),
-            "hosts": hosts, "dropped": dropped, "readers": readers}
+        if "p" in h:
+            paths[name] = host_paths
+    out = {"loop": p["loop"], "step": p["step"], "t0": float(p["t0"]), "t1": float(p["t1"]),
+           "hosts": hosts, "dropped": dropped, "readers": readers}
+    if paths:
+        out["paths"] = paths
+    return out
 
 
 def rank_hosts(cfg):
@@ -80,21 +102,42 @@ def rank_hosts(cfg):
     return None
 
 
-def _renamed(payload, record_hosts, ranks):
-    """{record host: HostDelta}: MPI's names replaced by the record's (the config's, e.g. the
-    hostfile's addresses) through each reader's rank, when that maps readers one to one onto the
-    record's hosts; else MPI's names as they are."""
+def _names(payload, record_hosts, ranks):
+    """{MPI's name: the record's} through each reader's rank, when that maps readers one to one
+    onto the record's hosts (the config's, e.g. the hostfile's addresses); else None."""
     hosts, readers = payload["hosts"], payload.get("readers") or {}
     if not ranks or not record_hosts or set(readers) != set(hosts):
-        return hosts
+        return None
     names = {m: ranks[r] for m, r in readers.items() if r < len(ranks)}
     if len(names) != len(hosts) or len(set(names.values())) != len(names) or not set(names.values()) <= set(record_hosts):
-        return hosts
-    return {names[m]: d for m, d in hosts.items()}
+        return None
+    return names
+
+
+def _renamed(payload, names):
+    """{record host: HostDelta}: MPI's names replaced by the record's (_names), else as they are."""
+    hosts = payload["hosts"]
+    return {names[m]: d for m, d in hosts.items()} if names else hosts
+
+
+def _renamed_paths(payload, names):
+    """{record host: {"<peer>|<counter>": n}}: hosts and the peers the engine named by their host
+    renamed like the hosts (a peer the engine knew only by its address keeps it)."""
+    out = {}
+    for host, entries in (payload.get("paths") or {}).items():
+        mine = {}
+        for k, v in entries.items():
+            peer, _, counter = k.rpartition("|")
+            mine[f"{(names or {}).get(peer, peer)}|{counter}"] = v
+        out[(names or {}).get(host, host)] = mine
+    return out
 
 
 def record_congestion(payload, record_hosts=None, xmit_wait_tick_ns=None, ranks=None):
     """The record's `congestion` field from a parsed CBCONG payload (ranks: rank_hosts(cfg))."""
     kw = {} if xmit_wait_tick_ns is None else {"xmit_wait_tick_ns": xmit_wait_tick_ns}
-    return record_field.build(_renamed(payload, record_hosts, ranks), payload["t0"], payload["t1"],
+    names = _names(payload, record_hosts, ranks)
+    if "paths" in payload:
+        kw["paths"] = _renamed_paths(payload, names)
+    return record_field.build(_renamed(payload, names), payload["t0"], payload["t1"],
                               source="engine", hosts=record_hosts, dropped=payload["dropped"], **kw)

@@ -14,13 +14,19 @@ built from per-host deltas, bounded, and validated for every reader (results/rec
       "skipped": {"h3": 2},                    # counters skipped on a host (faults)
       "faults": {"vanished": 1, "backwards": 1},            # skipped, by kind (deltas.FAULTS)
       "unread": ["h4"],                        # hosts whose counters could not be read at all
-      "dropped": 0                             # moved counters left out by the bounds
+      "dropped": 0,                            # moved counters left out by the bounds
+      "paths": {"h3>h1|tcp_retrans_segs": 41,  # per peer: "<host>><peer>|<counter>": the step's
+                "h3>h1|tcp_rtt_us_max": 812.0, # delta (gauges: their value at the step's end);
+                "h3>h2|qp_out_of_sequence": 3} #   counters.PATH_COUNTERS; {} when read and quiet
     }
 
 Only what moved is kept; a host where nothing moved appears nowhere but in hosts_read. Bounds:
 MAX_PER_HOST moved counters per host (the largest deltas), MAX_MOVED and MAX_LOST per record;
-what they leave out is counted in "dropped". Seven containers per record whatever the number of
-hosts (the parser allows 64 per line), and at most ~0.5 MB at 1024 hosts (lines: 1 MiB).
+what they leave out is counted in "dropped". "paths" (engine_paths.c) holds only the peers that
+were active in the step (sent segments, retransmitted, a QP counter moved), at most MAX_PATHS
+entries, the most retransmitting paths first; a host whose sockets were read and were quiet
+adds nothing. Eight containers per record whatever the number of hosts (the parser allows 64
+per line), and at most ~0.5 MB at 1024 hosts, ~0.75 MB with full paths (lines: 1 MiB).
 """
 
 import math
@@ -40,10 +46,15 @@ MAX_HOSTS_READ = 1 << 20
 MAX_HOST_NAME = 255            # a DNS name; MPI's processor names are shorter
 MAX_INT = (1 << 63) - 1
 MAX_TS = float(1 << 34)
+MAX_PATHS = 4096               # ~60 bytes each: ~0.25 MB
+MAX_PATH_VALUE = float(1 << 62)
 FIELDS = ("source", "t_start", "t_end", "hosts_read", "moved", "totals", "lost", "xmit_wait_tick_ns",
-          "skipped", "faults", "unread", "dropped")
+          "skipped", "faults", "unread", "dropped", "paths")
 _NAME = re.compile(r"[A-Za-z0-9_.:+-]{1,64}")
 _HOST = re.compile(r"[^\x00-\x20\x7f-\x9f|]{1,255}")
+_PATH_END = r"[^\x00-\x20\x7f-\x9f|>]{1,255}"
+PATH_KEY = re.compile(rf"({_PATH_END})>({_PATH_END})\|(tcp_[a-z_]{{1,40}}|qp_[A-Za-z0-9_]{{1,40}})")
+_GAUGE_MAX = "_max"     # counters whose value is a largest reading (a float), not a count
 
 
 def record_host(name, hosts):
@@ -58,9 +69,39 @@ def record_host(name, hosts):
     return name
 
 
+def path_key(k):
+    """(host, peer, counter) of a paths key "<host>><peer>|<counter>", or None."""
+    m = PATH_KEY.fullmatch(k) if isinstance(k, str) else None
+    return m.groups() if m else None
+
+
+def _paths(host_paths, hosts, only):
+    """The field's "paths" from {host: {"<peer>|<counter>": n}} and the entries left out."""
+    entries, retrans = [], {}
+    for name in sorted(host_paths):
+        host = only or record_host(name, hosts)
+        for k, v in host_paths[name].items():
+            peer, _, counter = k.rpartition("|")
+            path = f"{host}>{record_host(peer, hosts)}"
+            entries.append((path, counter, v))
+            if counter == "tcp_retrans_segs":
+                retrans[path] = v
+    # the bound keeps whole paths, the most retransmitting first
+    entries.sort(key=lambda e: (-retrans.get(e[0], 0), e[0], e[1]))
+    out, dropped = {}, 0
+    for path, counter, v in entries:
+        key = f"{path}|{counter}"
+        if len(out) >= MAX_PATHS or not PATH_KEY.fullmatch(key):
+            dropped += 1
+            continue
+        out[key] = float(v) if counter.endswith(_GAUGE_MAX) else min(int(v), MAX_INT)
+    return out, dropped
+
+
 def build(host_deltas, t_start, t_end, source="engine", hosts=None,
-          xmit_wait_tick_ns=DEFAULT_XMIT_WAIT_TICK_NS, unread=(), dropped=0):
-    """The field from {host: deltas.HostDelta}; hosts: the record's `hosts` (names mapped to them)."""
+          xmit_wait_tick_ns=DEFAULT_XMIT_WAIT_TICK_NS, unread=(), dropped=0, paths=None):
+    """The field from {host: deltas.HostDelta}; hosts: the record's `hosts` (names mapped to them);
+    paths: {host: {"<peer>|<counter>": n}} read per peer (engine_paths.c), None when not read."""
     moved, lost_all, totals, skipped, faults = {}, {}, {}, {}, {}
     unread = list(unread)
     hosts_read = 0
@@ -109,6 +150,9 @@ def build(host_deltas, t_start, t_end, source="engine", hosts=None,
         field["faults"] = faults
     if unread:
         field["unread"] = sorted(set(unread))[:MAX_HOST_ENTRIES]
+    if paths is not None:
+        field["paths"], left_out = _paths(paths, hosts, only)
+        dropped += left_out
     if dropped:
         field["dropped"] = dropped
     return field
@@ -208,3 +252,9 @@ def validate(v, key="congestion"):
                 raise ValueError(f"{key}.unread: expected host names, got {_what(h)}")
     if "dropped" in v:
         _int(f"{key}.dropped", v["dropped"], 0)
+    if "paths" in v:
+        _obj(f"{key}.paths", v["paths"], MAX_PATHS)
+        for k, n in v["paths"].items():
+            if not path_key(k):
+                raise ValueError(f"{key}.paths: key is not '<host>><peer>|<counter>' (tcp_* or qp_*)")
+            _num(f"{key}.paths", n, 0.0, MAX_PATH_VALUE)

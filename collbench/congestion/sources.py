@@ -10,7 +10,9 @@ Per host (config `congestion`, docs/CONGESTION.md):
                 file per netdev with `ethtool -S` output (a fixture tree, or a capture)
   netdevs       the netdevs whose ethtool statistics are read (default: the files in ethtool_root,
                 else the RDMA devices' netdevs, <sysfs_root>/class/infiniband/*/device/net/*)
-`congestion.hosts: {hostname: {sysfs_root, netstat, ethtool_root, netdevs}}` overrides them per host.
+  rdma_qp_root  a tree of per-QP counters and peers (engines/engine_paths.c; unset: no QP read)
+`congestion.hosts: {hostname: {sysfs_root, netstat, ethtool_root, netdevs, rdma_qp_root}}`
+overrides them per host. `congestion.paths` (default true): tcp_info per peer for TCP transports.
 """
 
 import os
@@ -23,7 +25,7 @@ from collbench.errors import UserError
 SPEC_VERSION = 1
 DEFAULT_SYSFS_ROOT = "/sys"
 DEFAULT_NETSTAT = "/proc/net/netstat"
-# what the engine accepts in a spec token (collbench_engine.c's CONG_MAX_PATH / CONG_MAX_NAME)
+# what the engine accepts in a spec token (engine_counters.c's CONG_MAX_PATH / CONG_MAX_NAME)
 MAX_PATH = 1024
 MAX_NAME = 64
 MAX_NETDEVS = 16
@@ -36,6 +38,7 @@ class HostSources(NamedTuple):
     netstat: str = DEFAULT_NETSTAT
     ethtool_root: Optional[str] = None
     netdevs: Optional[Tuple[str, ...]] = None
+    rdma_qp_root: Optional[str] = None
 
 
 def _section(cfg):
@@ -55,7 +58,8 @@ def host_sources(cfg, host=None):
     base = HostSources(getattr(sec, "sysfs_root", None) or DEFAULT_SYSFS_ROOT,
                        getattr(sec, "netstat", None) or DEFAULT_NETSTAT,
                        getattr(sec, "ethtool_root", None) or None,
-                       tuple(sec.netdevs) if getattr(sec, "netdevs", None) else None)
+                       tuple(sec.netdevs) if getattr(sec, "netdevs", None) else None,
+                       getattr(sec, "rdma_qp_root", None) or None)
     over = (getattr(sec, "hosts", None) or {}).get(host) if host is not None else None
     if not over:
         return base
@@ -71,6 +75,13 @@ TCP_TRANSPORTS = ("ob1-tcp", "ucx-tcp")
 def reads_netstat(cfg):
     """Whether a run of cfg reads /proc/net/netstat around its steps (None: the whole table)."""
     return cfg is None or getattr(cfg, "transport", None) in TCP_TRANSPORTS
+
+
+def reads_tcp_paths(cfg):
+    """Whether a run of cfg reads tcp_info per peer around its steps (a TCP transport, and
+    congestion.paths not false)."""
+    sec = _section(cfg)
+    return reads_netstat(cfg) and (sec is None or getattr(sec, "paths", True) is not False)
 
 
 def xmit_wait_tick_ns(cfg):
@@ -89,6 +100,8 @@ def _host_line(prefix, s):
     parts = [prefix, "sysfs_root", _token("sysfs_root", s.sysfs_root), "netstat", _token("netstat", s.netstat)]
     if s.ethtool_root:
         parts += ["ethtool_root", _token("ethtool_root", s.ethtool_root)]
+    if s.rdma_qp_root:
+        parts += ["rdma_qp_root", _token("rdma_qp_root", s.rdma_qp_root)]
     if s.netdevs:
         for n in s.netdevs[:MAX_NETDEVS]:
             parts += ["netdev", _token("netdev", n)]
@@ -98,9 +111,10 @@ def _host_line(prefix, s):
 def spec_text(cfg):
     """The engine's source spec (collbench-engine --congestion FILE): which counters, and where
     each host reads them. Line format (space separated, '#' comments):
-        defaults sysfs_root PATH netstat PATH [ethtool_root PATH] [netdev NAME]...
-        host NAME sysfs_root PATH netstat PATH [ethtool_root PATH] [netdev NAME]...
+        defaults sysfs_root PATH netstat PATH [ethtool_root PATH] [rdma_qp_root PATH] [netdev NAME]...
+        host NAME sysfs_root PATH netstat PATH [ethtool_root PATH] [rdma_qp_root PATH] [netdev NAME]...
         rdma_hw NAME...  |  rdma_port NAME...  |  ethtool NAME...  |  netstat SECTION NAME...
+        paths tcp        (tcp_info per peer: reads_tcp_paths)
     """
     lines = [f"# collbench congestion sources v{SPEC_VERSION} (collbench/congestion/sources.py)",
              _host_line("defaults", host_sources(cfg))]
@@ -112,6 +126,8 @@ def spec_text(cfg):
         lines.append(" ".join([source] + counters.names(source)))
     for section in ("IpExt", "TcpExt") if reads_netstat(cfg) else ():
         lines.append(" ".join(["netstat", section] + counters.names("netstat", section)))
+    if reads_tcp_paths(cfg):
+        lines.append("paths tcp")
     return "\n".join(lines) + "\n"
 
 

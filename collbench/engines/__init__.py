@@ -3,7 +3,9 @@
     base.py              the Engine interface (preflight, run_steps, run_loop) and the one
                          wording of a failure
     builtin.py           the built-in C/MPI engine: plan files, CBREC records, one job per plan
-    collbench_engine.c   its source; build.py builds it with mpicc (cli.py: `collbench engine`)
+    collbench_engine.c   its main source (ops, plan, timing, validation); engine_counters.c and
+                         engine_offcpu.c beside it, collbench_engine.h shared; build.py builds
+                         them into one binary with mpicc (cli.py: `collbench engine`)
     osu.py               the OSU Micro-Benchmarks, one job per step; osu_parser.py reads them
     nccl_tests.py        NVIDIA's nccl-tests / AMD's rccl-tests on GPUs; nccl_tests_parser.py reads them
     launcher.py          the one launch path: mpirun / Hydra / srun command line and environment

@@ -1,9 +1,11 @@
-"""Locate or build the built-in engine (collbench/engines/collbench_engine.c) with mpicc.
+"""Locate or build the built-in engine with mpicc: collbench/engines/collbench_engine.c (ops, plan,
+timing, validation) and the sources beside it (COMPANIONS: counter and per-peer readers, off-CPU reader), one
+binary, sharing collbench_engine.h.
 
-The binary is cached per (source, MPI wrapper flags, compiler version): upgrading the MPI or
-editing the source gives a new file, never a stale one. Builds go to a temporary file in the
-cache directory and are renamed into place, so concurrent builders never see or leave a
-half-written binary.
+The binary is cached per (every source and header, MPI wrapper flags, compiler version):
+upgrading the MPI or editing any source gives a new file, never a stale one. Builds go to a
+temporary file in the cache directory and are renamed into place, so concurrent builders never
+see or leave a half-written binary.
 """
 
 import hashlib
@@ -16,7 +18,10 @@ from pathlib import Path
 from collbench.engines.mpi_flavour import mpicc_for
 from collbench.errors import UserError
 
-SOURCE = Path(__file__).resolve().parent / "collbench_engine.c"
+ENGINE_DIR = Path(__file__).resolve().parent
+SOURCE = ENGINE_DIR / "collbench_engine.c"
+COMPANIONS = (ENGINE_DIR / "engine_counters.c", ENGINE_DIR / "engine_paths.c", ENGINE_DIR / "engine_offcpu.c")
+HEADERS = (ENGINE_DIR / "collbench_engine.h",)
 BINARY_PREFIX = "collbench-engine-"
 CFLAGS = ("-O2", "-Wall", "-Wextra", "-std=c99")
 COMPILE_TIMEOUT = 300
@@ -65,7 +70,8 @@ def toolchain_fingerprint(mpicc):
 
 def engine_key(mpicc):
     h = hashlib.sha256()
-    h.update(SOURCE.read_bytes())
+    for path in (SOURCE, *COMPANIONS, *HEADERS):
+        h.update(path.read_bytes() + b"\0")
     h.update(b"\0" + " ".join(CFLAGS).encode())
     h.update(b"\0" + toolchain_fingerprint(mpicc).encode())
     return h.hexdigest()[:16]
@@ -98,7 +104,8 @@ def ensure_engine(cfg=None, force=False):
 
 
 def build(mpicc, target):
-    """Compile SOURCE to target atomically; UserError with the compiler's stderr on failure."""
+    """Compile SOURCE and COMPANIONS to target atomically; UserError with the compiler's stderr on
+    failure."""
     target = Path(target)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -108,7 +115,7 @@ def build(mpicc, target):
     fd, tmp = tempfile.mkstemp(prefix=".build-", dir=str(target.parent))
     os.close(fd)
     try:
-        argv = [mpicc, *CFLAGS, "-o", tmp, str(SOURCE)]
+        argv = [mpicc, *CFLAGS, "-I", str(ENGINE_DIR), "-o", tmp, str(SOURCE), *map(str, COMPANIONS)]
         try:
             out = subprocess.run(argv, capture_output=True, text=True, timeout=COMPILE_TIMEOUT)
         except subprocess.TimeoutExpired:
