@@ -131,9 +131,16 @@ def test_names_map_to_the_record_hosts_and_top_host_names_the_most_moved():
 
 GOOD = {"source": "engine", "t_start": 1.0, "t_end": 2.0, "hosts_read": 1, "moved": {"h|a@b": 1},
         "totals": {"a": 1}}
+def test_a_later_versions_field_is_passed_over():
+    """The log is read by other versions: a field this one does not know (a newer writer's, as
+    `paths` was new once) leaves the record valid."""
+    assert record_field.validate({**GOOD, "later_field": {"x": [1, 2]}}) is None
+
+
 HOSTILE = [
     [], "x", None, 1, {"source": "engine"},
-    {**GOOD, "source": "nccl"}, {**GOOD, "extra": 1},
+    {**GOOD, "source": "nccl"}, {**GOOD, "ex tra\n": 1},
+    {**GOOD, **{f"later_{i}": 1 for i in range(len(record_field.FIELDS) + record_field.MAX_FUTURE_FIELDS)}},
     {**GOOD, "moved": {"h|a@b": -1}}, {**GOOD, "moved": {"h|a@b": 0}}, {**GOOD, "moved": {"h|a@b": 1.5}},
     {**GOOD, "moved": {"h|a@b": True}}, {**GOOD, "moved": {"a@b": 1}}, {**GOOD, "moved": {"h|ab": 1}},
     {**GOOD, "moved": {"h\n|a@b": 1}}, {**GOOD, "moved": {"h|a@b\u202e": 1}}, {**GOOD, "moved": [["h|a@b", 1]]},

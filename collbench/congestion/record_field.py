@@ -48,6 +48,7 @@ MAX_INT = (1 << 63) - 1
 MAX_TS = float(1 << 34)
 MAX_PATHS = 4096               # ~60 bytes each: ~0.25 MB
 MAX_PATH_VALUE = float(1 << 62)
+MAX_FUTURE_FIELDS = 16         # fields of later versions a reader passes over
 FIELDS = ("source", "t_start", "t_end", "hosts_read", "moved", "totals", "lost", "xmit_wait_tick_ns",
           "skipped", "faults", "unread", "dropped", "paths")
 _NAME = re.compile(r"[A-Za-z0-9_.:+-]{1,64}")
@@ -199,10 +200,12 @@ def _record_key(key, k):
 
 def validate(v, key="congestion"):
     """None when v is a valid `congestion` field; ValueError naming the part that is not."""
-    _obj(key, v, len(FIELDS))
+    # A field this version does not know is a later version's (as `paths` was to the one before
+    # it): ignored, so a newer writer's log stays readable; only the object's size is bounded.
+    _obj(key, v, len(FIELDS) + MAX_FUTURE_FIELDS)
     for k in v:
-        if k not in FIELDS:
-            raise ValueError(f"{key}: unknown field (expected {', '.join(FIELDS)})")
+        if k not in FIELDS and not _NAME.fullmatch(k):
+            raise ValueError(f"{key}: field name {_what(k)} is not a field name")
     for k in ("source", "t_start", "t_end", "moved"):
         if k not in v:
             raise ValueError(f"{key}.{k}: missing")
