@@ -465,6 +465,20 @@ def strip_comms(chunk, pointers):
     return COMM_MARK.join(parts[0::2])
 
 
+# NCCL's own timestamp at the start of a line (2.26+, NCCL_DEBUG_TIMESTAMP_LEVELS: `[%F %T] `, with
+# `%Nf` sub-second digits)
+_STAMP = re.compile(rb"\n\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,9})?\] (?=\S)")
+
+
+def strip_stamps(chunk):
+    """The block without NCCL's timestamp at the start of its lines: a line's parse never reads
+    the part before its host (prefixes are parsed from the right), and without the stamp the
+    lines of repeated calls are one text again (one C-level pass, only when a line starts with `[`)."""
+    if chunk[:1] != b"[" and b"\n[" not in chunk:
+        return chunk
+    return _STAMP.sub(b"\n", b"\n" + chunk)[1:]
+
+
 def restore_comms(line, pointers):
     """A line of strip_comms' output with its pointers put back (as many as it has markers)."""
     pieces = line.split(COMM_MARK)

@@ -26,6 +26,7 @@ opCounts over, in line order.
 import gc
 import re
 from collections import Counter, deque
+from contextlib import contextmanager
 from functools import partial
 from itertools import repeat
 from operator import call, itemgetter, length_hint, sub
@@ -37,7 +38,7 @@ from collbench.nccl.log_input import MAX_LINE, SourceStats, read_blocks
 from collbench.nccl.log_parser import (COLL_MARK, COMM_MARK, CONTINUATION, FIELD_MAX, INFO_MARK, INIT_MARK,
                                        KERNEL_MARK, MARKER, TUNING_MARK, WRAP_WORDS, CollLine, Malformed, clip_text,
                                        normalize_chunk, parse_coll, parse_init, parse_kernel, parse_tuning,
-                                       pointer_value, restore_comms, strip_comms)
+                                       pointer_value, restore_comms, strip_comms, strip_stamps)
 
 # the bounds of every table (see the module doc); what exceeds one is counted in Scanner.overflow
 MEMBERS_MAX = 8192          # rank handles (host, pid, comm pointer): lines of more are counted, not checked
@@ -356,7 +357,7 @@ class Scanner:
             else:
                 literal = False
                 self._comm_values = []
-                normalized = strip_comms(normalized, self._comm_values)
+                normalized = strip_comms(strip_stamps(normalized), self._comm_values)
                 self.comms = iter(self._comm_values)
             lines = normalized.split(b"\n")
             lines.pop()
@@ -937,19 +938,25 @@ class Scanner:
         return {"op": op, "count": count, "datatype": datatype, "redop": redop, "root": root}
 
 
-def scan(sources, scanner, stats, warnings, block):
-    """Feed every source to the scanner, block by block.
-
-    The cyclic garbage collector is off meanwhile: the pass makes no reference cycles per line
-    (tests/test_nccl_census_cache.py checks it), while its full collections walked every cached
-    entry and handle, again and again, for a third of the CPU time on logs of many communicators."""
+@contextmanager
+def collector_off():
+    """The cyclic garbage collector off, as it was after. The census makes no reference cycles per
+    line (tests/test_nccl_census_cache.py checks it), while the collector's full passes walked
+    every cached entry and handle, again and again: a third of the CPU time on logs of many
+    communicators, and once more for all of them when it came back on before the census was built."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        _scan(sources, scanner, stats, warnings, block)
+        yield
     finally:
         if enabled:
             gc.enable()
+
+
+def scan(sources, scanner, stats, warnings, block):
+    """Feed every source to the scanner, block by block (the collector off meanwhile)."""
+    with collector_off():
+        _scan(sources, scanner, stats, warnings, block)
 
 
 def _scan(sources, scanner, stats, warnings, block):
