@@ -52,6 +52,7 @@ CONFLICTS_MAX = 50          # inconsistencies kept with their message (all are c
 CACHE_MAX = 40_000          # lines cached in all line caches; cleared when full (timestamped lines never repeat)
 CACHE_BYTES = 8 << 20       # ... or when their bytes reach this
 SHAPES_MAX = 4096           # parsed lines kept by shape (each a whole CollLine: the largest entries)
+INITS_MAX = 4096            # parsed INIT lines kept by their text
 RECENT_MAX = 1024           # per-rank opCount -> call map for kernel-trace attribution
 SAMPLES_MAX = 50            # malformed lines kept for -v / JSON
 WRAPS_MAX = 2               # continuation lines of one wrapped COLL line (after `comm` and after `stream`)
@@ -166,12 +167,14 @@ class CommSwitch:
     an append to its handle's list, an OffsetCall) is made once, on its first line; so a job that
     makes a communicator per step, or a log that re-initialises its pointers, is not parsed again."""
 
-    __slots__ = ("scanner", "call", "rid", "offset", "by_comm")
+    __slots__ = ("scanner", "call", "rid", "offset", "detailed", "by_comm", "spill")
 
-    def __init__(self, scanner, call, rid, offset):
+    def __init__(self, scanner, call, rid, offset, detailed=False):
         self.scanner, self.call, self.rid = scanner, call, rid
         self.offset = offset    # a bare `opCount ^` line: its entries are OffsetCalls
+        self.detailed = detailed    # kernel-trace input: its entries are (list, record id, opCount map)
         self.by_comm = {}       # comm pointer (bytes) -> entry
+        self.spill = None       # the entry of every pointer beyond a full handle table
 
     def __call__(self):
         comm = next(self.scanner.comms, None)
@@ -267,6 +270,7 @@ class Scanner:
         self.dcache = {}                # the same for kernel-trace input: (list, record id, opCount map)
         self.tail_cache = {}            # the same keyed by the line from its host on (wrapper cut off)
         self.shapes = {}                # a parsed line keyed by its text without comm/stream pointers
+        self.inits = {}                 # INIT line -> parse_init's result
         self.shaped = 0                 # lines taken from `shapes` (for tests)
         self.cache_bytes = 0
         self.cache_generation = 0       # bumped whenever the caches are cleared
@@ -327,7 +331,15 @@ class Scanner:
                     self._slow(line, False)
             else:
                 opcounts = []
-                lines = normalize_chunk(chunk, opcounts).split(b"\n")
+                normalized = normalize_chunk(chunk, opcounts)
+                literal = COMM_MARK in chunk        # (see below)
+                if literal:
+                    self.clear_caches()
+                else:
+                    self._comm_values = []
+                    normalized = strip_comms(normalized, self._comm_values)
+                    self.comms = comms = iter(self._comm_values)
+                lines = normalized.split(b"\n")
                 lines.pop()
                 self._lines = lines
                 self._opcounts = opc = iter(opcounts)
@@ -338,12 +350,19 @@ class Scanner:
                     if e is None:
                         slow(line, True)
                     else:
+                        if type(e) is CommSwitch:
+                            comm = next(comms, None)
+                            f = e.by_comm.get(comm)
+                            e = f if f is not None else self._switch_entry(e, comm)
                         target, rid, recent = e
                         target.append(rid)
                         recent[int(next(opc), 16)] = rid
                         if len(recent) > RECENT_MAX:
                             del recent[next(iter(recent))]
                 self._opcounts = None
+                self.comms = self._comm_values = None
+                if literal:
+                    self.clear_caches()
         else:
             # `opCount ^` text in the input itself would take pointers meant for other lines
             pairs = None if b" opCount ^" in chunk else []
@@ -579,7 +598,12 @@ class Scanner:
         if self.detailed:
             recent = m.recent if m is not None else self._scratch_recent
             if fast and self._opcounts is not None and rec.host is not None:     # (no_prefix counts per line)
-                self._cache(self.dcache, line, (target, rid, recent), m)
+                if pointer is None:
+                    self._cache(self.dcache, line, (target, rid, recent), m)
+                else:
+                    switch = CommSwitch(self, rec, rid, False, True)
+                    self._cache(self.dcache, key, switch)
+                    self._cache(switch.by_comm, pointer, (target, rid, recent), m)
             number = rec.opcount if opcount is None else int(opcount, 16)
             if number is not None:
                 recent[number] = rid
@@ -612,6 +636,9 @@ class Scanner:
         rec = switch.call
         if pointer is None:         # (the block handed over fewer pointers than it has markers)
             pointer = b""
+        full = len(self.members) >= MEMBERS_MAX
+        if full and switch.spill is not None and pointer.isascii() and pointer not in self.comm_tokens:
+            return switch.spill     # no handle has the pointer and none can be made: one entry for all
         comm = pointer.decode("utf-8", "backslashreplace")
         m = self.by_ptr.get((rec.host, rec.pid, comm))
         if m is None or m.closed or m.nranks != rec.nranks:
@@ -621,15 +648,23 @@ class Scanner:
         if m is not None and m.rank is None and rec.globalrank is not None and 0 <= rec.globalrank < rec.nranks:
             m.rank = rec.globalrank
             self.by_rank.setdefault((m.host, m.pid, m.rank, m.nranks), []).append(m)
-        if switch.offset:
-            entry = OffsetCall(self, rec, m)
-        else:
+        if switch.detailed:     # (lines without a prefix are not cached there: no Unattributed)
             target, rid = self._place(rec, m, switch.rid)
             switch.rid = rid
-            entry = partial(target.append, rid)
-        if rec.host is None:
-            entry = Unattributed(self, entry)
-        self._cache(switch.by_comm, pointer, entry, m)
+            entry = (target, rid, m.recent if m is not None else self._scratch_recent)
+        else:
+            if switch.offset:
+                entry = OffsetCall(self, rec, m)
+            else:
+                target, rid = self._place(rec, m, switch.rid)
+                switch.rid = rid
+                entry = partial(target.append, rid)
+            if rec.host is None:
+                entry = Unattributed(self, entry)
+        if m is None and full:
+            switch.spill = entry        # (the handle table never shrinks: it stays the entry)
+        else:
+            self._cache(switch.by_comm, pointer, entry, m)
         return entry
 
     # --- wrapped lines -----------------------------------------------------------------------------
@@ -693,6 +728,7 @@ class Scanner:
         census is built)."""
         self.clear_caches()
         self.shapes.clear()
+        self.inits.clear()
         self._scratch_recent.clear()
 
     def _place(self, c, m, rid=None):
@@ -809,7 +845,12 @@ class Scanner:
             if token and token not in self.comm_tokens:
                 self.init_lines += 1
                 return
-        init = parse_init(line.rstrip(b"\r"))
+        init = self.inits.get(line, _NEXT)
+        if init is _NEXT:       # (a log that re-initialises its pointers logs the same INIT lines again)
+            init = parse_init(line.rstrip(b"\r"))
+            if len(self.inits) >= INITS_MAX:
+                self.inits.clear()
+            self.inits[line] = init
         if init is None:
             return
         if type(init) is Malformed:
