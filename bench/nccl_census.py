@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Throughput and memory of `collbench nccl census` against a naive parser, on generated logs.
 
-Three cases, each generated (default 200 MiB) into a temporary directory:
+Five cases, each generated (default 200 MiB) into a temporary directory:
 
   perrank      16 ranks on 2 hosts, one file per process as NCCL_DEBUG_FILE=%h.%p writes them, INIT
                lines with commIds (world, tensor-parallel groups of 8, data-parallel pairs), then
@@ -13,6 +13,13 @@ Three cases, each generated (default 200 MiB) into a temporary directory:
                with fresh buffer addresses on every line (nothing repeats byte for byte)
   comms        one file with many distinct communicators: 16 processes that create a new
                communicator (comm pointer, commId, INIT line) for every two calls
+  mixed        logs of many short jobs of nine NCCL/RCCL versions concatenated (2.4 to 2.28 INIT and
+               COLL forms, RCCL devRedOp / task+globalrank / acc suffixes, srun, Ray and NCCL timestamp
+               prefixes), 4-16 ranks each, a pipeline communicator re-created every 12 steps at recycled
+               pointers, every other job in containers (its pids and pointers those of an earlier job)
+  fixtures     the repository's fixture logs (tests/fixtures/nccl: every version, wrapper, kernel
+               traces, garbage) concatenated again and again: the same pointers of the same pids
+               re-initialised every 65 KB, more handles than the census keeps
 
 and measures, each run in a fresh process (--repeat runs of each, alternating):
 
@@ -22,8 +29,9 @@ and measures, each run in a fresh process (--repeat runs of each, alternating):
 
 printing MB/s per CPU second (user+sys of that process: one core, whatever else the machine runs),
 wall-clock MB/s and peak RSS as the median and the range of the runs. Targets, per case: census
->= 100 MB/s per CPU second, peak RSS < 100 MB (exit 1 when a case misses them). The naive parser's
-RSS grows with the log.
+>= 100 MB/s per CPU second, peak RSS < 100 MB (exit 1 when a case misses them); the line after each
+case gives the census' speed as a multiple of the naive parser's (issue 26: at least 1 on every
+case). The naive parser's RSS grows with the log.
 
     .venv/bin/python bench/nccl_census.py                          # every case, 200 MiB each
     .venv/bin/python bench/nccl_census.py --case interleaved --size 1GB --repeat 5

@@ -473,8 +473,9 @@ _STAMP = re.compile(rb"\n\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,9})?\] (?=\S)
 def strip_stamps(chunk):
     """The block without NCCL's timestamp at the start of its lines: a line's parse never reads
     the part before its host (prefixes are parsed from the right), and without the stamp the
-    lines of repeated calls are one text again (one C-level pass, only when a line starts with `[`)."""
-    if chunk[:1] != b"[" and b"\n[" not in chunk:
+    lines of repeated calls are one text again (one C-level pass, only when a line of the block's
+    first 4 KiB starts with `[`)."""
+    if chunk[:1] != b"[" and chunk.find(b"\n[", 0, 4096) < 0:
         return chunk
     return _STAMP.sub(b"\n", b"\n" + chunk)[1:]
 

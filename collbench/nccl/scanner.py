@@ -58,6 +58,7 @@ SAMPLES_MAX = 50            # malformed lines kept for -v / JSON
 WRAPS_MAX = 2               # continuation lines of one wrapped COLL line (after `comm` and after `stream`)
 FLUSH_BYTES = 4 << 20       # input bytes between folds of the per-rank lists (bounds their length)
 WINDOW = 512                # lines looked up in the line cache at once (looked up again after a drop)
+STRIP_START, STRIP_STAY = 0.05, 0.01    # share of a block's lines missing the caches: comm pointers out
 KIND_CODE = {COLL: 0, SEND: 1, RECV: 2}     # anything else (RMA) is 3: counted, not checked
 
 OVERFLOW_WHAT = {
@@ -278,6 +279,8 @@ class Scanner:
         self.switched = 0               # entries in the CommSwitches of the line caches
         self.diffs = None               # sendbuff - recvbuff of this block's `opCount ^` lines, in order
         self.comms = None               # the comm pointers strip_comms took out of this block, in order
+        self._strip = False             # whether strip_comms runs on the next block
+        self._misses = 0                # COLL lines of this block that missed the caches
         self._comm_values = None        # ... as a list (to restore lines ahead of the iterator)
         self._key = None                # the line as the block has it (comm pointers out) in the slow path
         self._opcounts = None
@@ -332,10 +335,10 @@ class Scanner:
             else:
                 opcounts = []
                 normalized = normalize_chunk(chunk, opcounts)
-                literal = COMM_MARK in chunk        # (see below)
+                literal = self._strip and COMM_MARK in chunk        # (see below)
                 if literal:
                     self.clear_caches()
-                else:
+                elif self._strip:
                     self._comm_values = []
                     normalized = strip_comms(normalized, self._comm_values)
                     self.comms = comms = iter(self._comm_values)
@@ -366,17 +369,16 @@ class Scanner:
         else:
             # `opCount ^` text in the input itself would take pointers meant for other lines
             pairs = None if b" opCount ^" in chunk else []
-            normalized = normalize_chunk(chunk, pointers=pairs)
-            if COMM_MARK in chunk:
+            normalized = strip_stamps(normalize_chunk(chunk, pointers=pairs))
+            literal = self._strip and COMM_MARK in chunk
+            if literal:
                 # the comm marker in the input itself: its lines would meet the cached lines of
                 # stripped blocks (and take their pointers); this block keeps its pointers, and
                 # the line caches start again before and after it
                 self.clear_caches()
-                literal = True
-            else:
-                literal = False
+            elif self._strip:
                 self._comm_values = []
-                normalized = strip_comms(strip_stamps(normalized), self._comm_values)
+                normalized = strip_comms(normalized, self._comm_values)
                 self.comms = iter(self._comm_values)
             lines = normalized.split(b"\n")
             lines.pop()
@@ -414,6 +416,15 @@ class Scanner:
             if literal:
                 self.clear_caches()
         self._lines = self._raw = None
+        # take the comm pointers out of the next block only while lines miss the caches: where they
+        # hit (a job's communicators logging on), the CommSwitch is one more call per line for nothing
+        # (the line caches never hold the texts of both kinds of block: they start again at a change)
+        rate = self._misses / (len(lines) or 1)
+        strip = rate > STRIP_STAY if self._strip else rate > STRIP_START
+        if strip != self._strip:
+            self.clear_caches()
+            self._strip = strip
+        self._misses = 0
         self._unflushed += len(chunk)
         if self._unflushed >= FLUSH_BYTES:
             self.flush()
@@ -529,6 +540,7 @@ class Scanner:
         """diff: for a bare `opCount ^` line, its sendbuff - recvbuff (None: not known). pointer: the
         comm pointer strip_comms took out of the line (its one marker), which the line's text in
         the block (self._key), cached as a CommSwitch, lacks."""
+        self._misses += 1
         switched = self.comms is not None
         if switched and pointer is None:
             fast = False        # not one comm pointer taken out (malformed, or wrapper text): not cached
@@ -633,6 +645,7 @@ class Scanner:
         """The entry of a CommSwitch's line with another comm pointer: what _coll makes of the line
         with that pointer in it, from the parsed line the switch holds (its configuration and
         prefix are the line's; a handle is made from it with the pointer put back)."""
+        self._misses += 1
         rec = switch.call
         if pointer is None:         # (the block handed over fewer pointers than it has markers)
             pointer = b""
