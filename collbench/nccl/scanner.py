@@ -52,7 +52,7 @@ CONFLICTS_MAX = 50          # inconsistencies kept with their message (all are c
 CACHE_MAX = 40_000          # lines cached in all line caches; cleared when full (timestamped lines never repeat)
 CACHE_BYTES = 8 << 20       # ... or when their bytes reach this
 SHAPES_MAX = 4096           # parsed lines kept by shape (each a whole CollLine: the largest entries)
-INITS_MAX = 4096            # parsed INIT lines kept by their text
+INITS_MAX = 4096            # parsed INIT and TUNING lines kept by their text
 RECENT_MAX = 1024           # per-rank opCount -> call map for kernel-trace attribution
 SAMPLES_MAX = 50            # malformed lines kept for -v / JSON
 WRAPS_MAX = 2               # continuation lines of one wrapped COLL line (after `comm` and after `stream`)
@@ -271,7 +271,7 @@ class Scanner:
         self.dcache = {}                # the same for kernel-trace input: (list, record id, opCount map)
         self.tail_cache = {}            # the same keyed by the line from its host on (wrapper cut off)
         self.shapes = {}                # a parsed line keyed by its text without comm/stream pointers
-        self.inits = {}                 # INIT line -> parse_init's result
+        self.inits = {}                 # INIT (TUNING) line -> parse_init's (parse_tuning's) result
         self.shaped = 0                 # lines taken from `shapes` (for tests)
         self.cache_bytes = 0
         self.cache_generation = 0       # bumped whenever the caches are cleared
@@ -322,7 +322,8 @@ class Scanner:
         self._source, self._lineno, self._search, self._raw = source_name, first_line, 0, chunk
         if self._pending_wrap is not None:
             self._finish_wrap(chunk)
-        if self.detailed or KERNEL_MARK in chunk:
+        # (a one-byte test first: memchr is many times faster than a search for the whole mark)
+        if self.detailed or (b"#" in chunk and KERNEL_MARK in chunk):
             # kernel-trace input: a COLL line's opCount ties it to its kernel's line, so the
             # normalization hands the opCounts over, consumed one per COLL line in order
             self.detailed = True
@@ -335,7 +336,8 @@ class Scanner:
             else:
                 opcounts = []
                 normalized = normalize_chunk(chunk, opcounts)
-                literal = self._strip and COMM_MARK in chunk        # (see below)
+                literal = b"*" in chunk and COMM_MARK in chunk        # (see below)
+                comms = iter(())
                 if literal:
                     self.clear_caches()
                 elif self._strip:
@@ -368,13 +370,14 @@ class Scanner:
                     self.clear_caches()
         else:
             # `opCount ^` text in the input itself would take pointers meant for other lines
-            pairs = None if b" opCount ^" in chunk else []
+            pairs = None if b"^" in chunk and b" opCount ^" in chunk else []
             normalized = strip_stamps(normalize_chunk(chunk, pointers=pairs))
-            literal = self._strip and COMM_MARK in chunk
+            literal = b"*" in chunk and COMM_MARK in chunk
             if literal:
                 # the comm marker in the input itself: its lines would meet the cached lines of
                 # stripped blocks (and take their pointers); this block keeps its pointers, and
-                # the line caches start again before and after it
+                # the line caches start again before and after it (else a text with the marker
+                # is always a stripped block's, one without it a kept block's: they never meet)
                 self.clear_caches()
             elif self._strip:
                 self._comm_values = []
@@ -418,12 +421,8 @@ class Scanner:
         self._lines = self._raw = None
         # take the comm pointers out of the next block only while lines miss the caches: where they
         # hit (a job's communicators logging on), the CommSwitch is one more call per line for nothing
-        # (the line caches never hold the texts of both kinds of block: they start again at a change)
         rate = self._misses / (len(lines) or 1)
-        strip = rate > STRIP_STAY if self._strip else rate > STRIP_START
-        if strip != self._strip:
-            self.clear_caches()
-            self._strip = strip
+        self._strip = rate > STRIP_STAY if self._strip else rate > STRIP_START
         self._misses = 0
         self._unflushed += len(chunk)
         if self._unflushed >= FLUSH_BYTES:
@@ -906,7 +905,12 @@ class Scanner:
             return
 
     def _tuning(self, line):
-        t = parse_tuning(line.rstrip(b"\r"))
+        t = self.inits.get(line, _NEXT)
+        if t is _NEXT:          # (rank 0 logs one TUNING line per size, again and again)
+            t = parse_tuning(line.rstrip(b"\r"))
+            if len(self.inits) >= INITS_MAX:
+                self.inits.clear()
+            self.inits[line] = t
         if t is None or type(t) is Malformed:
             return
         self.tuning_lines += 1
