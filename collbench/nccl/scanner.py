@@ -13,7 +13,11 @@ counts and desync digests, then cleared. A COLL line wrapped after `comm` or `st
 or an issue tracker's wrap) is malformed on its own; only then is the next line looked at, and
 joined when it completes the record, so unwrapped logs pay nothing for it. A line that is new
 only by its comm and stream pointers (a job that makes a communicator per step) is not parsed
-again: a parsed line of the same shape (`coll_shape`) gives it.
+again: a parsed line of the same shape (`coll_shape`) gives it. While a block's lines miss the
+caches, the next blocks' comm pointers are taken out too (`strip_comms`, handed over in line
+order): a line then stands for every communicator that logs it (a `CommSwitch`, one entry per
+pointer), so a communicator per step or a log that re-initialises its pointers stays one lookup
+per line; a re-initialised pointer drops only its own handle's entries (`_forget`).
 
 Every table is bounded (the *_MAX constants below), whatever the log: distinct rank handles (comm pointers),
 configurations, pending INIT lines, TUNING keys, (handle, configuration) counters, p2p pairs,
@@ -521,6 +525,8 @@ class Scanner:
     def clear_caches(self):
         """Empty the line caches (the shapes keep their own bound: no entry of theirs belongs to a
         handle)."""
+        for m in self.members:      # (their lists name entries that are gone)
+            m.cached = []
         self.cache.clear()
         self.switched = 0
         self.dcache.clear()
