@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Throughput and memory of `collbench nccl census` against a naive parser, on generated logs.
 
-Three cases, each generated (default 200 MiB) into a temporary directory:
+Five cases, each generated (default 200 MiB) into a temporary directory:
 
   perrank      16 ranks on 2 hosts, one file per process as NCCL_DEBUG_FILE=%h.%p writes them, INIT
                lines with commIds (world, tensor-parallel groups of 8, data-parallel pairs), then
@@ -13,6 +13,13 @@ Three cases, each generated (default 200 MiB) into a temporary directory:
                with fresh buffer addresses on every line (nothing repeats byte for byte)
   comms        one file with many distinct communicators: 16 processes that create a new
                communicator (comm pointer, commId, INIT line) for every two calls
+  mixed        logs of many short jobs of nine NCCL/RCCL versions concatenated (2.4 to 2.28 INIT and
+               COLL forms, RCCL devRedOp / task+globalrank / acc suffixes, srun, Ray and NCCL timestamp
+               prefixes), 4-16 ranks each, a pipeline communicator re-created every 12 steps at recycled
+               pointers, every other job in containers (its pids and pointers those of an earlier job)
+  fixtures     the repository's fixture logs (tests/fixtures/nccl: every version, wrapper, kernel
+               traces, garbage) concatenated again and again: the same pointers of the same pids
+               re-initialised every 65 KB, more handles than the census keeps
 
 and measures, each run in a fresh process (--repeat runs of each, alternating):
 
@@ -22,8 +29,9 @@ and measures, each run in a fresh process (--repeat runs of each, alternating):
 
 printing MB/s per CPU second (user+sys of that process: one core, whatever else the machine runs),
 wall-clock MB/s and peak RSS as the median and the range of the runs. Targets, per case: census
->= 100 MB/s per CPU second, peak RSS < 100 MB (exit 1 when a case misses them). The naive parser's
-RSS grows with the log.
+>= 100 MB/s per CPU second, peak RSS < 100 MB (exit 1 when a case misses them); the line after each
+case gives the census' speed as a multiple of the naive parser's (issue 26: at least 1 on every
+case). The naive parser's RSS grows with the log.
 
     .venv/bin/python bench/nccl_census.py                          # every case, 200 MiB each
     .venv/bin/python bench/nccl_census.py --case interleaved --size 1GB --repeat 5
@@ -234,7 +242,200 @@ def generate_comms(directory, total_bytes):
             epoch += 1
 
 
-CASES = {"perrank": generate_perrank, "interleaved": generate_interleaved, "comms": generate_comms}
+# NCCL/RCCL versions of the `mixed` case: (name, INIT line form, COLL line suffix form, prefix form)
+# after the format tables of shared/research/nccl.md §1.1-1.3 (INIT lines by version, RCCL suffixes,
+# the 2.26+ timestamp, wrapper prefixes)
+MIXED_VERSIONS = (
+    ("2.4", "2.4", "", ""),
+    ("2.12", "2.7", "", "srun"),
+    ("2.19", "2.18", "", ""),
+    ("2.22", "2.21", "", "ray"),
+    ("2.27", "2.24", "", ""),
+    ("2.28", "2.24", "", "timestamp"),
+    ("rccl-5.2", "2.7", "devredop", ""),
+    ("rccl-6.2", "2.18", "task", ""),
+    ("rccl-systems", "2.18", "acc", ""),
+)
+
+
+def _mixed_init(form, pre, comm, rank, nranks, dev, comm_id, parent, color):
+    bus = f"{0x18000 + 0x10000 * dev:x}"
+    if form == "2.4":
+        return f"{pre}comm {comm:#x} rank {rank} nranks {nranks} cudaDev {dev} nvmlDev {dev} - Init COMPLETE"
+    if form == "2.7":
+        return f"{pre}comm {comm:#x} rank {rank} nranks {nranks} cudaDev {dev} busId {bus} - Init COMPLETE"
+    if form == "2.18":
+        return (f"{pre}comm {comm:#x} rank {rank} nranks {nranks} cudaDev {dev} nvmlDev {dev} busId {bus} "
+                f"commId 0x{comm_id:016x} - Init COMPLETE")
+    split = parent is not None
+    head = f"{pre}{'ncclCommSplit' if split else 'ncclCommInitRank'} comm {comm:#x} rank {rank} nranks {nranks} " \
+           f"cudaDev {dev} nvmlDev {dev} busId {bus} "
+    if split:
+        head += (f"parent {parent:#x} color {color} key {rank} " if form == "2.21" else
+                 f"parent {parent:#x} splitCount 1 color {color} key {rank} ")
+    return head + f"commId 0x{comm_id:016x} - Init COMPLETE"
+
+
+def _mixed_job(out, job, budget, rnd):
+    """One job of the mixed log (about `budget` bytes): its ranks' lines in the job's NCCL/RCCL version, merged
+    as one stream gives them (ranks in random order within each call), other INFO lines between, and
+    communicators re-created every few steps at recycled pointers (a re-initialised pointer)."""
+    version, init_form, suffix, wrap = MIXED_VERSIONS[job % len(MIXED_VERSIONS)]
+    nranks = (8, 16, 4)[job % 3]
+    per_host, tp = min(8, nranks), min(4, nranks)
+    ranks = []
+    for r in range(nranks):
+        host = f"v{version.replace('.', '')}-node{r // per_host:02d}"
+        # every other job ran in containers: the same small pids on the same pod names, job after job
+        pid = 100 + 7 * r if job % 2 else 30000 + 1000 * (job % 40) + 7 * r
+        dev = r % per_host
+        pre = f"{host}:{pid}:{pid + 3} [{dev}] NCCL INFO "
+        if wrap == "srun":
+            pre = f"{r}: {pre}"
+        elif wrap == "ray":
+            pre = f"(RayTrainWorker pid={pid}, ip=10.1.{r // per_host}.{dev + 2}) {pre}"
+        # comm pointers repeat from job to job (the allocator of the same program); pids do not
+        world, tpc, dp = (0x55aa10000000 + r * 0x1000000 + k * 0x10000 for k in range(3))
+        ranks.append({"r": r, "pre": pre, "dev": dev, "world": world, "tp": tpc, "dp": dp, "opc": 0,
+                      "pp": None})
+    lines = []
+    for x in ranks:
+        r = x["r"]
+        lines.append(_mixed_init(init_form, x["pre"], x["world"], r, nranks, x["dev"], 0xc0ffee0000 + job, None, 0))
+        lines.append(f"{x['pre']}Channel 00/02 :    " + " ".join(str(i) for i in range(nranks)))
+        lines.append(_mixed_init(init_form, x["pre"], x["tp"], r % tp, tp, x["dev"], 0x7c000000 + 256 * job + r // tp,
+                                 x["world"], r // tp))
+        lines.append(_mixed_init(init_form, x["pre"], x["dp"], r // tp, nranks // tp, x["dev"],
+                                 0x9d000000 + 256 * job + r % tp, x["world"], r % tp))
+    step = 0
+    ts = 1_748_765_702.137 + job * 3600
+
+    def stamp(texts):          # NCCL_DEBUG_TIMESTAMP_LEVELS=INFO: a new stamp on every line
+        nonlocal ts
+        if wrap != "timestamp":
+            return texts
+        out = []
+        for t in texts:
+            ts += 0.000137
+            out.append(time.strftime("[%Y-%m-%d %H:%M:%S", time.gmtime(ts)) + f".{int(ts * 1000) % 1000:03d}] {t}")
+        return out
+    lines = stamp(lines)
+    size = sum(len(s) + 1 for s in lines)
+    out.write("\n".join(lines).encode() + b"\n")
+
+    def coll(x, op, count, dt, redop, root, comm, n, send, recv):
+        opc = x["opc"]
+        x["opc"] += 1
+        mid = "acc (nil) " if suffix == "acc" else ""
+        text = (f"{x['pre']}{op}: opCount {opc:x} sendbuff {send} recvbuff {recv} {mid}count {count} datatype {dt} "
+                f"op {redop} root {root} comm {comm:#x} [nranks={n}] stream {comm + 0x8000:#x}")
+        if suffix == "task":
+            text += f" task 0 globalrank {x['rank_of'][comm]}"
+        elif suffix == "acc":
+            text += f" task 0 globalrank {x['rank_of'][comm]}"
+        elif suffix == "devredop":
+            text += f" devRedOp {redop} isPtr 0 scaler 0"
+        return text
+    for x in ranks:
+        r = x["r"]
+        x["rank_of"] = {x["world"]: r, x["tp"]: r % tp, x["dp"]: r // tp}
+    while size < budget:
+        calls = []
+        if step % 12 == 0:       # a pipeline communicator re-created at one of two recycled pointers
+            for x in ranks:
+                r = x["r"]
+                x["pp"] = 0x55ab00000000 + r * 0x1000000 + ((step // 12) % 2) * 0x40000
+                x["rank_of"][x["pp"]] = r
+                calls.append((x, _mixed_init(init_form, x["pre"], x["pp"], r, nranks, x["dev"],
+                                             0xabc00000 + 4096 * job + step, x["world"], 0)))
+        for layer in range(4):
+            for x in ranks:
+                r = x["r"]
+                base = 0x7f0000000000 + r * 0x10000000000 + layer * 0x10000000 + (step % 2) * 0x4000000
+                count = 1048576 + 65536 * layer
+                send = f"{base + (r % tp) * count * 2:#x}" if layer % 2 == 0 else f"{base + 0x2000000:#x}"
+                calls.append((x, coll(x, "AllGather", count, 9, 0, 0, x["tp"], tp, send, f"{base:#x}")))
+            for x in ranks:
+                r = x["r"]
+                base = 0x7f0000000000 + r * 0x10000000000 + (4 + layer) * 0x10000000
+                calls.append((x, coll(x, "ReduceScatter", 1048576 + 65536 * layer, 9, 0, 0, x["tp"], tp,
+                                      f"{base:#x}", f"{base + 0x4000000:#x}")))
+        for bucket in range(3):
+            for x in ranks:
+                buf = f"{0x7e0000000000 + x['r'] * 0x1000000000 + bucket * 0x10000000:#x}"
+                calls.append((x, coll(x, "AllReduce", 6553600 if bucket < 2 else 1193046, 7, 0, 0, x["dp"],
+                                      nranks // tp, buf, buf)))
+        for x in ranks:
+            buf = f"{0x7d0000000000 + x['r'] * 0x1000:#x}"
+            calls.append((x, coll(x, "AllReduce", 1, 7, 4 if version not in ("2.4", "rccl-5.2") else 0, 0,
+                                  x["world"], nranks, buf, buf)))
+        for x in ranks:         # pipeline: send to the next rank, receive from the previous one
+            r = x["r"]
+            if version == "2.4":    # no Send/Recv before 2.7: a broadcast instead
+                buf = f"{0x7c0000000000 + r * 0x100000:#x}"
+                calls.append((x, coll(x, "Broadcast", 262144, 9, 0, 0, x["pp"], nranks, buf, buf)))
+                continue
+            calls.append((x, coll(x, "Send", 262144, 9, 0, (r + 1) % nranks, x["pp"], nranks, "(nil)",
+                                  f"{0x7c0000000000 + r * 0x100000:#x}")))
+            calls.append((x, coll(x, "Recv", 262144, 9, 0, (r - 1) % nranks, x["pp"], nranks, "(nil)",
+                                  f"{0x7c1000000000 + r * 0x100000:#x}")))
+        if version == "2.28":
+            for x in ranks[:1]:
+                calls.append((x, f"{x['pre']}AllReduce: 4 Bytes -> Algo TREE proto LL channel{{Lo..Hi}}={{0..1}}"))
+        # ranks print at their own pace: each call's lines in random rank order
+        chunk_lines = []
+        i = 0
+        while i < len(calls):
+            j = i + nranks
+            group = calls[i:j]
+            rnd.shuffle(group)
+            chunk_lines += [t for _, t in group]
+            i = j
+        if step % 50 == 0:
+            chunk_lines.append(f"[rank0] step {step} loss 2.{step % 9999:04d} lr 3e-4")
+        chunk_lines = stamp(chunk_lines)
+        data = ("\n".join(chunk_lines) + "\n").encode()
+        out.write(data)
+        size += len(data)
+        step += 1
+    return size
+
+
+def generate_mixed(directory, total_bytes, seed=7):
+    """One file: logs of many jobs of nine NCCL/RCCL versions concatenated, each in its version's INIT
+    and COLL forms (2.4 to 2.28, RCCL 5.x devRedOp, 6.x task/globalrank, rocm-systems acc; srun, Ray
+    and timestamp prefixes), 4-16 ranks, TP/DP/world communicators and a pipeline communicator
+    re-created every 12 steps at one of two recycled pointers: thousands of rank handles, re-initialised
+    pointers, comm pointers that repeat from job to job; every other job in containers (the same pids
+    and hosts as the job of its version before it, so its INIT lines re-initialise those handles)."""
+    rnd = random.Random(seed)
+    size = 0
+    job = 0
+    per_job = 512 << 10
+    with open(os.path.join(directory, "mixed-versions.log"), "wb", buffering=1 << 20) as f:
+        while size < total_bytes:
+            size += _mixed_job(f, job, min(per_job, total_bytes - size), rnd)
+            job += 1
+
+
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "fixtures", "nccl")
+
+
+def generate_fixtures(directory, total_bytes):
+    """One file: the repository's NCCL/RCCL fixture logs (tests/fixtures/nccl: every version and wrapper
+    the parser knows, kernel traces, garbage) concatenated, again and again: every repetition
+    re-initialises the same pointers of the same pids, so handles are made and closed throughout."""
+    names = sorted(n for n in os.listdir(FIXTURES) if n.endswith(".log"))
+    data = b"".join(open(os.path.join(FIXTURES, n), "rb").read() for n in names)
+    size = 0
+    with open(os.path.join(directory, "fixtures-concatenated.log"), "wb", buffering=1 << 20) as f:
+        while size < total_bytes:
+            f.write(data)
+            size += len(data)
+
+
+CASES = {"perrank": generate_perrank, "interleaved": generate_interleaved, "comms": generate_comms,
+         "mixed": generate_mixed, "fixtures": generate_fixtures}
 
 
 def child(mode, directory):

@@ -25,7 +25,7 @@ from collbench.nccl import desync
 from collbench.nccl.formats import DATATYPE_SIZES, OPS
 from collbench.nccl.log_input import BLOCK, LogInputError, SourceStats, expand_paths, joined_blocks, read_blocks
 from collbench.nccl.log_parser import COLL_MARK, CollLine, parse_line
-from collbench.nccl.scanner import Scanner, overflow_text, scan
+from collbench.nccl.scanner import Scanner, collector_off, overflow_text, scan
 
 SCHEMA = 1
 ROOTS_MAX = 16              # distinct roots listed per configuration
@@ -119,10 +119,11 @@ def run_census(paths, block=BLOCK):
     try:
         stats = {}
         scanner = Scanner()
-        scan(sources, scanner, stats, warnings, block)
-        _check_input(sources, stats, scanner)
-        findings = _desync(sources, scanner, block, warnings)
-        return _build(scanner, sources, stats, findings, warnings)
+        with collector_off():
+            scan(sources, scanner, stats, warnings, block)
+            _check_input(sources, stats, scanner)
+            findings = _desync(sources, scanner, block, warnings)
+            return _build(scanner, sources, stats, findings, warnings)
     finally:
         for src in sources:
             src.cleanup()

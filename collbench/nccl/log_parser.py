@@ -108,7 +108,8 @@ class Malformed(NamedTuple):
 def clip_text(line):
     """A bad line for humans: decoded whatever the bytes, capped, no control characters."""
     text = line[:MAX_TEXT].decode("utf-8", "backslashreplace")
-    text = "".join(c if c.isprintable() else "\\x%02x" % ord(c) if ord(c) < 256 else "?" for c in text)
+    if not text.isprintable():      # else (the common case) there is nothing to escape
+        text = "".join(c if c.isprintable() else "\\x%02x" % ord(c) if ord(c) < 256 else "?" for c in text)
     return text + ("..." if len(line) > MAX_TEXT else "")
 
 
@@ -445,6 +446,46 @@ def normalize_chunk(chunk, opcounts=None, pointers=None):
     out = [b""] * (2 * n + 1)
     out[0::2] = pieces
     out[1::2] = marks
+    return b"".join(out)
+
+
+COMM_MARK = b" comm * [nranks="   # what strip_comms leaves of a COLL line's ` comm <pointer> [nranks=`
+_COMM_FIELD = re.compile(rb" comm (\S{1,%d}) \[nranks=" % FIELD_MAX)
+
+
+def strip_comms(chunk, pointers):
+    """The block with the pointer of every ` comm <pointer> [nranks=` taken out (COMM_MARK left in
+    its place) and appended to `pointers`, in order: the lines of one rank's calls on any number of
+    communicators become one text. One C-level split; the caller checks that the block does not
+    hold COMM_MARK itself."""
+    parts = _COMM_FIELD.split(chunk)
+    if len(parts) == 1:
+        return chunk
+    pointers.extend(parts[1::2])
+    return COMM_MARK.join(parts[0::2])
+
+
+# NCCL's own timestamp at the start of a line (2.26+, NCCL_DEBUG_TIMESTAMP_LEVELS: `[%F %T] `, with
+# `%Nf` sub-second digits)
+_STAMP = re.compile(rb"\n\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,9})?\] (?=\S)")
+
+
+def strip_stamps(chunk):
+    """The block without NCCL's timestamp at the start of its lines: a line's parse never reads
+    the part before its host (prefixes are parsed from the right), and without the stamp the
+    lines of repeated calls are one text again (one C-level pass, only when a line of the block's
+    first 4 KiB starts with `[`)."""
+    if chunk[:1] != b"[" and chunk.find(b"\n[", 0, 4096) < 0:
+        return chunk
+    return _STAMP.sub(b"\n", b"\n" + chunk)[1:]
+
+
+def restore_comms(line, pointers):
+    """A line of strip_comms' output with its pointers put back (as many as it has markers)."""
+    pieces = line.split(COMM_MARK)
+    out = [pieces[0]]
+    for i, piece in enumerate(pieces[1:]):
+        out += (b" comm ", pointers[i] if i < len(pointers) else b"", b" [nranks=", piece)
     return b"".join(out)
 
 

@@ -13,7 +13,11 @@ counts and desync digests, then cleared. A COLL line wrapped after `comm` or `st
 or an issue tracker's wrap) is malformed on its own; only then is the next line looked at, and
 joined when it completes the record, so unwrapped logs pay nothing for it. A line that is new
 only by its comm and stream pointers (a job that makes a communicator per step) is not parsed
-again: a parsed line of the same shape (`coll_shape`) gives it.
+again: a parsed line of the same shape (`coll_shape`) gives it. While a block's lines miss the
+caches, the next blocks' comm pointers are taken out too (`strip_comms`, handed over in line
+order): a line then stands for every communicator that logs it (a `CommSwitch`, one entry per
+pointer), so a communicator per step or a log that re-initialises its pointers stays one lookup
+per line; a re-initialised pointer drops only its own handle's entries (`_forget`).
 
 Every table is bounded (the *_MAX constants below), whatever the log: distinct rank handles (comm pointers),
 configurations, pending INIT lines, TUNING keys, (handle, configuration) counters, p2p pairs,
@@ -23,20 +27,22 @@ launch, and so an algorithm and protocol, to its call): there the normalization 
 opCounts over, in line order.
 """
 
+import gc
 import re
 from collections import Counter, deque
+from contextlib import contextmanager
 from functools import partial
 from itertools import repeat
-from operator import call, itemgetter, sub
+from operator import call, itemgetter, length_hint, sub
 from typing import NamedTuple, Optional
 
 from collbench.nccl import desync
 from collbench.nccl.formats import COLL, RECV, SEND, same_kernel_type
 from collbench.nccl.log_input import MAX_LINE, SourceStats, read_blocks
-from collbench.nccl.log_parser import (COLL_MARK, CONTINUATION, FIELD_MAX, INFO_MARK, INIT_MARK, KERNEL_MARK, MARKER,
-                                       TUNING_MARK, WRAP_WORDS, CollLine, Malformed, clip_text, normalize_chunk,
-                                       parse_coll, parse_init, parse_kernel, parse_tuning,
-                                       pointer_value)
+from collbench.nccl.log_parser import (COLL_MARK, COMM_MARK, CONTINUATION, FIELD_MAX, INFO_MARK, INIT_MARK,
+                                       KERNEL_MARK, MARKER, TUNING_MARK, WRAP_WORDS, CollLine, Malformed, clip_text,
+                                       normalize_chunk, parse_coll, parse_init, parse_kernel, parse_tuning,
+                                       pointer_value, restore_comms, strip_comms, strip_stamps)
 
 # the bounds of every table (see the module doc); what exceeds one is counted in Scanner.overflow
 MEMBERS_MAX = 8192          # rank handles (host, pid, comm pointer): lines of more are counted, not checked
@@ -50,10 +56,13 @@ CONFLICTS_MAX = 50          # inconsistencies kept with their message (all are c
 CACHE_MAX = 40_000          # lines cached in all line caches; cleared when full (timestamped lines never repeat)
 CACHE_BYTES = 8 << 20       # ... or when their bytes reach this
 SHAPES_MAX = 4096           # parsed lines kept by shape (each a whole CollLine: the largest entries)
+INITS_MAX = 4096            # parsed INIT and TUNING lines kept by their text
 RECENT_MAX = 1024           # per-rank opCount -> call map for kernel-trace attribution
 SAMPLES_MAX = 50            # malformed lines kept for -v / JSON
 WRAPS_MAX = 2               # continuation lines of one wrapped COLL line (after `comm` and after `stream`)
 FLUSH_BYTES = 4 << 20       # input bytes between folds of the per-rank lists (bounds their length)
+WINDOW = 512                # lines looked up in the line cache at once (looked up again after a drop)
+STRIP_START, STRIP_STAY = 0.05, 0.01    # share of a block's lines missing the caches: comm pointers out
 KIND_CODE = {COLL: 0, SEND: 1, RECV: 2}     # anything else (RMA) is 3: counted, not checked
 
 OVERFLOW_WHAT = {
@@ -90,7 +99,7 @@ class Member:
 
     __slots__ = ("index", "host", "pid", "comm", "rank", "nranks", "comm_id", "bus_id", "cuda_dev", "func",
                  "parent", "cset", "seq", "other", "pairs", "pairs_dropped", "counts", "lines", "digest", "recent",
-                 "closed")
+                 "closed", "cached", "cached_generation")
 
     def __init__(self, index, host, pid, comm, nranks):
         self.index = index
@@ -106,6 +115,8 @@ class Member:
         self.digest = desync.SequenceDigest()
         self.recent = {}        # opCount -> record id (kernel-trace blocks only)
         self.closed = False
+        self.cached = []        # (line cache, key) of the entries that append to this handle's lists ...
+        self.cached_generation = -1     # ... since the caches were last cleared (older lists are void)
 
     def identity(self):
         return {"host": self.host, "pid": self.pid, "comm": self.comm, "rank": self.rank}
@@ -152,6 +163,62 @@ class OffsetCall:
         f()
 
     __call__ = take
+
+
+class CommSwitch:
+    """The cache entry of a COLL line whose comm pointer strip_comms took out: the same text stands
+    for the calls of every communicator that logs it, told apart by the pointer the block handed
+    over (in line order). Each pointer's entry (what the line with that pointer would be cached as:
+    an append to its handle's list, an OffsetCall) is made once, on its first line; so a job that
+    makes a communicator per step, or a log that re-initialises its pointers, is not parsed again."""
+
+    __slots__ = ("scanner", "call", "rid", "offset", "detailed", "by_comm", "spill")
+
+    def __init__(self, scanner, call, rid, offset, detailed=False):
+        self.scanner, self.call, self.rid = scanner, call, rid
+        self.offset = offset    # a bare `opCount ^` line: its entries are OffsetCalls
+        self.detailed = detailed    # kernel-trace input: its entries are (list, record id, opCount map)
+        self.by_comm = {}       # comm pointer (bytes) -> entry
+        self.spill = None       # the entry of every pointer beyond a full handle table
+
+    def __call__(self):
+        comm = next(self.scanner.comms, None)
+        f = self.by_comm.get(comm)
+        if f is None:
+            f = self.scanner._switch_entry(self, comm)
+        f()
+
+    def take(self, comm, diff):
+        """One call whose pointer (and, for a bare `opCount ^` line, pointer difference) the slow
+        path has already taken."""
+        f = self.by_comm.get(comm)
+        if f is None:
+            f = self.scanner._switch_entry(self, comm)
+        if type(f) is OffsetCall or type(f) is Unattributed:
+            f.take(diff)
+        else:
+            f()
+
+
+class Unattributed:
+    """The cache entry of a COLL line without a host:pid:tid prefix: the entry it wraps, and one more
+    such line counted (Scanner.no_prefix counts lines, cached or not)."""
+
+    __slots__ = ("scanner", "entry")
+
+    def __init__(self, scanner, entry):
+        self.scanner, self.entry = scanner, entry
+
+    def __call__(self):
+        self.scanner.no_prefix += 1
+        self.entry()
+
+    def take(self, diff=_NEXT):
+        self.scanner.no_prefix += 1
+        if type(self.entry) is OffsetCall:
+            self.entry.take(diff)
+        else:
+            self.entry()
 
 
 _POINTER_FIELD = re.compile(rb"[^\s]{1,%d}\Z" % FIELD_MAX)
@@ -208,10 +275,18 @@ class Scanner:
         self.dcache = {}                # the same for kernel-trace input: (list, record id, opCount map)
         self.tail_cache = {}            # the same keyed by the line from its host on (wrapper cut off)
         self.shapes = {}                # a parsed line keyed by its text without comm/stream pointers
+        self.inits = {}                 # INIT (TUNING) line -> parse_init's (parse_tuning's) result
         self.shaped = 0                 # lines taken from `shapes` (for tests)
         self.cache_bytes = 0
         self.cache_generation = 0       # bumped whenever the caches are cleared
+        self.cache_invalidations = 0    # bumped whenever a closed handle's entries are dropped
+        self.switched = 0               # entries in the CommSwitches of the line caches
         self.diffs = None               # sendbuff - recvbuff of this block's `opCount ^` lines, in order
+        self.comms = None               # the comm pointers strip_comms took out of this block, in order
+        self._strip = False             # whether strip_comms runs on the next block
+        self._misses = 0                # COLL lines of this block that missed the caches
+        self._comm_values = None        # ... as a list (to restore lines ahead of the iterator)
+        self._key = None                # the line as the block has it (comm pointers out) in the slow path
         self._opcounts = None
         self.kernel_algos = {}          # record id -> Counter((algo, proto))
         self.tuning = {}                # (host, pid, op or None, bytes) -> Counter((algo, proto))
@@ -251,7 +326,8 @@ class Scanner:
         self._source, self._lineno, self._search, self._raw = source_name, first_line, 0, chunk
         if self._pending_wrap is not None:
             self._finish_wrap(chunk)
-        if self.detailed or KERNEL_MARK in chunk:
+        # (a one-byte test first: memchr is many times faster than a search for the whole mark)
+        if self.detailed or (b"#" in chunk and KERNEL_MARK in chunk):
             # kernel-trace input: a COLL line's opCount ties it to its kernel's line, so the
             # normalization hands the opCounts over, consumed one per COLL line in order
             self.detailed = True
@@ -263,7 +339,16 @@ class Scanner:
                     self._slow(line, False)
             else:
                 opcounts = []
-                lines = normalize_chunk(chunk, opcounts).split(b"\n")
+                normalized = normalize_chunk(chunk, opcounts)
+                literal = b"*" in chunk and COMM_MARK in chunk        # (see below)
+                comms = iter(())
+                if literal:
+                    self.clear_caches()
+                elif self._strip:
+                    self._comm_values = []
+                    normalized = strip_comms(normalized, self._comm_values)
+                    self.comms = comms = iter(self._comm_values)
+                lines = normalized.split(b"\n")
                 lines.pop()
                 self._lines = lines
                 self._opcounts = opc = iter(opcounts)
@@ -274,50 +359,90 @@ class Scanner:
                     if e is None:
                         slow(line, True)
                     else:
+                        if type(e) is CommSwitch:
+                            comm = next(comms, None)
+                            f = e.by_comm.get(comm)
+                            e = f if f is not None else self._switch_entry(e, comm)
                         target, rid, recent = e
                         target.append(rid)
                         recent[int(next(opc), 16)] = rid
                         if len(recent) > RECENT_MAX:
                             del recent[next(iter(recent))]
                 self._opcounts = None
+                self.comms = self._comm_values = None
+                if literal:
+                    self.clear_caches()
         else:
             # `opCount ^` text in the input itself would take pointers meant for other lines
-            pairs = None if b" opCount ^" in chunk else []
-            lines = normalize_chunk(chunk, pointers=pairs).split(b"\n")
+            pairs = None if b"^" in chunk and b" opCount ^" in chunk else []
+            normalized = strip_stamps(normalize_chunk(chunk, pointers=pairs))
+            literal = b"*" in chunk and COMM_MARK in chunk
+            if literal:
+                # the comm marker in the input itself: its lines would meet the cached lines of
+                # stripped blocks (and take their pointers); this block keeps its pointers, and
+                # the line caches start again before and after it (else a text with the marker
+                # is always a stripped block's, one without it a kept block's: they never meet)
+                self.clear_caches()
+            elif self._strip:
+                self._comm_values = []
+                normalized = strip_comms(normalized, self._comm_values)
+                self.comms = iter(self._comm_values)
+            lines = normalized.split(b"\n")
             lines.pop()
             self._lines = lines
             self.diffs = iter(pointer_diffs(pairs)) if pairs else None
-            # one C-level lookup pass; runs of hits are called by deque(map(call, ...)) without a
-            # Python loop; a miss takes the slow path (which may fill the cache for later lines)
+            # C-level lookup passes (a window of lines at a time); runs of hits are called by
+            # deque(map(call, ...)) without a Python loop; a miss takes the slow path (which may
+            # fill the cache for later lines, or drop entries: then the window's rest is looked up
+            # again, at most WINDOW lines whatever the block)
             get = self.cache.get
-            entries = list(map(get, lines))
-            n, start = len(entries), 0
-            while start < n:
-                try:
-                    i = entries.index(None, start)
-                except ValueError:
-                    i = n
-                if i > start:
-                    deque(map(call, entries[start:i]), 0)
-                if i < n:
-                    f = get(lines[i])
-                    if f is None:
-                        generation = self.cache_generation
-                        self._slow(lines[i], True)
-                        if self.cache_generation != generation:     # cleared (a re-initialised comm)
-                            entries[i + 1:] = map(get, lines[i + 1:])
-                    else:
-                        f()
-                start = i + 1
+            slow = self._slow
+            for w in range(0, len(lines), WINDOW):
+                window = lines[w:w + WINDOW]
+                entries = list(map(get, window))
+                n, start = len(entries), 0
+                while start < n:
+                    try:
+                        i = entries.index(None, start)
+                    except ValueError:
+                        i = n
+                    if i > start:
+                        deque(map(call, entries[start:i]), 0)
+                    if i < n:
+                        f = get(window[i])
+                        if f is None:
+                            state = self.cache_generation, self.cache_invalidations
+                            slow(window[i], True)
+                            if state != (self.cache_generation, self.cache_invalidations):
+                                entries[i + 1:] = map(get, window[i + 1:])
+                        else:
+                            f()
+                    start = i + 1
             self.diffs = None
+            self.comms = self._comm_values = None
+            if literal:
+                self.clear_caches()
         self._lines = self._raw = None
+        # take the comm pointers out of the next block only while lines miss the caches: where they
+        # hit (a job's communicators logging on), the CommSwitch is one more call per line for nothing
+        rate = self._misses / (len(lines) or 1)
+        self._strip = rate > STRIP_STAY if self._strip else rate > STRIP_START
+        self._misses = 0
         self._unflushed += len(chunk)
         if self._unflushed >= FLUSH_BYTES:
             self.flush()
         return len(lines)
 
     def _slow(self, line, fast):
-        opcount = diff = None
+        opcount = diff = comm = None
+        self._key = None
+        if self.comms is not None and COMM_MARK in line:
+            # the line as the log has it (parsed, and cached as a CommSwitch under the block's text)
+            self._key = line
+            values = [next(self.comms, b"") for _ in range(line.count(COMM_MARK))]
+            line = restore_comms(line, values)
+            if len(values) == 1:
+                comm = values[0]
         if self._opcounts is not None and b" opCount " in line:
             for _ in MARKER.findall(line):      # keep the opCounts aligned with their lines
                 opcount = next(self._opcounts, None)
@@ -329,8 +454,9 @@ class Scanner:
             self.overlong_by_source[self._source] = self.overlong_by_source.get(self._source, 0) + 1
             line = line[:MAX_LINE]
             fast = False
+            self._key = None
         if COLL_MARK in line:
-            self._coll(line, fast, opcount, diff)
+            self._coll(line, fast, opcount, diff, comm)
         elif INFO_MARK in line:
             self.info_lines += 1
             if INIT_MARK in line:
@@ -349,7 +475,7 @@ class Scanner:
         self.malformed_reasons[reason] += 1
         if len(self.samples) < SAMPLES_MAX and self._lines is not None:
             try:
-                idx = self._lines.index(line, self._search)
+                idx = self._lines.index(self._key if self._key is not None else line, self._search)
             except ValueError:
                 idx = None
             if idx is not None:
@@ -358,21 +484,51 @@ class Scanner:
                 self.samples.append({"source": self._source, "line": self._lineno + idx, "reason": reason,
                                      "text": clip_text(raw)})
 
-    def _cache(self, table, key, value):
+    def _cache(self, table, key, value, m=None):
+        """Cache value under key; m: the handle whose lists value appends to (None: the tables of
+        lines outside any handle, which never change)."""
         if table is self.shapes:
             if len(table) >= SHAPES_MAX:
                 table.clear()
             table[key] = value
             return
-        if (len(self.cache) + len(self.dcache) + len(self.tail_cache) >= CACHE_MAX
+        if (len(self.cache) + len(self.dcache) + len(self.tail_cache) + self.switched >= CACHE_MAX
                 or self.cache_bytes >= CACHE_BYTES):
             self.clear_caches()
         table[key] = value
         self.cache_bytes += len(key)
+        if table is not self.cache and table is not self.tail_cache and table is not self.dcache:
+            self.switched += 1
+        if m is not None:
+            if m.cached_generation != self.cache_generation:
+                m.cached = []
+                m.cached_generation = self.cache_generation
+            m.cached.append((table, key))
+
+    def _forget(self, m):
+        """Drop the cached entries that append to handle m's lists (m was closed): only those, so
+        that a log which re-initialises pointers all along keeps every other line cached."""
+        if m.cached_generation == self.cache_generation and m.cached:
+            lines = (self.cache, self.tail_cache, self.dcache)
+            dropped = False
+            for table, key in m.cached:
+                if table.pop(key, None) is not None:
+                    self.cache_bytes -= len(key)
+                    if table is lines[0] or table is lines[1] or table is lines[2]:
+                        dropped = True      # (a line's entry: a window looked up before may hold it)
+                    else:
+                        self.switched -= 1  # (a CommSwitch's: it looks its pointers up per call)
+            if dropped:
+                self.cache_invalidations += 1
+        m.cached = []
 
     def clear_caches(self):
-        self.shapes.clear()
+        """Empty the line caches (the shapes keep their own bound: no entry of theirs belongs to a
+        handle)."""
+        for m in self.members:      # (their lists name entries that are gone)
+            m.cached = []
         self.cache.clear()
+        self.switched = 0
         self.dcache.clear()
         self.tail_cache.clear()
         self.cache_bytes = 0
@@ -385,19 +541,28 @@ class Scanner:
 
     # --- COLL ------------------------------------------------------------------------------------
 
-    def _coll(self, line, fast, opcount=None, diff=None):
-        """diff: for a bare `opCount ^` line, its sendbuff - recvbuff (None: not known)."""
+    def _coll(self, line, fast, opcount=None, diff=None, pointer=None):
+        """diff: for a bare `opCount ^` line, its sendbuff - recvbuff (None: not known). pointer: the
+        comm pointer strip_comms took out of the line (its one marker), which the line's text in
+        the block (self._key), cached as a CommSwitch, lacks."""
+        self._misses += 1
+        switched = self.comms is not None
+        if switched and pointer is None:
+            fast = False        # not one comm pointer taken out (malformed, or wrapper text): not cached
+        key = self._key if switched else line
         tail = None
         if fast and self._opcounts is None:
             # a wrapper prefix that changes on every line (a timestamp) defeats the line cache; the
             # part from the host on parses the same, so it has a cache of its own
-            i = line.rfind(INFO_MARK)
-            j = line.rfind(b" ", 0, line.rfind(b" ", 0, i - 1)) if i > 1 else -1
+            i = key.rfind(INFO_MARK)
+            j = key.rfind(b" ", 0, key.rfind(b" ", 0, i - 1)) if i > 1 else -1
             if j > 0:
-                tail = line[j + 1:]
+                tail = key[j + 1:]
                 f = self.tail_cache.get(tail)
                 if f is not None:
-                    if type(f) is OffsetCall:
+                    if switched:
+                        f.take(pointer, diff)
+                    elif type(f) is OffsetCall or type(f) is Unattributed:
                         f.take(diff)
                     else:
                         f()
@@ -405,36 +570,43 @@ class Scanner:
         shape = comm = stream = known = None
         if fast and self._opcounts is None:
             shape, comm, stream = coll_shape(line)
-        rec = rid = None
-        if shape is not None:
-            known = self.shapes.get(shape)
-            if known is not None:       # the same line but for its comm/stream pointers: no parse
-                fields = list(known[0])
-                fields[_COMM], fields[_STREAM] = (comm.decode("utf-8", "backslashreplace"),
-                                                  stream.decode("utf-8", "backslashreplace"))
-                rec, rid = CollLine._make(fields), known[1]
-                self.shaped += 1
-        if rec is None:
+            if shape is not None:
+                known = self.shapes.get(shape)
+        if known is not None:
+            # the same line but for its comm/stream pointers: no parse. The shape's CollLine stands
+            # for this line wherever its pointers do not matter (the configuration, the handle's
+            # host, pid and nranks); a handle is made from the line's own CollLine
+            rec, rid = known
+            self.shaped += 1
+            comm = comm.decode("utf-8", "backslashreplace")
+            m = self.by_ptr.get((rec.host, rec.pid, comm))
+            if m is None or m.closed or m.nranks != rec.nranks:
+                m = None
+                if len(self.members) < MEMBERS_MAX:
+                    fields = list(rec)
+                    fields[_COMM], fields[_STREAM] = comm, stream.decode("utf-8", "backslashreplace")
+                    m = self._member(CollLine._make(fields))
+        else:
             rec = parse_coll(line.rstrip(b"\r"))
             if type(rec) is Malformed:
                 if not self._wrapped(line, opcount, diff):
                     self._bad(line, rec.reason)
                 return
+            rid = None
             if shape is not None:
                 known = [rec, None]     # its record id once _place has made it
                 self._cache(self.shapes, shape, known)
+            m = self._member(rec)
         if rec.host is None:
             self.no_prefix += 1
-        m = self._member(rec)
         if m is not None and m.rank is None and rec.globalrank is not None and 0 <= rec.globalrank < rec.nranks:
             m.rank = rec.globalrank     # MSCCL lines have no globalrank; the rank's other lines do
             self.by_rank.setdefault((m.host, m.pid, m.rank, m.nranks), []).append(m)
         if rec.op.inplace_offset and b" opCount ^ count " in line:    # normalize_chunk's bare form
             entry = OffsetCall(self, rec, m)
             if fast:
-                self._cache(self.cache, line, entry)
-                if tail is not None:
-                    self._cache(self.tail_cache, tail, entry)
+                self._cache_line(key, tail, entry if rec.host is not None else Unattributed(self, entry), m, rec,
+                                 None, pointer)
             entry.take(diff)
             return
         target, rid = self._place(rec, m, rid)
@@ -442,8 +614,13 @@ class Scanner:
             known[1] = rid
         if self.detailed:
             recent = m.recent if m is not None else self._scratch_recent
-            if fast and self._opcounts is not None:
-                self._cache(self.dcache, line, (target, rid, recent))
+            if fast and self._opcounts is not None and rec.host is not None:     # (no_prefix counts per line)
+                if pointer is None:
+                    self._cache(self.dcache, line, (target, rid, recent), m)
+                else:
+                    switch = CommSwitch(self, rec, rid, False, True)
+                    self._cache(self.dcache, key, switch)
+                    self._cache(switch.by_comm, pointer, (target, rid, recent), m)
             number = rec.opcount if opcount is None else int(opcount, 16)
             if number is not None:
                 recent[number] = rid
@@ -451,10 +628,62 @@ class Scanner:
                     del recent[next(iter(recent))]
         elif fast:
             f = partial(target.append, rid)
-            self._cache(self.cache, line, f)
-            if tail is not None:
-                self._cache(self.tail_cache, tail, f)
+            self._cache_line(key, tail, f if rec.host is not None else Unattributed(self, f), m, rec, rid, pointer)
         target.append(rid)
+
+    def _cache_line(self, key, tail, entry, m, rec, rid, pointer):
+        """Cache a COLL line's entry under its text (and its tail); in a block whose comm pointers
+        were taken out, a CommSwitch under the text and the entry under the pointer."""
+        if pointer is None:
+            self._cache(self.cache, key, entry, m)
+            if tail is not None:
+                self._cache(self.tail_cache, tail, entry, m)
+            return
+        switch = CommSwitch(self, rec, rid, type(entry) is OffsetCall or (type(entry) is Unattributed
+                                                                       and type(entry.entry) is OffsetCall))
+        self._cache(self.cache, key, switch)
+        if tail is not None:
+            self._cache(self.tail_cache, tail, switch)
+        self._cache(switch.by_comm, pointer, entry, m)
+
+    def _switch_entry(self, switch, pointer):
+        """The entry of a CommSwitch's line with another comm pointer: what _coll makes of the line
+        with that pointer in it, from the parsed line the switch holds (its configuration and
+        prefix are the line's; a handle is made from it with the pointer put back)."""
+        self._misses += 1
+        rec = switch.call
+        if pointer is None:         # (the block handed over fewer pointers than it has markers)
+            pointer = b""
+        full = len(self.members) >= MEMBERS_MAX
+        if full and switch.spill is not None and pointer.isascii() and pointer not in self.comm_tokens:
+            return switch.spill     # no handle has the pointer and none can be made: one entry for all
+        comm = pointer.decode("utf-8", "backslashreplace")
+        m = self.by_ptr.get((rec.host, rec.pid, comm))
+        if m is None or m.closed or m.nranks != rec.nranks:
+            m = None
+            if len(self.members) < MEMBERS_MAX:
+                m = self._member(rec._replace(comm=comm))
+        if m is not None and m.rank is None and rec.globalrank is not None and 0 <= rec.globalrank < rec.nranks:
+            m.rank = rec.globalrank
+            self.by_rank.setdefault((m.host, m.pid, m.rank, m.nranks), []).append(m)
+        if switch.detailed:     # (lines without a prefix are not cached there: no Unattributed)
+            target, rid = self._place(rec, m, switch.rid)
+            switch.rid = rid
+            entry = (target, rid, m.recent if m is not None else self._scratch_recent)
+        else:
+            if switch.offset:
+                entry = OffsetCall(self, rec, m)
+            else:
+                target, rid = self._place(rec, m, switch.rid)
+                switch.rid = rid
+                entry = partial(target.append, rid)
+            if rec.host is None:
+                entry = Unattributed(self, entry)
+        if m is None and full:
+            switch.spill = entry        # (the handle table never shrinks: it stays the entry)
+        else:
+            self._cache(switch.by_comm, pointer, entry, m)
+        return entry
 
     # --- wrapped lines -----------------------------------------------------------------------------
 
@@ -464,10 +693,20 @@ class Scanner:
         if not line.rstrip(b" \t\r").endswith(WRAP_WORDS) or self._lines is None:
             return False
         try:
-            idx = self._lines.index(line, self._search)
+            idx = self._lines.index(self._key if self._key is not None else line, self._search)
         except ValueError:
             return False
-        return self._complete(line, self._lines[idx + 1:idx + 1 + WRAPS_MAX], opcount, diff, True)
+        following = self._lines[idx + 1:idx + 1 + WRAPS_MAX]
+        if self.comms is not None and any(COMM_MARK in x for x in following):
+            # their pointers are the next ones the iterator has not handed out yet
+            pos = len(self._comm_values) - length_hint(self.comms)
+            restored = []
+            for x in following:
+                n = x.count(COMM_MARK)
+                restored.append(restore_comms(x, self._comm_values[pos:pos + n]) if n else x)
+                pos += n
+            following = restored
+        return self._complete(line, following, opcount, diff, True)
 
     def _complete(self, cur, following, opcount, diff, may_wait):
         """Join cur with the continuation lines in `following` until it parses (at most WRAPS_MAX);
@@ -506,6 +745,8 @@ class Scanner:
         """After the last source: the caches are of no more use (their memory goes before the
         census is built)."""
         self.clear_caches()
+        self.shapes.clear()
+        self.inits.clear()
         self._scratch_recent.clear()
 
     def _place(self, c, m, rid=None):
@@ -559,12 +800,16 @@ class Scanner:
     def _member(self, c):
         """The handle of a COLL line, made on its first line; None when the table is full."""
         key = (c.host, c.pid, c.comm)
-        m = self.by_ptr.get(key)
+        old = m = self.by_ptr.get(key)
         if m is not None and not m.closed and m.nranks == c.nranks:
             return m
         if len(self.members) >= MEMBERS_MAX:
             return None
         m = Member(len(self.members), c.host, c.pid, c.comm, c.nranks)
+        if old is not None and not old.closed:
+            # the pointer's lines of the other nranks stay cached for the old handle: the one that
+            # replaces it in by_ptr drops them too when the pointer is re-initialised
+            m.cached, m.cached_generation, old.cached = old.cached, old.cached_generation, []
         self.members.append(m)
         self.comm_tokens.add(c.comm.encode("utf-8", "surrogateescape"))
         self.by_ptr[key] = m
@@ -618,7 +863,12 @@ class Scanner:
             if token and token not in self.comm_tokens:
                 self.init_lines += 1
                 return
-        init = parse_init(line.rstrip(b"\r"))
+        init = self.inits.get(line, _NEXT)
+        if init is _NEXT:       # (a log that re-initialises its pointers logs the same INIT lines again)
+            init = parse_init(line.rstrip(b"\r"))
+            if len(self.inits) >= INITS_MAX:
+                self.inits.clear()
+            self.inits[line] = init
         if init is None:
             return
         if type(init) is Malformed:
@@ -636,7 +886,7 @@ class Scanner:
         old = self.by_ptr.get(key)
         if old is not None:
             old.closed = True   # the pointer was re-initialised: its next COLL line starts a new handle
-            self.clear_caches()
+            self._forget(old)
 
     def _kernel(self, line):
         if b" KL " not in line:         # kernel end, element and data records: counted, not parsed
@@ -661,7 +911,12 @@ class Scanner:
             return
 
     def _tuning(self, line):
-        t = parse_tuning(line.rstrip(b"\r"))
+        t = self.inits.get(line, _NEXT)
+        if t is _NEXT:          # (rank 0 logs one TUNING line per size, again and again)
+            t = parse_tuning(line.rstrip(b"\r"))
+            if len(self.inits) >= INITS_MAX:
+                self.inits.clear()
+            self.inits[line] = t
         if t is None or type(t) is Malformed:
             return
         self.tuning_lines += 1
@@ -747,8 +1002,28 @@ class Scanner:
         return {"op": op, "count": count, "datatype": datatype, "redop": redop, "root": root}
 
 
+@contextmanager
+def collector_off():
+    """The cyclic garbage collector off, as it was after. The census makes no reference cycles per
+    line (tests/test_nccl_census_cache.py checks it), while the collector's full passes walked
+    every cached entry and handle, again and again: a third of the CPU time on logs of many
+    communicators, and once more for all of them when it came back on before the census was built."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def scan(sources, scanner, stats, warnings, block):
-    """Feed every source to the scanner, block by block."""
+    """Feed every source to the scanner, block by block (the collector off meanwhile)."""
+    with collector_off():
+        _scan(sources, scanner, stats, warnings, block)
+
+
+def _scan(sources, scanner, stats, warnings, block):
     for src in sources:
         st = stats.setdefault(src.name, SourceStats())
         lineno = 1
