@@ -14,7 +14,9 @@ built from per-host deltas, bounded, and validated for every reader (results/rec
       "skipped": {"h3": 2},                    # counters skipped on a host (faults)
       "faults": {"vanished": 1, "backwards": 1},            # skipped, by kind (deltas.FAULTS)
       "unread": ["h4"],                        # hosts whose counters could not be read at all
-      "dropped": 0                             # moved counters left out by the bounds
+      "dropped": 0,                            # moved counters left out by the bounds
+      "paths": {"h3>h1|tcp_retrans_segs": 41,  # per peer: "<host>><peer>|<counter>": delta over the
+                "h3>h1|tcp_rtt_us_max": 812.0} #   step (counters.PATH_COUNTERS; optional, newer engines)
     }
 
 Only what moved is kept; a host where nothing moved appears nowhere but in hosts_read. Bounds:
@@ -40,10 +42,14 @@ MAX_HOSTS_READ = 1 << 20
 MAX_HOST_NAME = 255            # a DNS name; MPI's processor names are shorter
 MAX_INT = (1 << 63) - 1
 MAX_TS = float(1 << 34)
+MAX_PATHS = 16384              # per-peer entries per record (64 hosts x 63 peers x 4 counters)
 FIELDS = ("source", "t_start", "t_end", "hosts_read", "moved", "totals", "lost", "xmit_wait_tick_ns",
-          "skipped", "faults", "unread", "dropped")
+          "skipped", "faults", "unread", "dropped", "paths")
 _NAME = re.compile(r"[A-Za-z0-9_.:+-]{1,64}")
 _HOST = re.compile(r"[^\x00-\x20\x7f-\x9f|]{1,255}")
+# "<host>><peer>|<counter>": neither host name may hold '>' or '|' there (an ambiguous key is refused)
+_PATH_KEY = re.compile(r"([^\x00-\x20\x7f-\x9f|>]{1,255})>([^\x00-\x20\x7f-\x9f|>]{1,255})\|([a-z][a-z0-9_]{0,63})")
+MAX_PATH_VALUE = float(1 << 62)
 
 
 def record_host(name, hosts):
@@ -118,6 +124,19 @@ def host_of(record_key):
     """(host, counter key) of a record key "<host>|<counter>@<where>"."""
     host, _, k = record_key.rpartition("|")
     return host, k
+
+
+def path_items(field):
+    """(host, peer, counter, value) of a valid field's per-peer counters (none in a field written
+    before they existed); a caller's unchecked dict gives no traceback either."""
+    paths = field.get("paths") if isinstance(field, dict) else None
+    for k, v in (paths.items() if isinstance(paths, dict) else ()):
+        if type(k) is not str or isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        m = _PATH_KEY.fullmatch(k)
+        if m is None or not (math.isfinite(v) and 0 <= v <= MAX_PATH_VALUE) or m.group(1) == m.group(2):
+            continue
+        yield m.group(1), m.group(2), m.group(3), v
 
 
 def top_host(field):
@@ -215,3 +234,10 @@ def validate(v, key="congestion"):
                 raise ValueError(f"{key}.unread: expected host names, got {_what(h)}")
     if "dropped" in v:
         _int(f"{key}.dropped", v["dropped"], 0)
+    if "paths" in v:
+        _obj(f"{key}.paths", v["paths"], MAX_PATHS)
+        for k, d in v["paths"].items():
+            m = _PATH_KEY.fullmatch(k)
+            if m is None or m.group(1) == m.group(2):
+                raise ValueError(f"{key}.paths: key is not '<host>><peer>|<counter>' with two different hosts")
+            _num(f"{key}.paths", d, 0.0, MAX_PATH_VALUE)

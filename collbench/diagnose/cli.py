@@ -84,11 +84,12 @@ def diagnose(paths, baseline=None, since=None):
     if len(loaded.clusters) > 1:
         shapes = ", ".join(f"{n} nodes/{r} ranks/{t}" for (n, r, t) in sorted(loaded.clusters, key=str)[:4])
         notes.append(f"the results mix {len(loaded.clusters)} cluster shapes ({shapes}); each series is judged on its own")
+    normal = baseline.counter_normal if baseline is not None else None
     per = []
     for r in regs:
-        ev = evidence.gather(loaded.series[r.key], r.slow, r.good, r.key.nodes)
+        ev = evidence.gather(loaded.series[r.key], r.slow, r.good, r.key.nodes, normal)
         per.append(([label(r.key)], ranking.suspects_of(ev, r.key.nodes)))
-    per += _pooled(loaded, regs, evidence, ranking, label)
+    per += _pooled(loaded, regs, evidence, ranking, label, normal)
     suspects = ranking.rank(per)
     if regs and loaded.no_congestion:
         notes.append(f"{loaded.no_congestion} of {loaded.results} result(s) carry no congestion counters "
@@ -103,7 +104,7 @@ def diagnose(paths, baseline=None, since=None):
     return d, source
 
 
-def _pooled(loaded, regs, evidence, ranking, label):
+def _pooled(loaded, regs, evidence, ranking, label, normal=None):
     """Suspects from the slow steps of every regression of one cluster shape taken together (a
     `once` run against a baseline has one step per series: alone, none shows a pattern); the
     good steps are the regressed series' others and every step of the series that did not regress.
@@ -126,7 +127,7 @@ def _pooled(loaded, regs, evidence, ranking, label):
             if key not in regressed and (key.nodes, key.ranks) == (nodes, ranks):
                 good += range(len(steps), len(steps) + len(series))
                 steps += series
-        ev = evidence.gather(steps, slow, good, nodes)
+        ev = evidence.gather(steps, slow, good, nodes, normal)
         out.append(([label(r.key) for r in group], ranking.suspects_of(ev, nodes)))
     return out
 
