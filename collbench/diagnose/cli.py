@@ -85,11 +85,12 @@ def diagnose(paths, baseline=None, since=None):
         shapes = ", ".join(f"{n} nodes/{r} ranks/{t}" for (n, r, t) in sorted(loaded.clusters, key=str)[:4])
         notes.append(f"the results mix {len(loaded.clusters)} cluster shapes ({shapes}); each series is judged on its own")
     normal = baseline.counter_normal if baseline is not None else None
-    per = []
+    # the pooled evidence first: of equal suspects the first one's evidence is kept, and the slow
+    # steps of several series say more than one series' (a `once` run's single step)
+    per = _pooled(loaded, regs, evidence, ranking, label, normal)
     for r in regs:
         ev = evidence.gather(loaded.series[r.key], r.slow, r.good, r.key.nodes, normal)
         per.append(([label(r.key)], ranking.suspects_of(ev, r.key.nodes)))
-    per += _pooled(loaded, regs, evidence, ranking, label, normal)
     suspects = ranking.rank(per)
     if regs and loaded.no_congestion:
         notes.append(f"{loaded.no_congestion} of {loaded.results} result(s) carry no congestion counters "

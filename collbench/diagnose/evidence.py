@@ -90,7 +90,8 @@ def judge(events, slow_steps_moved, slow_steps, seconds, ref, ref_kind, tests):
         j.short = (f"moved in {slow_steps_moved} of {slow_steps} slow steps (needs {MIN_SLOW_STEPS} and half "
                    "of them)")
     elif events < MIN_CONTRAST * j.expected:
-        j.short = f"{events} events, {events / j.expected:.2g}x the {j.expected:.3g} its normal expects (needs {MIN_CONTRAST:g}x)"
+        j.short = (f"{events} events, {events / j.expected:.2g}x the {j.expected:.3g} its normal ({ref_kind}) "
+                   f"expects (needs {MIN_CONTRAST:g}x)")
     elif j.p_value > ALPHA:
         j.short = f"p = {j.p_value:.2g} against its normal ({ref_kind}; needs {ALPHA:g})"
     return j

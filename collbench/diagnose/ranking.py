@@ -32,6 +32,7 @@ OFF_CPU_MARGIN = 0.25       # the waited-for share in slow steps above that in t
 MIN_GOOD_OFF_CPU_STEPS = 3  # fewer good steps with the field: compared with 0 (quiet steps name none)
 PFC_BESIDE_MARKS = 0.5      # pauses beside ECN marks: the same queues seen at the link layer, less
                             # likely the cause than the marks
+MAX_LACKING = 12            # what a merged suspect lacks, said once each, the first of them
 OFF_CPU_BONUS = 0.1         # a named host whose rank was also waited for: a little more likely
 
 
@@ -165,7 +166,7 @@ def _path_suspects(paths):
             for h in (p.host, p.peer):
                 on[h] = on.get(h, 0) + p.slow_delta
         host, events = max(on.items(), key=lambda kv: (kv[1], kv[0]))
-        n_paths = sum(1 for pair in pairs if host in pair)
+        n_paths = len({(p.host, p.peer) for p in ps if host in (p.host, p.peer)})
         if events >= COMMON_ENDPOINT * total and n_paths >= 2:
             out.append(Suspect(fam, host=host, score=events / total, paths=[p for p in ps if host in (p.host, p.peer)],
                                detail=f"{host}'s link: the common endpoint of {n_paths} {what} paths "
@@ -264,7 +265,11 @@ def rank(per_regression):
                 merged[s.identity()] = m = s
             elif s.score > m.score:
                 s.regressions = m.regressions
+                s.lacking = m.lacking + [x for x in s.lacking if x not in m.lacking]
                 merged[s.identity()] = m = s
+            else:
+                m.lacking = m.lacking + [x for x in s.lacking if x not in m.lacking]
+            m.lacking = m.lacking[:MAX_LACKING]
             m.regressions += [x for x in labels if x not in m.regressions]
     # an `unexplained` is only a suspect where nothing else explains anything
     if any(s.cause != UNEXPLAINED for s in merged.values()):
