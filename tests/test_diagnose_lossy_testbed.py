@@ -6,8 +6,8 @@ runs a baseline needs: collbench/baselines/baseline_file.py MIN_RUNS); then:
 - a lossy host: 3 % of h3's egress packets dropped at random on the wire (lab/testbed.py loss,
   a bad cable or optic): h3 alone retransmits (TcpExt TCPFastRetrans), its peers count the
   out-of-order arrivals (TCPOFOQueue) -> h3, link_errors;
-- a lossy link: 3 % of h3's packets toward h2 only: h3 retransmits, h2 alone receives out of
-  order -> the link h3 -> h2 (both ends), link_errors. Only alltoall sends from h3 to h2 directly
+- a lossy link: 5 % of h3's packets toward h2 only: h3 retransmits -> link_errors on h3's link;
+  with per-peer counters (engines that write `congestion.paths`) the link h3 -> h2, both ends. Only alltoall sends from h3 to h2 directly
   on 4 ranks (recursive doubling, the ring and the binomial tree never pair them), so that fault
   runs alltoall only, three times (one run's 3 steps: in a first try the loss struck 1 of them);
 - a quiet run after both: no host or link named.
@@ -32,6 +32,8 @@ LOSS_PERMILLE = 30                 # 3 %: collectives 2-6x slower (issue 28's lo
 LOSSY, PEER = 2, 1                 # h3, and h2 for the lossy link
 BASELINE_RUNS = 5
 LINK_RUNS = 3                      # alltoall's 3 steps a run; a counter needs 3 slow steps and half of them
+LINK_LOSS_PERMILLE = 50            # one link's share of the traffic is small: at 3 % and 20 iterations
+LINK_ITERATIONS = "50"             # a 256KB alltoall step lost 0-2 packets toward the peer
 
 
 def _collbench(*args, netns=None, timeout=180):
@@ -40,8 +42,8 @@ def _collbench(*args, netns=None, timeout=180):
                           timeout=timeout, cwd=REPO)
 
 
-def once(bed, results, ops=OPS):
-    r = _collbench("once", "--config", bed["config"], "--results", results, "--quiet", *ops, *SIZES,
+def once(bed, results, ops=OPS, sizes=SIZES):
+    r = _collbench("once", "--config", bed["config"], "--results", results, "--quiet", *ops, *sizes,
                    netns=bed["hosts"][0]["netns"])
     assert r.returncode == 0, r.stderr[-3000:]
     return results
@@ -74,9 +76,9 @@ def bed(tmp_path_factory):
         yield desc
 
 
-def _with_loss(bed, name, peer=None):
+def _with_loss(bed, name, peer=None, permille=LOSS_PERMILLE):
     from lab import testbed
-    host = testbed.loss(bed["dir"], bed["hosts"][LOSSY]["alias"], LOSS_PERMILLE,
+    host = testbed.loss(bed["dir"], bed["hosts"][LOSSY]["alias"], permille,
                         peer=bed["hosts"][peer]["alias"] if peer is not None else None)
     return host, testbed
 
@@ -100,19 +102,28 @@ def test_a_lossy_host_is_named_link_errors(bed):
         json.dumps(doc["suspects"])
 
 
-def test_a_lossy_link_is_named_with_both_ends(bed):
-    host, testbed = _with_loss(bed, "h3", peer=PEER)
+def test_a_lossy_link_is_named_by_its_sender_or_both_ends(bed):
+    """With per-peer counters (`congestion.paths`) the one lossy path names the link, both ends;
+    with host counters alone h3 retransmits and h2's out-of-order arrivals stay within routine
+    (below 1 % of what it received), so the sender's link is what they can name."""
+    host, testbed = _with_loss(bed, "h3", peer=PEER, permille=LINK_LOSS_PERMILLE)
     peer = bed["hosts"][PEER]
     results = os.path.join(bed["root"], "lossy-link.jsonl")
     try:
         for _ in range(LINK_RUNS):
-            once(bed, results, ops=["--ops", "alltoall"])
+            once(bed, results, ops=["--ops", "alltoall"], sizes=SIZES[:-1] + [LINK_ITERATIONS])
     finally:
         testbed.loss_clear(bed["dir"])
+    with open(results) as f:
+        per_peer = any("paths" in (json.loads(line).get("congestion") or {}) for line in f)
     rc, doc = diagnose(bed, results)
     assert rc == 1 and doc["regressions"], json.dumps(doc)
     top = doc["suspects"][0]
-    assert (top["link"], top["cause"]) == ([host["addr"], peer["addr"]], "link_errors"), json.dumps(doc["suspects"])
+    assert top["cause"] == "link_errors", json.dumps(doc["suspects"])
+    if per_peer:
+        assert top["link"] == [host["addr"], peer["addr"]], json.dumps(doc["suspects"])
+    else:
+        assert host["addr"] in [top["host"]] + (top["link"] or []), json.dumps(doc["suspects"])
     assert len(named(doc)) == 1, json.dumps(doc["suspects"])
 
 

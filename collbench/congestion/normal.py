@@ -7,12 +7,18 @@ baseline's runs (the host's own normal); `collbench diagnose` builds one of the 
 steps, and tests the slow steps' movement against whichever it has (docs/DIAGNOSIS.md, "How
 sure").
 
-The test respects counts: the slow steps' events K over their t seconds against the normal rate
-lambda (events / seconds of the reference, plus PSEUDO_EVENTS so a counter that never moved there
-still has a rate), as the upper tail P(X >= K) of a negative binomial with mean lambda x t and the
-step-to-step overdispersion of the reference (a counter that moves in bursts, as TCP loss recovery
-does, needs far more events to be proof than a steady one). A handful of events is never proof:
-MIN_EVENTS, MIN_SLOW_STEPS and MIN_CONTRAST come on top (diagnose/evidence.py).
+The test respects counts, and looks at the normal two ways (diagnose/evidence.py judge takes the
+smaller p, doubled):
+  how many events: the slow steps' events K over their t seconds against the normal rate lambda
+    (events / seconds of the reference, plus PSEUDO_EVENTS so a counter that never moved there
+    still has a rate), as the upper tail P(X >= K) of a negative binomial with mean lambda x t and
+    the step-to-step overdispersion of the reference (a counter that moves in bursts, as TCP loss
+    recovery does, needs far more events to be proof than a steady one);
+  in how many steps: the slow steps it moved in against the share of reference steps it moved in
+    (Laplace-smoothed), as a binomial upper tail: one burst in a reference of 60 steps makes the
+    overdispersion so large that no count is proof, while moving in 6 of 7 slow steps against 1
+    of 60 still is.
+A handful of events is never proof: MIN_EVENTS, MIN_SLOW_STEPS and MIN_CONTRAST come on top.
 """
 
 import math
@@ -166,6 +172,11 @@ class Reference:
         return (self.events + PSEUDO_EVENTS) / self.seconds
 
     @property
+    def step_share(self):
+        """The share of reference steps it moved in, Laplace-smoothed: never 0 or 1."""
+        return (self.moved + 1) / (self.steps + 2)
+
+    @property
     def phi(self):
         return PHI_UNKNOWN if self.dispersion is None else max(self.dispersion, PHI_FLOOR)
 
@@ -190,6 +201,16 @@ def upper_tail(k, mean, phi, steps):
     size = max(steps, 1) / phi
     # X ~ NB(size, p) with p = size / (size + mean): P(X >= k) = I_{1-p}(k, size)
     return betainc(k, size, mean / (size + mean))
+
+
+def steps_upper_tail(moved, steps, share):
+    """P(at least `moved` of `steps` steps move) when each moves with probability `share`
+    (binomial)."""
+    if moved <= 0:
+        return 1.0
+    if moved > steps:
+        return 0.0
+    return betainc(moved, steps - moved + 1, share)
 
 
 def betainc(a, b, x):

@@ -22,7 +22,7 @@ from collbench.congestion import counters
 from collbench.congestion.attribution import ROUTINE_RETRANS_SHARE
 from collbench.congestion.counters import CONGESTION, LINK_ERRORS, PFC, TRAFFIC
 from collbench.congestion.keys import priority, split
-from collbench.congestion.normal import Tally, upper_tail
+from collbench.congestion.normal import Tally, steps_upper_tail, upper_tail
 
 SLOW_HOST, UNEXPLAINED = "slow_host", "unexplained"
 STORM = {"tx_pause_storm_warning_events", "tx_pause_storm_error_events"}
@@ -83,7 +83,11 @@ def judge(events, slow_steps_moved, slow_steps, seconds, ref, ref_kind, tests):
         return j
     j.reference, j.dispersion = ref_kind, ref.phi
     j.expected = ref.rate * seconds
-    j.p_value = min(1.0, upper_tail(events, j.expected, ref.phi, slow_steps) * max(tests, 1))
+    # two views of one normal (congestion/normal.py): how many events, in how many steps; the
+    # smaller p, doubled, and corrected for every counter tested
+    p_events = upper_tail(events, j.expected, ref.phi, slow_steps)
+    p_steps = steps_upper_tail(slow_steps_moved, slow_steps, ref.step_share)
+    j.p_value = min(1.0, 2 * min(p_events, p_steps) * max(tests, 1))
     if events < MIN_EVENTS:
         j.short = f"{events} events (needs {MIN_EVENTS})"
     elif slow_steps_moved < max(MIN_SLOW_STEPS, MIN_STEP_SHARE * slow_steps):
