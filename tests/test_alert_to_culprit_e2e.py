@@ -19,9 +19,11 @@ the rules `collbench rules` generated, `for: 1s`) sends to a real Alertmanager. 
      behind a 400 Mbit/s tbf bottleneck -> the alert fires in Alertmanager naming h3's address
      in its summary, and `collbench diagnose` on the daemon's results names h3 with
      cause `congestion`. Why the queue: a marking switch port marks because its queue is building;
-     marking alone on an idle veth adds no delay (measured: 256 kbytes/s marking, every packet CE,
-     slowed the 1MB alltoall steps by ~8 %, within this machine's noise), so the congested port
-     here has both, its queue and its marks;
+     marking alone on an idle veth under bbr added no delay (256 kbytes/s marking, every packet
+     CE, slowed the 1MB alltoall steps by ~8 %, within this machine's noise). Re-measured since
+     `testbed.up` pins cubic (issue 28): marking alone at 256 kbytes/s made 1MB alltoall 5.1x and
+     allreduce 2.1x slower (4 hosts, docs/SETUP.md), so the queue is no longer needed for the
+     slowdown; the congested port keeps both, its queue and its marks, as a real one has;
   4. the marking removed -> the alert resolves (gone from Alertmanager, no longer firing);
   5. the daemon stopped, h6's link shaped by tbf with no marking (the counters see nothing) ->
      `collbench locate` names h6.
