@@ -50,6 +50,7 @@ STRENGTHS = {"ecn": ["1mbytes", "2mbytes", "4mbytes"], "lossy_host": [10, 30, 50
              "shaped": ["50mbit", "100mbit"], "cpu": [1000, 2500]}     # cpu: quota us per 50 ms
 CLASSES = tuple(STRENGTHS)
 QUEUE_RATE = "400mbit"          # the marking port's queue (a port marks because its queue builds)
+LINK_RUNS = 3                   # lossy_link: alltoall's 3 steps a run; a counter needs 3 slow steps
 
 
 def collbench(bed, *args, netns=True, timeout=300):
@@ -161,7 +162,8 @@ def campaign(args):
                 once(bed, results, OPS)
                 doc = diagnose(bed, results)
                 named = [s for s in doc["suspects"] if s["host"] or s["link"]]
-                quiet_rows.append({"verdict": doc["verdict"], "named": len(named), "load": load})
+                quiet_rows.append({"verdict": doc["verdict"], "named": len(named), "load": load,
+                                   "ratios": [r["ratio"] for r in doc["regressions"]]})
                 outcome = "false culprit" if named else doc["verdict"]
             else:
                 host, peer = rng.sample(bed["hosts"], 2)
@@ -169,13 +171,16 @@ def campaign(args):
                 fault = Fault(bed, cls, host, peer, strength)
                 t0 = time.monotonic()
                 with fault:
-                    for _ in range(args.runs_per_trial):
+                    for _ in range(args.runs_per_trial * (LINK_RUNS if cls == "lossy_link" else 1)):
                         once(bed, results, LINK_OPS if cls == "lossy_link" else OPS)
                 doc = diagnose(bed, results)
                 outcome = judge(doc, fault.expected())
+                top = doc["suspects"][0] if doc["suspects"] else {}
                 rows.append({"class": cls, "strength": strength, "outcome": outcome,
-                             "seconds": time.monotonic() - t0, "load": load,
-                             "ratio": max((r["ratio"] for r in doc["regressions"]), default=1.0)})
+                             "seconds": time.monotonic() - t0, "load": load, "host": host["alias"],
+                             "peer": peer["alias"], "ratio": max((r["ratio"] for r in doc["regressions"]), default=1.0),
+                             "top": [top.get("cause"), top.get("host"), top.get("link"), top.get("p_value")],
+                             "lacking": (top.get("evidence") or {}).get("lacking", [])[:3]})
             left = (time.monotonic() - started) / (n + 1) * (len(plan) - n - 1)
             print(f"[{n + 1}/{len(plan)}] {cls}: {outcome} (load {load:.1f}; ~{left:.0f} s left)",
                   file=sys.stderr, flush=True)
@@ -216,7 +221,7 @@ def main(argv=None):
     p.add_argument("--classes", default=",".join(CLASSES), help=f"fault classes (default {','.join(CLASSES)})")
     p.add_argument("--baseline-runs", type=int, default=5)
     p.add_argument("--runs-per-trial", type=int, default=1, help="once runs with the fault on (lossy_link: "
-                                                                   "alltoall's 3 steps each)")
+                                                                   f"{LINK_RUNS}x as many, alltoall's 3 steps each)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", metavar="FILE", help="write every trial's row there too")
     args = p.parse_args(argv)

@@ -113,7 +113,7 @@ class CounterEvidence:
     good_steps: int = 0
     share: float = 0.0        # of the counter's movement over all hosts in the slow steps
     slow_rate: float = 0.0    # per second of the slow steps' windows
-    good_rate: float = None   # per second of the good steps' windows (None: no good step had counters)
+    good_rate: float = None   # its normal's rate per second (the good steps' or the baseline's; None: no normal)
     peers_rate: float = 0.0   # the other hosts' mean rate of the same counter in the slow steps
     step_share: float = 0.0   # slow_steps / slow steps with counters
     contrast: float = None    # slow_rate / good_rate (None: no normal; inf: never moved in it)
