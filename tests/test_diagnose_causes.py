@@ -44,6 +44,8 @@ def _anchors(text):
 def test_each_cause_is_one_entry_with_its_rule_and_its_docs_section():
     families = set(FAMILIES) - {TRAFFIC}
     assert families <= set(CAUSES), families - set(CAUSES)
+    # a family's counters go to its cause's rule, and to no other
+    assert {name for name, c in CAUSES.items() if c.from_counters} == families
     anchors = _anchors(DOCS.read_text())
     for name, cause in CAUSES.items():
         assert cause.explanation and (cause.rule is not None or name == evidence.UNEXPLAINED), name

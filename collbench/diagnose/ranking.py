@@ -194,27 +194,35 @@ def _slow_host(ev, nodes):
     return info, min(1.0, (share - ref) / (1.0 - ref)) if ref < 1 else 0.0
 
 
+def _pauses_beside_marks(out, pauses):
+    """Pauses with ECN marks are the same congestion seen at the link layer too: the congestion
+    suspect takes the pause counters of its host or link, and a pfc suspect beside it scores
+    less (dropped when it names the same host)."""
+    cong = next((s for s in out if s.cause == CONGESTION), None)
+    pfc = next((s for s in out if s.cause == PFC), None)
+    if cong is None:
+        return
+    for c in pauses:
+        if c.host in (cong.host,) + (cong.link or ()):
+            cong.counters.append(c)
+    if pfc is not None:
+        pfc.score *= PFC_BESIDE_MARKS
+        if pfc.host == cong.host:
+            out.remove(pfc)
+
+
 def suspects_of(ev, nodes):
     """The suspects of one regression (its Evidence), best first; an `unexplained` one when none."""
     by_family = {}
     for c in ev.counters:
         by_family.setdefault(c.family, []).append(c)
     out = []
-    if CONGESTION in by_family:
-        out.append(_congestion(by_family[CONGESTION]))
-        # pauses with ECN marks: the same congestion, seen at the link layer too
-        for c in by_family.get(PFC, ()):
-            if c.host in (out[0].host,) + (out[0].link or ()):
-                out[0].counters.append(c)
-    if PFC in by_family:
-        pfc = _pfc(by_family[PFC])
-        if CONGESTION in by_family:
-            pfc.score *= PFC_BESIDE_MARKS
-        if not any(pfc.host == s.host for s in out):
-            out.append(pfc)
-    link = _link_errors(by_family.get(LINK_ERRORS, ()))
-    if link:
-        out.append(link)
+    for name, cause in CAUSES.items():       # the causes counters are evidence of, each its own rule
+        if cause.from_counters and name in by_family:
+            s = cause.rule(by_family[name])
+            if s is not None:
+                out.append(s)
+    _pauses_beside_marks(out, by_family.get(PFC, ()))
     # per-peer evidence names the path; it replaces a host-counter suspect of the same cause
     for ps in _path_suspects(ev.paths):
         same = [s for s in out if s.cause == ps.cause]
@@ -284,19 +292,21 @@ def rank(per_regression):
 class Cause(NamedTuple):
     """One cause class: the rule that names it from the evidence, what it means, where it is
     documented. Adding a cause is one entry here (and its family in congestion/counters.py when
-    counters are its evidence)."""
+    counters are its evidence: then its rule takes that family's qualifying CounterEvidence and
+    returns a Suspect or None, and suspects_of calls it in this table's order)."""
     rule: Callable
     explanation: str
     docs: str
+    from_counters: bool = False     # the rule reads the counters of the family of the same name
 
 
 CAUSES = {
     CONGESTION: Cause(_congestion, "ECN marks and CNPs rising with the latency: queues on a path",
-                      "docs/DIAGNOSIS.md#congestion-ecn-marks-and-cnps-rising-with-the-latency"),
+                      "docs/DIAGNOSIS.md#congestion-ecn-marks-and-cnps-rising-with-the-latency", True),
     PFC: Cause(_pfc, "pauses without ECN marks: the link layer stopped traffic",
-               "docs/DIAGNOSIS.md#pfc-pauses-without-ecn-marks"),
+               "docs/DIAGNOSIS.md#pfc-pauses-without-ecn-marks", True),
     LINK_ERRORS: Cause(_link_errors, "errors, losses and the retransmissions they cost: a bad cable, optics or link",
-                       "docs/DIAGNOSIS.md#link_errors-a-bad-cable-optics-or-link"),
+                       "docs/DIAGNOSIS.md#link_errors-a-bad-cable-optics-or-link", True),
     SLOW_HOST: Cause(_slow_host, "the others kept waiting for one host's rank, and no counter moved",
                      "docs/DIAGNOSIS.md#slow_host-the-others-kept-waiting-for-one-hosts-rank-and-no-counter-moved"),
     UNEXPLAINED: Cause(None, "a regression with no evidence", "docs/DIAGNOSIS.md#unexplained-a-regression-with-no-evidence"),
