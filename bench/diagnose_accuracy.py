@@ -20,7 +20,8 @@ Mode `once` (the only one built so far): each trial is `once` runs (--runs-per-t
 fault on, then `diagnose --baseline`. The stress loop with the shift test, and PFC storms and link
 errors from fixture trees under real mpirun, are not in this campaign yet.
 
-Per class it prints trials, right (host or link and cause), wrong (a named suspect that is not
+Per class it prints trials, right (host or link and cause), one end (lossy_link: the sender's
+link named, not the link: what host counters alone can say), wrong (a named suspect that is not
 the planted one), unexplained, no regression, and the median seconds from the fault applied to
 the verdict; over the quiet runs the false culprits and the false alarms (a regression found),
 with the machine's load average. Figures are one campaign's: repeat it (--seed) for their spread.
@@ -122,7 +123,7 @@ class Fault:
 
 
 def judge(doc, expected):
-    """right / wrong / unexplained / no regression of one diagnosis against what was planted."""
+    """right / one end / wrong / unexplained / no regression of one diagnosis against what was planted."""
     cause, host, link = expected
     named = [s for s in doc["suspects"] if s["host"] or s["link"]]
     if doc["verdict"] == "no regression":
@@ -134,6 +135,8 @@ def judge(doc, expected):
     top = named[0]
     ok = top["cause"] == cause and (top["link"] == link if link else top["host"] == host)
     others = [s for s in named[1:] if host not in ([s["host"]] + (s["link"] or [])) and s["link"] != link]
+    if link and not others and top["cause"] == cause and top["host"] == link[0]:
+        return "one end"     # the lossy link's sender named, not the link (host counters alone)
     return "right" if ok and not others else "wrong"
 
 
@@ -190,19 +193,21 @@ def campaign(args):
 
 
 def report(rows, quiet_rows):
-    print(f"{'class':<12} {'trials':>6} {'right':>6} {'wrong':>6} {'unexpl':>7} {'no-reg':>7} "
+    print(f"{'class':<12} {'trials':>6} {'right':>6} {'1 end':>6} {'wrong':>6} {'unexpl':>7} {'no-reg':>7} "
           f"{'median s':>9} {'ratio (min-max)':>16}  strengths right/tried")
     for cls in CLASSES:
         rs = [r for r in rows if r["class"] == cls]
         if not rs:
             continue
-        count = {k: sum(r["outcome"] == k for r in rs) for k in ("right", "wrong", "unexplained", "no regression")}
+        count = {k: sum(r["outcome"] == k for r in rs)
+                 for k in ("right", "one end", "wrong", "unexplained", "no regression")}
         by_strength = {}
         for r in rs:
             ok, n = by_strength.get(r["strength"], (0, 0))
             by_strength[r["strength"]] = (ok + (r["outcome"] == "right"), n + 1)
         ratios = [r["ratio"] for r in rs]
-        print(f"{cls:<12} {len(rs):>6} {count['right']:>6} {count['wrong']:>6} {count['unexplained']:>7} "
+        print(f"{cls:<12} {len(rs):>6} {count['right']:>6} {count['one end']:>6} {count['wrong']:>6} "
+              f"{count['unexplained']:>7} "
               f"{count['no regression']:>7} {statistics.median(r['seconds'] for r in rs):>9.1f} "
               f"{min(ratios):>7.2f}-{max(ratios):<7.2f}  "
               + ", ".join(f"{s}: {ok}/{n}" for s, (ok, n) in sorted(by_strength.items(), key=str)))
