@@ -82,7 +82,6 @@ QUICK_PLAN = [
 
 
 ECN_TABLE = "collbench_ecn"          # the nftables table --ecn-mark adds in a host's namespace
-LOSS_TABLE = "collbench_loss"        # the table `loss` adds: random drops on a host's egress
 # ECN marks slow TCP only under a congestion control that reacts to them; bbr (this machine's
 # default, inherited by every namespace) ignores CE, cubic halves its window on an echo
 CONGESTION_CONTROL = "cubic"
@@ -298,6 +297,7 @@ def congestion_control(host):
 
 
 def _loss_table(host):
+    """The root namespace's netdev table of a host's loss rule (the veth name is unique per testbed)."""
     return f"collbench_loss_{host['veth']}"
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from collbench.congestion import counters
 from collbench.congestion.attribution import ROUTINE_RETRANS_SHARE
-from collbench.congestion.counters import CONGESTION, LINK_ERRORS, PFC, TRAFFIC
+from collbench.congestion.counters import LINK_ERRORS, PFC, TRAFFIC
 from collbench.congestion.keys import priority, split
 from collbench.congestion.normal import Tally, steps_upper_tail, upper_tail
 
