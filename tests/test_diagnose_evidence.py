@@ -139,7 +139,14 @@ def test_baseline_save_says_when_it_has_too_few_runs(tmp_path):
     p = save_baseline(tmp_path, [r for run in range(3) for r in once_run(run)])
     assert "fewer than 5 measurements" in p.stderr, p.stderr
     p = save_baseline(tmp_path, [r for run in range(5) for r in once_run(run)], name="five")
-    assert "fewer than 5 measurements" not in p.stderr, p.stderr
+    assert "fewer than 5 measurements" not in p.stderr and "counters' normal" not in p.stderr, p.stderr
+    # records without counters: the baseline has no counters' normal, and says so
+    bare = [r for run in range(5) for r in once_run(run)]
+    for r in bare:
+        del r["congestion"]
+    p = save_baseline(tmp_path, bare, name="bare")
+    assert "the counters' normal holds 0 steps" in p.stderr, p.stderr
+    assert "counter_normal" not in json.loads((tmp_path / "state" / "baselines" / "bare.json").read_text())
 
 
 # ---------------------------------------------------------------- per-peer evidence (congestion.paths)
