@@ -132,3 +132,11 @@ def test_a_quiet_run_after_the_faults_names_no_suspect(bed):
     assert doc["verdict"] in ("no regression", "unexplained"), json.dumps(doc["suspects"])
     assert named(doc) == [], json.dumps(doc["suspects"])
     assert rc == (0 if doc["verdict"] == "no regression" else 1)
+
+
+@pytest.mark.parametrize("permille,peer", [(0, None), (1001, None), (True, None), (30, "h3")])
+def test_loss_refuses_a_bad_strength_or_a_link_to_itself(bed, permille, peer):
+    from lab import testbed
+    with pytest.raises(testbed.TestbedError):
+        testbed.loss(bed["dir"], "h3", permille, peer=peer)
+    assert testbed.lost_packets(testbed.load(bed["dir"]), "h3") is None      # nothing left applied
