@@ -3,6 +3,7 @@
     python -m lab.testbed up N [--dir DIR] [--rate-limit RATE] [--link-rate hI=RATE ...] [--full-plan]
                                      [--racks R --inter-rack-rate RATE] [--ecn-mark hI=RATE ...]
     python -m lab.testbed ecn-mark DIR hI=RATE ... | ecn-clear DIR [hI ...]
+    python -m lab.testbed loss DIR hI=PERMILLE [--peer hJ] | loss-clear DIR [hI ...]
     python -m lab.testbed env DIR | down DIR | list
 
 For tests, and for trying collbench without a cluster (needs root). Each host is a network
@@ -38,6 +39,16 @@ ECN-marking switch port in front of host hI. An nftables rule on the egress of h
 namespace so TCP negotiates ECN. The marks are real congestion signals to the kernel: the
 receivers count them in IpExt InCEPkts, and hI in TcpExt TCPDeliveredCE once they are echoed
 back (docs/CONGESTION.md). Needs nft (nftables; scripts/install.sh installs it).
+
+Congestion control: marks slow TCP only under an ECN-reactive congestion control (as DCQCN reacts
+on RoCE); a namespace inherits the machine's default, which may be bbr (it ignores CE). `up` pins
+`cubic` in every namespace (CONGESTION_CONTROL), adding it to the root namespace's
+net.ipv4.tcp_allowed_congestion_control when missing (a namespace may only choose a listed one).
+
+Loss (`loss DIR hI=PERMILLE [--peer hJ]`, `loss-clear`): a bad cable or optic. An nftables rule
+drops PERMILLE per 1000 of hI's egress packets at random (`numgen random mod 1000 lt N drop`), or
+only those toward hJ (`ip daddr hJ`: one lossy link), on the wire: at the ingress of hI's veth's
+bridge end (root namespace, netdev table `collbench_loss_<veth>`), so hI's TCP sees real loss.
 """
 
 import argparse
@@ -71,6 +82,9 @@ QUICK_PLAN = [
 
 
 ECN_TABLE = "collbench_ecn"          # the nftables table --ecn-mark adds in a host's namespace
+# ECN marks slow TCP only under a congestion control that reacts to them; bbr (this machine's
+# default, inherited by every namespace) ignores CE, cubic halves its window on an echo
+CONGESTION_CONTROL = "cubic"
 ECN_BURST = "128 kbytes"
 _ECN_RATE = re.compile(r"^([1-9][0-9]{0,11})\s*(bytes|kbytes|mbytes)(?:/(?:second|s))?$")
 
@@ -214,6 +228,7 @@ def _build(desc, n, prefix, rate_limit, link_rates, shaper, slots, python, full_
            inter_rack_rate=None):
     d = desc["dir"]
     tb_id = desc["id"]
+    desc["congestion_control"] = allow_congestion_control(CONGESTION_CONTROL)
     with open(LOCK_FILE, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         block = _allocate_block(n)
@@ -246,6 +261,8 @@ def _build(desc, n, prefix, rate_limit, link_rates, shaper, slots, python, full_
         # TCP asks for ECN on its connections: a marking hop (--ecn-mark) then signals congestion
         # instead of dropping, and the kernel counts it (the default, 2, only answers requests)
         _run(["ip", "netns", "exec", host["netns"], "sysctl", "-q", "-w", "net.ipv4.tcp_ecn=1"])
+        _run(["ip", "netns", "exec", host["netns"], "sysctl", "-q", "-w",
+              f"net.ipv4.tcp_congestion_control={desc['congestion_control']}"])
         rate = link_rates.get(host["alias"]) or link_rates.get(host["addr"]) or rate_limit
         if rate:
             _rate_limit(host["netns"], "eth0", rate, shaper)   # host -> bridge
@@ -260,6 +277,89 @@ def _build(desc, n, prefix, rate_limit, link_rates, shaper, slots, python, full_
         _start_sshd(desc, host)
     _save(desc)
     _wait_sshd(desc)
+
+
+def allow_congestion_control(name):
+    """Make `name` choosable in network namespaces: add it to the root namespace's
+    net.ipv4.tcp_allowed_congestion_control when it is not listed (the module loads on first use).
+    Returns the name."""
+    path = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
+    with open(path) as f:
+        allowed = f.read().split()
+    if name not in allowed:
+        _run(["sysctl", "-q", "-w", f"net.ipv4.tcp_allowed_congestion_control={' '.join(allowed + [name])}"])
+    return name
+
+
+def congestion_control(host):
+    """The TCP congestion control a host's namespace uses (what `up` pinned)."""
+    return _run(["ip", "netns", "exec", host["netns"], "sysctl", "-n", "net.ipv4.tcp_congestion_control"]).stdout.strip()
+
+
+def _loss_table(host):
+    """The root namespace's netdev table of a host's loss rule (the veth name is unique per testbed)."""
+    return f"collbench_loss_{host['veth']}"
+
+
+def _root_nft(*args, check=True):
+    try:
+        return _run(["nft", *args], check=check)
+    except FileNotFoundError:
+        raise TestbedError("nft not found: install nftables (scripts/install.sh does)") from None
+
+
+def loss(directory, name, permille, peer=None):
+    """Drop `permille` per 1000 of a host's egress packets at random (a bad cable or optic), or
+    only those toward `peer` (one lossy link); replaces the host's previous loss rule. Returns
+    the host.
+
+    The packets are dropped on the wire, after they left the host: at the ingress of its veth's
+    bridge end in the root namespace (an nftables netdev table). A drop in the host's own
+    postrouting hook is a local send failure its TCP sees and retries without a retransmission
+    (measured: 21 of 36,000 segments dropped there, TCPFastRetrans 0), not a lossy cable."""
+    desc = load(directory)
+    host = _host(desc, name)
+    if isinstance(permille, bool) or not isinstance(permille, int) or not 1 <= permille <= 1000:
+        raise TestbedError(f"loss {permille!r}: expected packets per 1000 dropped, 1..1000")
+    match = []
+    to = None
+    if peer is not None:
+        to = _host(desc, peer)
+        if to is host:
+            raise TestbedError(f"loss on {host['alias']} toward itself")
+        match = ["meta", "protocol", "ip", "ip", "daddr", to["addr"]]
+    table = _loss_table(host)
+    _root_nft("delete", "table", "netdev", table, check=False)
+    _root_nft("add", "table", "netdev", table)
+    host["loss"] = {"permille": permille, "peer": to["alias"] if to else None, "table": table}
+    _save(desc)
+    _root_nft("add", "chain", "netdev", table, "wire",
+              f"{{ type filter hook ingress device {host['veth']} priority 0; }}")
+    # `counter`: the packets dropped (lost_packets)
+    _root_nft("add", "rule", "netdev", table, "wire", *match, "numgen", "random", "mod", "1000", "lt",
+              str(permille), "counter", "drop")
+    return host
+
+
+def loss_clear(directory, names=None):
+    """Remove the loss rule of the named hosts (None: all); returns the aliases cleared."""
+    desc = load(directory)
+    hosts = desc["hosts"] if not names else [_host(desc, n) for n in names]
+    cleared = []
+    for h in hosts:
+        res = _root_nft("delete", "table", "netdev", _loss_table(h), check=False)
+        if res.returncode == 0 or h.pop("loss", None):
+            cleared.append(h["alias"])
+        h.pop("loss", None)
+    _save(desc)
+    return cleared
+
+
+def lost_packets(desc, name):
+    """Packets the host's loss rule has dropped so far (None: no rule)."""
+    res = _root_nft("list", "table", "netdev", _loss_table(_host(desc, name)), check=False)
+    m = re.search(r"counter packets (\d+)", res.stdout) if res.returncode == 0 else None
+    return int(m.group(1)) if m else None
 
 
 def ecn_rate(rate):
@@ -465,6 +565,8 @@ def down(directory, grace=3.0):
     namespaces = [ns for ns in namespaces if ns in existing]
     proctree.stop_tree(lambda: [pid for ns in namespaces for pid in netns_pids(ns)], grace, kill_wait=grace)
     for h in desc.get("hosts", []):
+        if h.get("loss"):
+            _run(["nft", "delete", "table", "netdev", _loss_table(h)], check=False)
         _run(["ip", "link", "del", h["veth"]], check=False)
     for ns in namespaces:
         _run(["ip", "netns", "del", ns], check=False)
@@ -546,6 +648,13 @@ def main(argv=None):
     s = sub.add_parser("ecn-clear", help="remove the ECN marking of hosts (default: all)")
     s.add_argument("dir")
     s.add_argument("hosts", nargs="*", metavar="hI")
+    s = sub.add_parser("loss", help="drop PERMILLE/1000 of a host's egress packets at random (a lossy cable)")
+    s.add_argument("dir")
+    s.add_argument("loss", metavar="hI=PERMILLE", help="e.g. h2=30 (3 %%)")
+    s.add_argument("--peer", metavar="hJ", help="only the packets toward hJ: one lossy link")
+    s = sub.add_parser("loss-clear", help="remove the loss rule of hosts (default: all)")
+    s.add_argument("dir")
+    s.add_argument("hosts", nargs="*", metavar="hI")
     sub.add_parser("list", help="testbeds on this machine: id, directory, hosts, subnet")
     args = p.parse_args(argv)
 
@@ -567,6 +676,8 @@ def main(argv=None):
             config = shlex.quote(desc["config"])
             print(f"# {args.n} hosts up in {desc['subnet']}; master h1 = {desc['master_addr']}; "
                   f"plan: {desc['plan']}", file=sys.stderr)
+            print(f"# TCP congestion control {desc['congestion_control']} in every namespace (ECN marks slow "
+                  "it; added to the root namespace's net.ipv4.tcp_allowed_congestion_control)", file=sys.stderr)
             for h in desc["hosts"]:
                 if h.get("ecn_mark"):
                     print(f"# {h['alias']}: ECN CE marked on its egress beyond {h['ecn_mark']}", file=sys.stderr)
@@ -587,6 +698,16 @@ def main(argv=None):
             cleared = ecn_clear(args.dir, args.hosts)
             print(f"ECN marking removed: {', '.join(cleared)}" if cleared else "no ECN marking to remove",
                   file=sys.stderr)
+        elif args.verb == "loss":
+            name, sep, n = args.loss.partition("=")
+            if not sep or not n.isdigit():
+                p.error(f"loss {args.loss!r}: expected hI=PERMILLE")
+            h = loss(args.dir, name, int(n), args.peer)
+            toward = f" toward {h['loss']['peer']}" if h["loss"]["peer"] else ""
+            print(f"{h['alias']}: {int(n) / 10:g} % of its egress packets{toward} dropped at random", file=sys.stderr)
+        elif args.verb == "loss-clear":
+            cleared = loss_clear(args.dir, args.hosts)
+            print(f"loss removed: {', '.join(cleared)}" if cleared else "no loss rule to remove", file=sys.stderr)
         elif args.verb == "env":
             print("\n".join(env_lines(load(args.dir))))
         elif args.verb == "list":

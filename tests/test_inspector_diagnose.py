@@ -167,14 +167,19 @@ def test_a_prometheus_answer_is_untrusted(tmp_path):
 
 
 def test_against_a_baseline_of_the_job_on_a_good_day(tmp_path):
-    """--baseline: a baseline saved from a good day's imported records; a job slow all along (no
-    shift within it to find) regresses against it, and the counters name the path."""
+    """--baseline: a baseline saved from a good day's imported records and the stress loop beside
+    them; a job slow all along (no shift within it to find) regresses against it, and the counters,
+    weighed against the good day's, name the path."""
     (tmp_path / "good").mkdir()
     good = job(tmp_path / "good")
     results = tmp_path / "good.jsonl"
     assert collbench("import", "nccl-inspector", str(good), "--results", str(results)).returncode == 0
+    # the good day's counters' normal: the stress loop that ran beside the job then (a slow-all-along
+    # job has no good steps of its own to weigh the counters against)
+    (tmp_path / "good-stress").mkdir()
+    quiet = stress_log(tmp_path / "good-stress")
     state = tmp_path / "state"
-    r = collbench("baseline", "save", "good-day", "--from", str(results), "--state-dir", str(state))
+    r = collbench("baseline", "save", "good-day", "--from", str(results), str(quiet), "--state-dir", str(state))
     assert r.returncode == 0, r.stderr
     (tmp_path / "bad").mkdir()
     bad = job(tmp_path / "bad", slow_from=1)

@@ -23,6 +23,7 @@ import time
 from collbench import harness
 from collbench.baselines import baseline_file as bf
 from collbench.bounded_repr import terminal_safe
+from collbench.congestion.normal import MIN_REF_STEPS
 from collbench.baselines.comparison import DEFAULT_K, DEFAULT_THRESHOLD, MISSING, NEW, REGRESSION, compare, counts
 from collbench.cli import IntermixedArgumentParser, add_config_arg
 from collbench.errors import UserError
@@ -294,11 +295,18 @@ def cmd_save(args):
                                collector, source)
     bf.save(baseline, path, force=args.force)
     sys.stdout.write(render_entries(baseline, args.format))
-    single = sum(1 for e in baseline.entries.values() if e.n < 3)
+    few = sum(1 for e in baseline.entries.values() if e.n < bf.MIN_RUNS)
     print(f"collbench: baseline {baseline.name} saved to {path}: {len(baseline.entries)} entries", file=sys.stderr)
-    if single:
-        print(f"collbench: note: {single} entries have fewer than 3 measurements: their spread is unknown, "
-              "so only the ratio threshold guards them (use more --runs)", file=sys.stderr)
+    if few:
+        print(f"collbench: note: {few} of {len(baseline.entries)} entries have fewer than {bf.MIN_RUNS} measurements: "
+              "their spread is not known well enough (the median absolute deviation of fewer runs is often near 0, "
+              "so a quiet run strays past the bound and is reported as a regression): save it from "
+              f"{bf.MIN_RUNS} runs or more (--runs, or more records with --from)", file=sys.stderr)
+    steps = baseline.counter_normal.exposure["host"][0] if baseline.counter_normal is not None else 0
+    if steps < MIN_REF_STEPS:
+        print(f"collbench: note: the counters' normal holds {steps} steps with congestion counters (fewer than "
+              f"{MIN_REF_STEPS}): `diagnose --baseline` cannot tell a counter's bursts from its steady rate and "
+              "weighs its movements cautiously", file=sys.stderr)
     return 0
 
 

@@ -14,7 +14,17 @@ after every change. Format (docs/REPORTS.md):
         "latency_avg_us": {"median": 303.0, "mad": 1.2, "sigma": 1.78, "q1": 302.1, "q3": 304.0,
                            "min": 301.0, "max": 309.9},
         "busbw_bytes_per_s": {"median": 3.46e9} | null,
-        "first_ts": 1795462831.4, "last_ts": 1795462990.1}, ...]}
+        "first_ts": 1795462831.4, "last_ts": 1795462990.1}, ...],
+     "counter_normal": {                     # optional (older files have none): each host's and path's
+       "exposure": {"host": {"steps": 24, "seconds": 6.1, "sum_t2": 1.7}, "path": {...}},
+       "counters": {"h3|TCPFastRetrans@netstat": {"events": 312, "steps_moved": 1, "sum_x2": 97344.0,
+                    "sum_xt": 124.8, "rate_per_s": 51.1, "dispersion": 22.6}, ...}}}
+
+`counter_normal` is congestion.normal's Tally of the runs' congestion fields: per host (and per
+path, "<host>><peer>") and counter, the events, the steps it moved in and the moments of its
+per-step counts (their spread: `dispersion`), over the steps whose records carried counters.
+`collbench diagnose --baseline` weighs a regression's slow steps against it when the results
+have too few good steps of their own.
 
 `sigma` is 1.4826 x MAD, the robust standard deviation of the runs. A file being loaded is
 untrusted input: anything wrong is a UserError naming the file, the entry and the key.
@@ -32,6 +42,10 @@ from collbench import __version__
 from collbench.atomic_file import write_output
 from collbench.bounded_file import UntrustedFileError, read_limited
 from collbench.bounded_repr import bounded_repr
+from collbench.congestion import normal as counter_normal_mod
+from collbench.congestion.attribution import flagged_signal_items
+from collbench.congestion.counters import PATH_GAUGES, TRAFFIC, family, path_row
+from collbench.congestion.record_field import path_items
 from collbench.errors import UserError
 from collbench.ops import OPS, get_op
 from collbench.stats import summarize
@@ -43,6 +57,11 @@ METRIC = "latency_avg_us"
 MAX_FILE_BYTES = 64 << 20
 MAX_TS = 253402300799.0   # 9999-12-31T23:59:59Z: a created_ts/first_ts/last_ts beyond it is no date
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+# Runs a baseline needs: its bound is max(1.2 x median, median + 3 sigma) with sigma from the MAD of
+# the runs; the MAD of 3 values is often near 0 (two runs alike), leaving only the 1.2x ratio,
+# which a quiet run on a shared machine crosses (13 of 30 quiet `once` runs against 3-run
+# baselines on the 6-host testbed, issue 28); `baseline save` says when it has fewer
+MIN_RUNS = 5
 
 
 @dataclass(frozen=True)
@@ -131,6 +150,7 @@ class Baseline:
     source: dict = field(default_factory=dict)
     path: str = None
     collbench: str = None
+    counter_normal: object = None   # congestion.normal.Tally of the runs' counters, or None
 
     def sorted_entries(self):
         return [self.entries[k] for k in sorted(self.entries, key=BaselineKey.sort_key)]
@@ -138,7 +158,8 @@ class Baseline:
     def as_dict(self):
         return {"format": FORMAT, "version": VERSION, "name": self.name, "created": _iso(self.created_ts),
                 "created_ts": self.created_ts, "collbench": self.collbench or __version__, "metric": METRIC,
-                "source": self.source, "entries": [e.as_dict() for e in self.sorted_entries()]}
+                "source": self.source, "entries": [e.as_dict() for e in self.sorted_entries()],
+                **({"counter_normal": self.counter_normal.as_dict()} if self.counter_normal is not None else {})}
 
 
 def _iso(ts):
@@ -161,6 +182,7 @@ class Collector:
         self.run_ids = {}         # run_id -> None (ordered set)
         self.failures = []        # failure records (few kept)
         self.failure_count = 0
+        self.normal = counter_normal_mod.Tally()   # per host/path and counter, over the steps with counters
 
     def add(self, rec):
         if rec.get("type") == "failure":
@@ -183,6 +205,24 @@ class Collector:
             m[2] = ts if m[2] is None else max(m[2], ts)
         if rec.get("run_id"):
             self.run_ids[rec["run_id"]] = None
+        self._add_counters(rec.get("congestion"))
+
+    def _add_counters(self, field):
+        """The step's counter movements into the normal (routine TCP loss recovery included: it
+        is part of what a quiet run does); per-host OSU-run counters are no step's."""
+        if not isinstance(field, dict) or field.get("source") != "engine":
+            return
+        seconds = max(float(field["t_end"]) - float(field["t_start"]), 1e-6)
+        self.normal.add_exposure("host", seconds)
+        for host, key, delta, _routine in flagged_signal_items(field):
+            if family(key.partition("@")[0]) not in (None, TRAFFIC):
+                self.normal.add(host, key, delta, seconds)
+        if "paths" in field:
+            self.normal.add_exposure("path", seconds)
+            for host, peer, name, v in path_items(field):
+                row = path_row(name)
+                if row is not None and row.family != TRAFFIC and name not in PATH_GAUGES and v > 0:
+                    self.normal.add(f"{host}>{peer}", name, int(round(v)), seconds)
 
     def merge(self, other):
         """Add another Collector's measurements (one part of a parallel read)."""
@@ -198,6 +238,7 @@ class Collector:
         self.run_ids.update(other.run_ids)
         self.failures = (self.failures + other.failures)[:20]
         self.failure_count += other.failure_count
+        self.normal.merge(other.normal)
 
     def summaries(self):
         """key -> stats.summarize(latency values)."""
@@ -385,17 +426,26 @@ def from_dict(data, path="<baseline>"):
                              last_ts=c.timestamp(e, "last_ts", where))
     source = data.get("source") if isinstance(data.get("source"), dict) else {}
     name = data.get("name") if isinstance(data.get("name"), str) else os.path.basename(path)
+    normal = None
+    if data.get("counter_normal") is not None:
+        try:
+            normal = counter_normal_mod.from_dict(data["counter_normal"], "counter_normal")
+        except ValueError as e:      # the message names the key (counter_normal.<...>)
+            raise UserError(f"baseline {path}: {e}") from None
     created = c.timestamp(data, "created_ts", "")
     if data.get("created") is not None and not isinstance(data.get("created"), str):
         c.fail("created", f"expected an ISO time string, got {bounded_repr(data['created'], 40)}")
     return Baseline(name=name[:100], entries=entries, created_ts=created, source=source, path=path,
-                    collbench=data.get("collbench") if isinstance(data.get("collbench"), str) else None)
+                    collbench=data.get("collbench") if isinstance(data.get("collbench"), str) else None,
+                    counter_normal=normal)
 
 
 def new_baseline(name, collector, source):
     entries = collector.entries()
     source = dict(source, run_ids=list(collector.run_ids)[:100])
-    return Baseline(name=name, entries=entries, created_ts=round(time.time(), 3), source=source)
+    normal = collector.normal if collector.normal.exposure["host"][0] else None
+    return Baseline(name=name, entries=entries, created_ts=round(time.time(), 3), source=source,
+                    counter_normal=normal)
 
 
 def list_baselines(state_dir):

@@ -88,6 +88,15 @@ def _packets(moved, keys):
 def signal_items(field):
     """(host, counter key, delta) of every congestion signal in a valid `congestion` field (None or
     a field without moved counters: none); routine TCP retransmissions left out."""
+    for host, k, delta, routine in flagged_signal_items(field):
+        if not routine:
+            yield host, k, delta
+
+
+def flagged_signal_items(field):
+    """(host, counter key, delta, routine) of every congestion signal in a valid `congestion`
+    field: routine True for TCP retransmissions within routine loss recovery (a counter's normal
+    counts them; the evidence of a slow step does not)."""
     moved = field.get("moved") if isinstance(field, dict) else None
     for rk, delta in (moved.items() if isinstance(moved, dict) else ()):
         # record_parser validated the field; a caller's unchecked dict is still no traceback
@@ -97,9 +106,8 @@ def signal_items(field):
         if parts is None:
             continue
         host, k, volume = parts
-        if volume is not None and routine_retransmits(split(k)[0], delta, _packets(moved, volume)):
-            continue
-        yield host, k, delta
+        routine = volume is not None and routine_retransmits(split(k)[0], delta, _packets(moved, volume))
+        yield host, k, delta, routine
 
 
 def signals(field):

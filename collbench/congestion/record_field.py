@@ -165,6 +165,19 @@ def host_of(record_key):
     return host, k
 
 
+def path_items(field):
+    """(host, peer, counter, value) of a valid field's per-peer counters (none in a field written
+    before they existed); a caller's unchecked dict gives no traceback either."""
+    paths = field.get("paths") if isinstance(field, dict) else None
+    for k, v in (paths.items() if isinstance(paths, dict) else ()):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        parts = path_key(k)
+        if parts is None or not (math.isfinite(v) and 0 <= v <= MAX_PATH_VALUE) or parts[0] == parts[1]:
+            continue
+        yield (*parts, v)
+
+
 # ---------------------------------------------------------------- validation (every reader)
 
 def _what(v):
@@ -258,6 +271,8 @@ def validate(v, key="congestion"):
     if "paths" in v:
         _obj(f"{key}.paths", v["paths"], MAX_PATHS)
         for k, n in v["paths"].items():
-            if not path_key(k):
-                raise ValueError(f"{key}.paths: key is not '<host>><peer>|<counter>' (tcp_* or qp_*)")
+            parts = path_key(k)
+            if parts is None or parts[0] == parts[1]:
+                raise ValueError(f"{key}.paths: key is not '<host>><peer>|<counter>' (tcp_* or qp_*) "
+                                 f"with two different hosts")
             _num(f"{key}.paths", n, 0.0, MAX_PATH_VALUE)

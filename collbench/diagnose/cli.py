@@ -9,9 +9,9 @@ a bad flag).
 import os
 import sys
 import time
-from dataclasses import dataclass, field
 
 from collbench.cli import IntermixedArgumentParser, add_config_arg
+from collbench.diagnose.verdict import Diagnosis, explain
 from collbench.errors import UserError
 from collbench.results.file_reader import ResultsInput, parse_since
 
@@ -54,19 +54,6 @@ def register(subparsers):
     p.set_defaults(func=cmd_diagnose)
 
 
-@dataclass
-class Diagnosis:
-    method: str
-    baseline_name: str
-    regressions: list
-    suspects: list
-    notes: list = field(default_factory=list)
-    input: dict = field(default_factory=dict)
-
-    def method_text(self):
-        return f"against baseline {self.baseline_name}" if self.baseline_name else "persistent shifts within each series"
-
-
 def _state_dir(args):
     if args.state_dir:
         return os.path.abspath(os.path.expanduser(args.state_dir))
@@ -76,9 +63,8 @@ def _state_dir(args):
 
 def diagnose(paths, baseline=None, since=None):
     """(Diagnosis, ResultsInput) of the results files (the verb without its flags and output)."""
-    from collbench.diagnose import evidence, ranking, regression
+    from collbench.diagnose import regression
     from collbench.diagnose.load import load
-    from collbench.diagnose.output import label
     source = ResultsInput(paths, since=since)
     loaded = load(source)
     bad = source.bad_lines
@@ -94,12 +80,7 @@ def diagnose(paths, baseline=None, since=None):
     if len(loaded.clusters) > 1:
         shapes = ", ".join(f"{n} nodes/{r} ranks/{t}" for (n, r, t) in sorted(loaded.clusters, key=str)[:4])
         notes.append(f"the results mix {len(loaded.clusters)} cluster shapes ({shapes}); each series is judged on its own")
-    per = []
-    for r in regs:
-        ev = evidence.gather(loaded.series[r.key], r.slow, r.good, r.key.nodes)
-        per.append(([label(r.key)], ranking.suspects_of(ev, r.key.nodes)))
-    per += _pooled(loaded, regs, evidence, ranking, label)
-    suspects = ranking.rank(per)
+    suspects = explain(loaded, regs, baseline.counter_normal if baseline is not None else None)
     if regs and loaded.no_congestion:
         notes.append(f"{loaded.no_congestion} of {loaded.results} result(s) carry no congestion counters "
                      "(older logs, congestion.enabled false, or the OSU/nccl-tests engines): the diagnosis "
@@ -111,34 +92,6 @@ def diagnose(paths, baseline=None, since=None):
                   {"files": list(source.paths), "results": loaded.results, "failures": loaded.failures,
                    "bad_lines": bad, "series": len(loaded.series)})
     return d, source
-
-
-def _pooled(loaded, regs, evidence, ranking, label):
-    """Suspects from the slow steps of every regression of one cluster shape taken together (a
-    `once` run against a baseline has one step per series: alone, none shows a pattern); the
-    good steps are the regressed series' others and every step of the series that did not regress.
-    The counters and the off-CPU rank are the host's, not the op's, so they pool over ops."""
-    out = []
-    shapes = {}
-    for r in regs:
-        shapes.setdefault((r.key.nodes, r.key.ranks), []).append(r)
-    for (nodes, ranks), group in shapes.items():
-        if len(group) < 2:
-            continue
-        steps, slow, good = [], [], []
-        regressed = {r.key for r in group}
-        for r in group:
-            base = len(steps)
-            steps += loaded.series[r.key]
-            slow += [base + i for i in r.slow]
-            good += [base + i for i in r.good]
-        for key, series in loaded.series.items():
-            if key not in regressed and (key.nodes, key.ranks) == (nodes, ranks):
-                good += range(len(steps), len(steps) + len(series))
-                steps += series
-        ev = evidence.gather(steps, slow, good, nodes)
-        out.append(([label(r.key) for r in group], ranking.suspects_of(ev, nodes)))
-    return out
 
 
 def _check_same_cluster(baseline, loaded):

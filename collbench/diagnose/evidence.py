@@ -1,10 +1,15 @@
 """The evidence for one regression: per host and counter, what moved during its slow steps
-against the same host's good steps and against its peers; per host, how often its rank was the
-one the others waited for (off its CPU markedly more than its peers: docs/DIAGNOSIS.md). Each counter belongs to one family, the cause it points at (docs/DIAGNOSIS.md):
+against that counter's normal (the results' own good steps, or the baseline's runs when the
+results have too few) and against its peers; per path (host > peer), the per-peer counters the
+same way; per host, how often its rank was the one the others waited for (off its CPU markedly
+more than its peers: docs/DIAGNOSIS.md). Each counter's row in congestion/counters.py states the
+cause family it is evidence of (congestion, pfc, link_errors; traffic counters are none).
 
-  congestion   ECN marks, CNPs, TCP CE echoes: DCQCN / TCP ECN reacting to queues on the path
-  pfc          PFC and link-level pauses, pause storms, blocked transmit time, buffer drops
-  link_errors  symbol/PHY/ICRC errors, link down/retraining, out-of-sequence, retransmissions
+A counter is evidence only when its movement is beyond its normal by a test that respects
+counts (congestion/normal.py: the negative-binomial upper tail of the slow steps' events against
+the reference rate and burstiness, Bonferroni-corrected over every counter tested), with at least
+MIN_EVENTS events, in at least MIN_SLOW_STEPS slow steps and half of them, at MIN_CONTRAST times
+the expected count. What fell short is said (`lacking`).
 
 The side of each counter (congestion.counters: np receiver, rp sender, link) says which path.
 """
@@ -14,42 +19,86 @@ from functools import lru_cache
 from dataclasses import dataclass, field
 
 from collbench.congestion import counters
+from collbench.congestion.attribution import ROUTINE_RETRANS_SHARE
+from collbench.congestion.counters import LINK_ERRORS, PFC, TRAFFIC
 from collbench.congestion.keys import priority, split
+from collbench.congestion.normal import Tally, steps_upper_tail, upper_tail
 
-CONGESTION, PFC, LINK_ERRORS, SLOW_HOST, UNEXPLAINED = "congestion", "pfc", "link_errors", "slow_host", "unexplained"
-CAUSES = (CONGESTION, PFC, LINK_ERRORS, SLOW_HOST, UNEXPLAINED)
-
-_CONGESTION = {"np_ecn_marked_roce_packets", "np_cnp_sent", "rp_cnp_handled", "rp_cnp_ignored",
-               "roce_slow_restart_cnps", "InCEPkts", "TCPDeliveredCE", "TCPECNRehash"}
-_PFC = {"rx_pause_ctrl_phy", "tx_pause_ctrl_phy", "tx_pause_storm_warning_events", "tx_pause_storm_error_events",
-        "port_xmit_wait", "port_xmit_discards", "rx_discards_phy", "rx_out_of_buffer", "out_of_buffer",
-        "TCPRcvQDrop"}
+SLOW_HOST, UNEXPLAINED = "slow_host", "unexplained"
 STORM = {"tx_pause_storm_warning_events", "tx_pause_storm_error_events"}
-MIN_STEP_SHARE = 0.5       # a counter must move in at least half of the slow steps
-MIN_CONTRAST = 3.0         # ... at least this many times its rate in the same host's good steps
+MIN_STEP_SHARE = 0.5       # a counter must move in at least half of the slow steps ...
+MIN_SLOW_STEPS = 3         # ... and in 3 at least: one burst in one step is no pattern
+MIN_EVENTS = 20            # a handful of events is never proof (TCP loss recovery bursts by tens)
+MIN_CONTRAST = 3.0         # at least this many times the count its normal expects
+ALPHA = 1e-3               # the test's level, over every counter tested at once (Bonferroni)
+MIN_GOOD_STEPS = 8         # fewer good steps with counters: the baseline's normal is used when it has one
 MIN_OFF_CPU_STEPS = 3      # slow steps carrying the off-CPU rank before a slow host can be named
+MAX_SHORT = 3              # counters that moved but fell short, said in `lacking`
 
 
 @lru_cache(maxsize=4096)
 def family(name):
-    """The cause a counter points at (CONGESTION, PFC, LINK_ERRORS), or None (not a signal)."""
-    if name in _CONGESTION:
-        return CONGESTION
-    if name in _PFC or priority(name):
-        return PFC
-    for source in counters.SOURCES:
-        if counters.lookup(source, name) is not None:
-            return LINK_ERRORS
-    return None
+    """The cause a host counter points at (CONGESTION, PFC, LINK_ERRORS), or None (traffic, or a
+    counter the table does not know: never filed under a cause by default)."""
+    fam = counters.family(name)
+    if fam is None and priority(name):
+        fam = PFC
+    return None if fam in (None, TRAFFIC) else fam
 
 
 @lru_cache(maxsize=4096)
 def side(name):
-    for source in counters.SOURCES:
-        row = counters.lookup(source, name)
-        if row is not None:
-            return row.side
-    return ""
+    row = counters.row(name)
+    return row.side if row else ""
+
+
+@dataclass
+class Judgement:
+    """The count test of one counter's slow-step movement against its normal."""
+    reference: str = None       # "good steps" or "baseline"; None: no normal to test against
+    expected: float = None      # events the normal expects over the slow steps' seconds
+    dispersion: float = None    # the negative binomial's overdispersion used
+    p_value: float = None       # P(at least this many events | normal), Bonferroni-corrected
+    short: str = ""             # why it is not evidence ("" when it is)
+
+    def as_dict(self):
+        return {"reference": self.reference, "expected": _round(self.expected, 3),
+                "dispersion": _round(self.dispersion, 4), "p_value": _sig(self.p_value)}
+
+
+def _round(v, digits):
+    return None if v is None else round(v, digits)
+
+
+def _sig(p):
+    return None if p is None else float(f"{p:.3g}")
+
+
+def judge(events, slow_steps_moved, slow_steps, seconds, ref, ref_kind, tests):
+    """A Judgement of `events` in `slow_steps_moved` of `slow_steps` slow steps (`seconds` long)
+    against a normal (congestion.normal.Reference, None: none); `tests`: counters tested at once."""
+    j = Judgement()
+    if ref is None:
+        j.short = "no normal to weigh it against (too few good steps, and no baseline counter rates)"
+        return j
+    j.reference, j.dispersion = ref_kind, ref.phi
+    j.expected = ref.rate * seconds
+    # two views of one normal (congestion/normal.py): how many events, in how many steps; the
+    # smaller p, doubled, and corrected for every counter tested
+    p_events = upper_tail(events, j.expected, ref.phi, slow_steps)
+    p_steps = steps_upper_tail(slow_steps_moved, slow_steps, ref.step_share)
+    j.p_value = min(1.0, 2 * min(p_events, p_steps) * max(tests, 1))
+    if events < MIN_EVENTS:
+        j.short = f"{events} events (needs {MIN_EVENTS})"
+    elif slow_steps_moved < max(MIN_SLOW_STEPS, MIN_STEP_SHARE * slow_steps):
+        j.short = (f"moved in {slow_steps_moved} of {slow_steps} slow steps (needs {MIN_SLOW_STEPS} and half "
+                   "of them)")
+    elif events < MIN_CONTRAST * j.expected:
+        j.short = (f"{events} events, {events / j.expected:.2g}x the {j.expected:.3g} its normal ({ref_kind}) "
+                   f"expects (needs {MIN_CONTRAST:g}x)")
+    elif j.p_value > ALPHA:
+        j.short = f"p = {j.p_value:.2g} against its normal ({ref_kind}; needs {ALPHA:g})"
+    return j
 
 
 @dataclass
@@ -64,10 +113,11 @@ class CounterEvidence:
     good_steps: int = 0
     share: float = 0.0        # of the counter's movement over all hosts in the slow steps
     slow_rate: float = 0.0    # per second of the slow steps' windows
-    good_rate: float = None   # per second of the good steps' windows (None: no good step had counters)
+    good_rate: float = None   # its normal's rate per second (the good steps' or the baseline's; None: no normal)
     peers_rate: float = 0.0   # the other hosts' mean rate of the same counter in the slow steps
     step_share: float = 0.0   # slow_steps / slow steps with counters
-    contrast: float = None    # slow_rate / good_rate (None: no good steps; inf: never moved in them)
+    contrast: float = None    # slow_rate / good_rate (None: no normal; inf: never moved in it)
+    test: Judgement = None    # the count test against its normal
 
     @property
     def name(self):
@@ -78,9 +128,12 @@ class CounterEvidence:
         return split(self.key)[1]
 
     def qualifies(self):
-        """Moving in most slow steps, and more than in the same host's good steps."""
-        return (self.step_share >= MIN_STEP_SHARE
-                and (self.contrast is None or self.contrast >= MIN_CONTRAST))
+        """Beyond its normal by the count test (judge), in most slow steps."""
+        return self.test is not None and not self.test.short
+
+    @property
+    def p_value(self):
+        return None if self.test is None else self.test.p_value
 
     def as_dict(self):
         p = priority(self.name)
@@ -89,7 +142,8 @@ class CounterEvidence:
                "rate_slow_per_s": round(self.slow_rate, 3),
                "rate_good_per_s": None if self.good_rate is None else round(self.good_rate, 3),
                "rate_peers_per_s": round(self.peers_rate, 3), "share_of_hosts": round(self.share, 4),
-               "delta_slow": self.slow_delta, "delta_good": self.good_delta}
+               "delta_slow": self.slow_delta, "delta_good": self.good_delta,
+               **(self.test.as_dict() if self.test else {})}
         if p:
             out["priority"] = p[1]
             out["direction"] = p[0]
@@ -97,9 +151,37 @@ class CounterEvidence:
 
 
 @dataclass
+class PathEvidence:
+    """One path's (host > peer) per-peer counter in the slow steps, and its test."""
+    host: str
+    peer: str
+    counter: str
+    family: str
+    slow_delta: float = 0
+    slow_steps: int = 0
+    segs_out: float = None      # tcp_segs_out over the same steps (the traffic a loss share is of)
+    rtt_us_max: float = None
+    test: Judgement = None
+
+    def qualifies(self):
+        return self.test is not None and not self.test.short
+
+    @property
+    def p_value(self):
+        return None if self.test is None else self.test.p_value
+
+    def as_dict(self):
+        return {"path": [self.host, self.peer], "counter": self.counter, "delta_slow": self.slow_delta,
+                "slow_steps_moved": self.slow_steps, "segs_out": self.segs_out, "rtt_us_max": self.rtt_us_max,
+                **(self.test.as_dict() if self.test else {})}
+
+
+@dataclass
 class Evidence:
     """What the slow and good steps of one regression say."""
     counters: list = field(default_factory=list)        # CounterEvidence that qualifies, best first
+    paths: list = field(default_factory=list)           # PathEvidence that qualifies, best first
+    slow_with_paths: int = 0
     slow_with_counters: int = 0
     good_with_counters: int = 0
     slow_sources: Counter = field(default_factory=Counter)
@@ -113,15 +195,17 @@ class Evidence:
     lacking: list = field(default_factory=list)
 
 
-def gather(steps, slow, good, nodes):
+def gather(steps, slow, good, nodes, normal=None):
     """The Evidence of one regression (steps: its series, or several series pooled; slow, good:
-    indices). The off-CPU share is a property of the rank, not of the op's structure, so steps of
-    several ops pool."""
+    indices; normal: the baseline's congestion.normal.Tally, or None). The off-CPU share is a
+    property of the rank, not of the op's structure, so steps of several ops pool."""
     ev = Evidence()
-    acc = {}                                   # (host, key) -> CounterEvidence
+    acc = {}                                   # (host, key) -> CounterEvidence (slow steps, not routine)
+    path_acc = {}                              # (host, peer, counter) -> PathEvidence
     per_name_slow = Counter()                  # counter name -> delta over hosts (slow steps)
     hosts_per_name = defaultdict(set)
-    slow_secs = good_secs = 0.0
+    good_tally = Tally()                       # the good steps' normal (routine movements included)
+    slow_secs = slow_path_secs = 0.0
     for which, idx in ((0, slow), (1, good)):
         for i in idx:
             s = steps[i]
@@ -140,51 +224,81 @@ def gather(steps, slow, good, nodes):
                         ev.off_cpu_good[host] += 1
             if s.window_s is None:
                 continue
-            if which == 0:
-                ev.slow_with_counters += 1
-                ev.slow_sources[s.source] += 1
-                slow_secs += s.window_s
-            else:
+            if which == 1:
                 ev.good_with_counters += 1
-                good_secs += s.window_s
-            for host, key, d in s.moved:
-                name = key.partition("@")[0]
+                good_tally.add_exposure("host", s.window_s)
+                for host, key, d, _routine in s.moved:
+                    if family(split(key)[0]) is not None:
+                        good_tally.add(host, key, d, s.window_s)
+                if s.paths is not None:
+                    good_tally.add_exposure("path", s.window_s)
+                    for host, peer, name, v in s.paths:
+                        good_tally.add(f"{host}>{peer}", name, v, s.window_s)
+                continue
+            ev.slow_with_counters += 1
+            ev.slow_sources[s.source] += 1
+            slow_secs += s.window_s
+            for host, key, d, routine in s.moved:
+                name = split(key)[0]
                 fam = family(name)
-                if fam is None:
+                if fam is None or routine:
                     continue
                 c = acc.get((host, key))
                 if c is None:
                     c = acc[(host, key)] = CounterEvidence(host, key, fam, side(name))
-                if which == 0:
-                    c.slow_delta += d
-                    c.slow_steps += 1
-                    per_name_slow[name] += d
-                    hosts_per_name[name].add(host)
-                    ev.moved_hosts.add(host)
-                else:
-                    c.good_delta += d
-                    c.good_steps += 1
-    for c in acc.values():
-        if not c.slow_steps:
-            continue
+                c.slow_delta += d
+                c.slow_steps += 1
+                per_name_slow[name] += d
+                hosts_per_name[name].add(host)
+                ev.moved_hosts.add(host)
+            if s.paths is not None:
+                ev.slow_with_paths += 1
+                slow_path_secs += s.window_s
+                _add_paths(path_acc, s.paths)
+    normal_used, kind = _normal(ev, good_tally, normal)
+    moved = [c for c in acc.values() if c.slow_steps]
+    tests = len(moved) + sum(1 for p in path_acc.values() if p.test is None and p.slow_delta > 0)
+    short = []
+    for c in moved:
         name = c.name
         c.share = c.slow_delta / per_name_slow[name]
         c.slow_rate = c.slow_delta / slow_secs if slow_secs else 0.0
         c.step_share = c.slow_steps / ev.slow_with_counters
         peers = max((nodes or len(hosts_per_name[name])) - 1, 1)
         c.peers_rate = (per_name_slow[name] - c.slow_delta) / peers / slow_secs if slow_secs else 0.0
-        if ev.good_with_counters:
-            c.good_rate = c.good_delta / good_secs if good_secs else 0.0
+        ref = normal_used.reference(c.host, c.key) if normal_used is not None else None
+        if ref is not None:
+            c.good_delta = ref.events
+            c.good_steps = ref.moved
+            c.good_rate = ref.events / ref.seconds
             c.contrast = c.slow_rate / c.good_rate if c.good_rate else float("inf")
+        c.test = judge(c.slow_delta, c.slow_steps, ev.slow_with_counters, slow_secs, ref, kind, tests)
         if c.qualifies():
             ev.counters.append(c)
+        else:
+            short.append(c)
     ev.counters.sort(key=lambda c: (-c.step_share * c.share, -c.slow_delta, c.host, c.key))
+    path_short = _judge_paths(ev, path_acc, normal_used, kind, slow_path_secs, tests)
+    short.sort(key=lambda c: -c.slow_delta)
+    for c in short[:MAX_SHORT]:
+        ev.lacking.append(f"evidence short of proof: {c.host}'s {c.name}@{c.where} moved {c.slow_delta} in "
+                          f"{c.slow_steps} of {ev.slow_with_counters} slow steps: {c.test.short}")
+    for p in path_short[:MAX_SHORT]:
+        ev.lacking.append(f"evidence short of proof: the path {p.host} > {p.peer}'s {p.counter} moved "
+                          f"{p.slow_delta:g} in {p.slow_steps} of {ev.slow_with_paths} slow steps: {p.test.short}")
     if not ev.slow_with_counters:
         ev.lacking.append("congestion counters: no slow step's record has a `congestion` field (a log written "
                           "before it existed, congestion.enabled false, or an engine that cannot read them)")
     elif ev.slow_sources.get("osu-run"):
         ev.lacking.append("per-host counters: OSU-engine records carry only the launching host's counters "
                           "around the whole run")
+    elif normal_used is None:
+        ev.lacking.append(f"a normal for the counters: {ev.good_with_counters} good steps with counters, and no "
+                          "baseline with counter rates (`collbench baseline save` keeps them): a counter's "
+                          "movement cannot be weighed")
+    if ev.slow_with_counters and not ev.slow_with_paths:
+        ev.lacking.append("per-peer counters: no slow step's record has `congestion.paths` (an engine that does "
+                          "not read them): a lossy link is told from a lossy host by the host counters alone")
     if not ev.slow_with_off_cpu:
         ev.lacking.append("per-rank off-CPU shares: no slow step's record has `offcpu_rank` (a log written before "
                           "it existed, the OSU or nccl-tests engines, which report no per-rank times, or ranks not "
@@ -193,3 +307,59 @@ def gather(steps, slow, good, nodes):
         ev.lacking.append(f"slow steps with per-rank off-CPU shares: {ev.slow_with_off_cpu}, fewer than "
                           f"{MIN_OFF_CPU_STEPS}: too few to name a slow host")
     return ev
+
+
+def _normal(ev, good_tally, baseline_normal):
+    """(Tally, kind) the slow steps are weighed against: the results' own good steps when there
+    are MIN_GOOD_STEPS of them, else the baseline's runs when it kept counter rates, else whatever
+    good steps there are (a short normal: its pseudo-event makes it cautious); (None, None)."""
+    if ev.good_with_counters >= MIN_GOOD_STEPS:
+        return good_tally, "good steps"
+    if baseline_normal is not None and baseline_normal.exposure["host"][0] > 0:
+        return baseline_normal, "baseline"
+    if ev.good_with_counters:
+        return good_tally, "good steps"
+    return None, None
+
+
+def _add_paths(path_acc, paths):
+    step = {}
+    for host, peer, name, v in paths:
+        step[(host, peer, name)] = v
+    for (host, peer, name), v in step.items():
+        row = counters.path_row(name)
+        if row is None or row.family == TRAFFIC or name in counters.PATH_GAUGES:
+            continue
+        p = path_acc.get((host, peer, name))
+        if p is None:
+            p = path_acc[(host, peer, name)] = PathEvidence(host, peer, name, row.family)
+        if v > 0:
+            p.slow_delta += v
+            p.slow_steps += 1
+        segs = step.get((host, peer, "tcp_segs_out"))
+        if segs is not None:
+            p.segs_out = (p.segs_out or 0) + segs
+        rtt = step.get((host, peer, "tcp_rtt_us_max"))
+        if rtt is not None:
+            p.rtt_us_max = rtt if p.rtt_us_max is None else max(p.rtt_us_max, rtt)
+
+
+def _judge_paths(ev, path_acc, normal_used, kind, seconds, tests):
+    """Test every path counter that moved; the ones that qualify go to ev.paths (a loss counter
+    only beyond routine loss recovery: ROUTINE_RETRANS_SHARE of the segments sent on the path).
+    Returns the ones that fell short, largest first."""
+    short = []
+    for p in path_acc.values():
+        if p.slow_delta <= 0:
+            continue
+        ref = normal_used.reference(f"{p.host}>{p.peer}", p.counter) if normal_used is not None else None
+        events = int(round(p.slow_delta))
+        p.test = judge(events, p.slow_steps, ev.slow_with_paths, seconds, ref, kind, tests)
+        if (not p.test.short and p.family == LINK_ERRORS and p.segs_out
+                and p.slow_delta < ROUTINE_RETRANS_SHARE * p.segs_out):
+            p.test.short = (f"{p.slow_delta:g} of {p.segs_out:g} segments sent: routine loss recovery "
+                            f"(below {ROUTINE_RETRANS_SHARE:.0%})")
+        (ev.paths if p.qualifies() else short).append(p)
+    ev.paths.sort(key=lambda p: (-p.slow_delta, p.host, p.peer, p.counter))
+    short.sort(key=lambda p: -p.slow_delta)
+    return short

@@ -133,10 +133,9 @@ def attach_counters(records, prometheus=None, counters_from=None, step_s=DEFAULT
 
 def diagnose_inspector(paths, prometheus=None, counters_from=None, baseline=None, step_s=DEFAULT_STEP_S):
     """(Diagnosis, summary line) of a job's Inspector records."""
-    from collbench.diagnose import evidence, ranking, regression
-    from collbench.diagnose.cli import Diagnosis, _pooled
+    from collbench.diagnose import regression
     from collbench.diagnose.load import Loaded
-    from collbench.diagnose.output import label
+    from collbench.diagnose.verdict import Diagnosis, explain
     if not prometheus and not counters_from:
         raise UserError("--inspector: give where the hosts' counters are: --prometheus URL (the counters "
                         "exporters' Prometheus) or --counters-from RESULTS (the stress loop's results log)")
@@ -153,12 +152,7 @@ def diagnose_inspector(paths, prometheus=None, counters_from=None, baseline=None
     notes = []
     regs, det_notes = regression.detect(loaded.series, baseline)
     notes += det_notes
-    per = []
-    for r in regs:
-        ev = evidence.gather(loaded.series[r.key], r.slow, r.good, r.key.nodes)
-        per.append(([label(r.key)], ranking.suspects_of(ev, r.key.nodes)))
-    per += _pooled(loaded, regs, evidence, ranking, label)
-    suspects = ranking.rank(per)
+    suspects = explain(loaded, regs, baseline.counter_normal if baseline is not None else None)
     where = f"Prometheus {prometheus} (increase per {step_s:g} s)" if prometheus else f"the stress log {counters_from}"
     notes.append(f"the job's counters: {with_counters} of {len(records)} collective(s) got the counters of their "
                  f"interval from {where}")

@@ -9,7 +9,9 @@ from typing import NamedTuple
 
 from collbench import off_cpu
 from collbench.baselines.baseline_file import key_of
-from collbench.congestion.attribution import signal_items
+from collbench.congestion.attribution import flagged_signal_items
+from collbench.congestion.counters import path_row
+from collbench.congestion.record_field import path_items
 
 
 class Step(NamedTuple):
@@ -18,8 +20,9 @@ class Step(NamedTuple):
     latency_us: float
     off_cpu: tuple        # off_cpu.OffCpu of the rank off its CPU the most; None: unknown
     window_s: float       # the congestion window's length; None without a congestion field
-    moved: tuple          # ((host, "<counter>@<where>", delta), ...) of the signals that moved
+    moved: tuple          # ((host, "<counter>@<where>", delta, routine), ...) of the signals that moved
     source: str           # the congestion field's source ("engine", "osu-run") or None
+    paths: tuple = None   # ((host, peer, counter, value), ...) per peer; None: the record has none
 
 
 class Loaded:
@@ -46,13 +49,16 @@ class Loaded:
         self.results += 1
         self.clusters[(rec.get("nodes"), rec.get("ranks"), rec.get("transport"))] += 1
         field = rec.get("congestion")
-        window, moved, source = None, (), None
+        window, moved, source, paths = None, (), None, None
         if isinstance(field, dict):
             source = field.get("source")
             window = max(float(field["t_end"]) - float(field["t_start"]), 1e-6)
-            # signal_items(): the exporter's rule too (routine TCP retransmissions are no evidence);
+            # the exporter's rule too (routine TCP retransmissions are no evidence; flagged, since a
+            # counter's normal counts them);
             # its strings are shared between steps (cached per key), so 10,000 steps stay small
-            moved = tuple(signal_items(field))
+            moved = tuple(flagged_signal_items(field))
+            if "paths" in field:     # newer engines: per-peer counters (counters.PATH_COUNTERS)
+                paths = tuple(p for p in path_items(field) if path_row(p[2]) is not None)
             if source == "osu-run":
                 self.osu_run += 1
         else:
@@ -61,7 +67,7 @@ class Loaded:
         if late is None:
             self.no_off_cpu += 1
         step = Step(float(rec.get("ts") or 0.0), int(rec.get("seq") or 0), float(rec["latency_avg_us"]),
-                    late, window, moved, source)
+                    late, window, moved, source, paths)
         # the series key, built once per distinct set of the fields it reads (a few per log)
         raw = (rec["op"], rec["size_bytes"], rec["ranks"], rec.get("nodes"), rec.get("transport"), rec.get("engine"),
                rec.get("algorithm"), rec.get("timing"), rec.get("inplace"), rec.get("root"))

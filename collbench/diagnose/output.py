@@ -6,8 +6,8 @@ stable JSON document:
      "regressions": [{"op", "size", "size_bytes", "ranks", "nodes", "transport", "engine", "algorithm",
                       "variant", "method", "reference_us", "current_us", "ratio", "bound_us", "steps",
                       "slow_steps", "good_steps", "first_slow_ts"}],
-     "suspects": [{"rank", "host", "link", "port", "priority", "cause", "score", "detail",
-                   "evidence": {"counters": [...], "off_cpu": {...} | null, "lacking": [...]},
+     "suspects": [{"rank", "host", "link", "port", "priority", "cause", "score", "p_value", "detail",
+                   "evidence": {"counters": [...], "paths": [...], "off_cpu": {...} | null, "lacking": [...]},
                    "regressions": ["allreduce 4MB", ...]}],
      "notes": [...], "input": {"files", "results", "failures", "bad_lines"}}
 """
@@ -48,10 +48,22 @@ def regression_dict(r):
 
 def suspect_dict(i, s):
     return {"rank": i, "host": s.host, "link": list(s.link) if s.link else None, "port": s.port,
-            "priority": s.priority, "cause": s.cause, "score": _num(s.score), "detail": s.detail,
-            "evidence": {"counters": [c.as_dict() for c in s.counters], "off_cpu": s.off_cpu,
+            "priority": s.priority, "cause": s.cause, "score": _num(s.score), "p_value": _p(s.p_value),
+            "detail": s.detail,
+            "evidence": {"counters": [c.as_dict() for c in s.counters], "paths": [p.as_dict() for p in s.paths],
+                         "off_cpu": s.off_cpu,
                          "lacking": list(s.lacking)},
             "regressions": list(s.regressions)}
+
+
+def _p(p):
+    return None if p is None else float(f"{p:.3g}")
+
+
+def _p_text(p):
+    if p is None:
+        return "-"
+    return "<1e-300" if p < 1e-300 else f"{p:.1g}"
 
 
 def verdict(regressions, suspects):
@@ -61,7 +73,7 @@ def verdict(regressions, suspects):
 
 
 def document(d):
-    """The JSON document of a Diagnosis (cli.Diagnosis)."""
+    """The JSON document of a Diagnosis (verdict.Diagnosis)."""
     return {"format": FORMAT, "version": VERSION, "verdict": verdict(d.regressions, d.suspects),
             "method": d.method, "baseline": d.baseline_name,
             "regressions": [regression_dict(r) for r in d.regressions],
@@ -87,8 +99,12 @@ def _evidence_text(s):
     parts = []
     for c in s.counters[:3]:
         good = "-" if c.good_rate is None else f"{c.good_rate:.3g}/s"
+        ref = c.test.reference if c.test and c.test.reference else "normal"
         parts.append(f"{c.host} {c.name}@{c.where}: {c.slow_rate:.3g}/s in {c.slow_steps} slow steps "
-                     f"(good {good}, peers {c.peers_rate:.3g}/s, {c.share:.0%} of hosts')")
+                     f"({ref} {good}, peers {c.peers_rate:.3g}/s, {c.share:.0%} of hosts')")
+    for p in s.paths[:3]:
+        parts.append(f"{p.host} > {p.peer} {p.counter}: {p.slow_delta:g} in {p.slow_steps} slow steps "
+                     f"(expected {p.test.expected:.3g})")
     if s.off_cpu:
         o = s.off_cpu
         parts.append(f"{o['host']}'s rank waited for (on its CPU {o['on_cpu_share']:.1%}, peers "
@@ -97,11 +113,13 @@ def _evidence_text(s):
 
 
 SUSPECT_COLUMNS = [Column("rank", "#"), Column("suspect", align="left"), Column("cause", align="left"),
-                   Column("score"), Column("detail", align="left"), Column("evidence", align="left")]
+                   Column("score"), Column("p", "p (how sure)"), Column("detail", align="left"),
+                   Column("evidence", align="left")]
 
 
 def suspect_rows(d):
     return [{"rank": i + 1, "suspect": terminal_safe(_who(s)), "cause": s.cause, "score": f"{s.score:.2f}",
+             "p": _p_text(s.p_value),
              "detail": terminal_safe(s.detail), "evidence": terminal_safe(_evidence_text(s))}
             for i, s in enumerate(d.suspects)]
 
@@ -126,12 +144,13 @@ def table_text(d):
     return "\n".join(out) + "\n"
 
 
-CSV_COLUMNS = [Column(k) for k in ("rank", "host", "link", "port", "priority", "cause", "score", "regressions",
-                                    "detail")]
+CSV_COLUMNS = [Column(k) for k in ("rank", "host", "link", "port", "priority", "cause", "score", "p_value",
+                                    "regressions", "detail")]
 
 
 def csv_text(d):
     rows = [{"rank": i + 1, "host": s.host or "", "link": "->".join(s.link) if s.link else "", "port": s.port or "",
              "priority": "" if s.priority is None else s.priority, "cause": s.cause, "score": f"{s.score:.4f}",
+             "p_value": "" if s.p_value is None else f"{s.p_value:.3g}",
              "regressions": cell_text(s.regressions), "detail": cell_text(s.detail)} for i, s in enumerate(d.suspects)]
     return tables.csv_text(CSV_COLUMNS, rows, cell=lambda v: v)

@@ -1,5 +1,11 @@
 """Suspects from the evidence: a host (or a link between two hosts, or a port and priority of a
-host), a cause class and a score in 0..1, ranked over every regression.
+host), a cause class and a score in 0..1, ranked over every regression. Each cause class is one
+entry of CAUSES: its rule (the function that reads the evidence), its explanation and its
+section of docs/DIAGNOSIS.md.
+
+How sure: a suspect named from counters carries `p_value`, the smallest Bonferroni-corrected
+upper-tail probability of its evidence against the counter's normal (evidence.judge): how likely
+a counter at its normal would have moved that much.
 
 Scores: a counter suspect scores (slow steps it moved in / slow steps with counters) x (its share
 of that counter's movement over hosts) x (1 - good rate / slow rate): moving in every slow step,
@@ -10,16 +16,24 @@ steps than in the good ones.
 
 from dataclasses import dataclass, field
 
-from collbench.congestion.counters import NP, RP
+from typing import Callable, NamedTuple
+
+from collbench.congestion.counters import CONGESTION, LINK_ERRORS, NP, PFC, RP
 from collbench.congestion.keys import priority
-from collbench.diagnose.evidence import (CONGESTION, LINK_ERRORS, PFC, SLOW_HOST, STORM, UNEXPLAINED,
-                                         MIN_OFF_CPU_STEPS, MIN_STEP_SHARE)
+from collbench.diagnose.evidence import (SLOW_HOST, STORM, UNEXPLAINED, MIN_OFF_CPU_STEPS, MIN_STEP_SHARE)
 from collbench.off_cpu import MAX_ON_CPU_RATIO
 
-CONCENTRATED = 0.5          # a host holding at least half of a counter's movement
-LINK_CONCENTRATED = 0.75    # a link: both ends hold most of their side's movement
+CONCENTRATED = 0.5          # a host holding at least half of a counter's movement: more than any other can
+LINK_CONCENTRATED = 0.75    # a link: both ends hold most of their side's movement (a second host's share
+                            # of a quarter already says the path is not the only one)
+COMMON_ENDPOINT = 0.75      # a host on the paths holding this share of the lossy paths' events: the others
+                            # are its peers' echoes (dropped ACKs); less is a fabric-wide problem
 OFF_CPU_MARGIN = 0.25       # the waited-for share in slow steps above that in the good steps
 MIN_GOOD_OFF_CPU_STEPS = 3  # fewer good steps with the field: compared with 0 (quiet steps name none)
+PFC_BESIDE_MARKS = 0.5      # pauses beside ECN marks: the same queues seen at the link layer, less
+                            # likely the cause than the marks
+MAX_LACKING = 12            # what a merged suspect lacks, said once each, the first of them
+OFF_CPU_BONUS = 0.1         # a named host whose rank was also waited for: a little more likely
 
 
 @dataclass
@@ -35,9 +49,16 @@ class Suspect:
     off_cpu: dict = None        # the slow-host evidence: how often its rank was waited for
     lacking: list = field(default_factory=list)
     regressions: list = field(default_factory=list)  # labels of the regressions it explains
+    paths: list = field(default_factory=list)        # PathEvidence (per-peer counters)
 
     def identity(self):
         return (self.cause, self.host, self.link, self.port, self.priority)
+
+    @property
+    def p_value(self):
+        """How sure: the smallest corrected p-value of its counters' tests (None: not from counters)."""
+        ps = [c.p_value for c in list(self.counters) + list(self.paths) if c.p_value is not None]
+        return min(ps) if ps else None
 
 
 def _score(c):
@@ -100,15 +121,57 @@ def _pfc(cs):
 
 
 def _link_errors(cs):
-    """A host's link, when its errors or retransmissions concentrate on it; None when they are
-    spread over the hosts (every host retransmitting alike is load or the whole fabric, not one
-    cable: a burst on a random host must not name it)."""
+    """A host's link, when its errors or retransmissions concentrate on it; the link between two
+    hosts when the senders' retransmissions concentrate on one and the receivers' out-of-order
+    arrivals on another; None when they are spread over the hosts (every host retransmitting
+    alike is load or the whole fabric, not one cable: a burst on a random host must not name it)."""
+    rp_best = _best([c for c in cs if c.side == RP and c.share >= LINK_CONCENTRATED])
+    np_best = _best([c for c in cs if c.side == NP and c.share >= LINK_CONCENTRATED])
+    if rp_best and np_best and rp_best.host != np_best.host:
+        return Suspect(LINK_ERRORS, link=(rp_best.host, np_best.host), score=min(_score(rp_best), _score(np_best)),
+                       counters=[rp_best, np_best],
+                       detail=f"the link {rp_best.host} -> {np_best.host}: {rp_best.host} retransmits "
+                              f"({rp_best.name}) and {np_best.host} receives out of order ({np_best.name}), each "
+                              "alone: packets lost on the way between them (cable, optics, a port)")
     best = _best([c for c in cs if c.share >= CONCENTRATED])
     if best is None:
         return None
     return Suspect(LINK_ERRORS, host=best.host, port=_port(best), score=_score(best), counters=[best],
                    detail=f"{best.host}'s {best.name} at {best.where} (cable, optics or a flapping link: "
                           "errors, losses and the retransmissions they cost)")
+
+
+def _path_suspects(paths):
+    """Suspects from per-peer evidence (paths that passed the count test), per family: the common
+    endpoint of the lossy (or marked) paths names that host; paths all between the same two hosts
+    name the link; paths with no common endpoint name nobody (a fabric-wide problem)."""
+    out = []
+    by_family = {}
+    for p in paths:
+        by_family.setdefault(p.family, []).append(p)
+    for fam, ps in by_family.items():
+        pairs = {frozenset((p.host, p.peer)) for p in ps}
+        total = sum(p.slow_delta for p in ps)
+        what = "lossy" if fam == LINK_ERRORS else "marked" if fam == CONGESTION else "paused"
+        worst = max(ps, key=lambda p: p.slow_delta)
+        if len(pairs) == 1:
+            sender = worst.host
+            receiver = worst.peer
+            out.append(Suspect(fam, link=(sender, receiver), score=1.0, paths=ps,
+                               detail=f"the link {sender} -> {receiver}: the only {what} path "
+                                      f"({', '.join(sorted({p.counter for p in ps}))}: {total:g} in the slow steps)"))
+            continue
+        on = {}
+        for p in ps:
+            for h in (p.host, p.peer):
+                on[h] = on.get(h, 0) + p.slow_delta
+        host, events = max(on.items(), key=lambda kv: (kv[1], kv[0]))
+        n_paths = len({(p.host, p.peer) for p in ps if host in (p.host, p.peer)})
+        if events >= COMMON_ENDPOINT * total and n_paths >= 2:
+            out.append(Suspect(fam, host=host, score=events / total, paths=[p for p in ps if host in (p.host, p.peer)],
+                               detail=f"{host}'s link: the common endpoint of {n_paths} {what} paths "
+                                      f"({events / total:.0%} of their {', '.join(sorted({p.counter for p in ps}))})"))
+    return out
 
 
 def _slow_host(ev, nodes):
@@ -131,27 +194,43 @@ def _slow_host(ev, nodes):
     return info, min(1.0, (share - ref) / (1.0 - ref)) if ref < 1 else 0.0
 
 
+def _pauses_beside_marks(out, pauses):
+    """Pauses with ECN marks are the same congestion seen at the link layer too: the congestion
+    suspect takes the pause counters of its host or link, and a pfc suspect beside it scores
+    less (dropped when it names the same host)."""
+    cong = next((s for s in out if s.cause == CONGESTION), None)
+    pfc = next((s for s in out if s.cause == PFC), None)
+    if cong is None:
+        return
+    for c in pauses:
+        if c.host in (cong.host,) + (cong.link or ()):
+            cong.counters.append(c)
+    if pfc is not None:
+        pfc.score *= PFC_BESIDE_MARKS
+        if pfc.host == cong.host:
+            out.remove(pfc)
+
+
 def suspects_of(ev, nodes):
     """The suspects of one regression (its Evidence), best first; an `unexplained` one when none."""
     by_family = {}
     for c in ev.counters:
         by_family.setdefault(c.family, []).append(c)
     out = []
-    if CONGESTION in by_family:
-        out.append(_congestion(by_family[CONGESTION]))
-        # pauses with ECN marks: the same congestion, seen at the link layer too
-        for c in by_family.get(PFC, ()):
-            if c.host in (out[0].host,) + (out[0].link or ()):
-                out[0].counters.append(c)
-    if PFC in by_family:
-        pfc = _pfc(by_family[PFC])
-        if CONGESTION in by_family:
-            pfc.score *= 0.5     # pauses beside ECN marks are less likely the cause than the marks
-        if not any(pfc.host == s.host for s in out):
-            out.append(pfc)
-    link = _link_errors(by_family.get(LINK_ERRORS, ()))
-    if link:
-        out.append(link)
+    for name, cause in CAUSES.items():       # the causes counters are evidence of, each its own rule
+        if cause.from_counters and name in by_family:
+            s = cause.rule(by_family[name])
+            if s is not None:
+                out.append(s)
+    _pauses_beside_marks(out, by_family.get(PFC, ()))
+    # per-peer evidence names the path; it replaces a host-counter suspect of the same cause
+    for ps in _path_suspects(ev.paths):
+        same = [s for s in out if s.cause == ps.cause]
+        for s in same:
+            if {s.host} | set(s.link or ()) <= {ps.host} | set(ps.link or ()):
+                ps.counters += s.counters
+                out.remove(s)
+        out.append(ps)
     slow = _slow_host(ev, nodes)
     if slow:
         info, score = slow
@@ -159,7 +238,7 @@ def suspects_of(ev, nodes):
         named = [s for s in out if s.host == host or host in (s.link or ())]
         if named:
             named[0].off_cpu = info
-            named[0].score = min(1.0, named[0].score + 0.1 * score)
+            named[0].score = min(1.0, named[0].score + OFF_CPU_BONUS * score)
         else:
             good = ("" if info["share_good"] is None
                     else f"; {info['share_good']:.0%} of the good steps")
@@ -173,8 +252,8 @@ def suspects_of(ev, nodes):
     if not out:
         lacking = "; ".join(x.split(":")[0] for x in ev.lacking)
         out.append(Suspect(UNEXPLAINED, lacking=list(ev.lacking),
-                           detail="a regression with no evidence: no counter moved more during the slow steps than "
-                                  "in the good ones or on the peers, and no host's rank kept the others waiting "
+                           detail="a regression with no evidence: no counter moved beyond its normal (the good steps' "
+                                  "or the baseline's) by the count test, and no host's rank kept the others waiting "
                                   f"(on its CPU at most {MAX_ON_CPU_RATIO * 100:.0f} % as much as its peers) in most slow "
                                   "steps" + (f" (lacking: {lacking})" if lacking else "")))
     for s in out:
@@ -194,7 +273,11 @@ def rank(per_regression):
                 merged[s.identity()] = m = s
             elif s.score > m.score:
                 s.regressions = m.regressions
+                s.lacking = m.lacking + [x for x in s.lacking if x not in m.lacking]
                 merged[s.identity()] = m = s
+            else:
+                m.lacking = m.lacking + [x for x in s.lacking if x not in m.lacking]
+            m.lacking = m.lacking[:MAX_LACKING]
             m.regressions += [x for x in labels if x not in m.regressions]
     # an `unexplained` is only a suspect where nothing else explains anything
     if any(s.cause != UNEXPLAINED for s in merged.values()):
@@ -204,3 +287,27 @@ def rank(per_regression):
     return sorted(merged.values(), key=lambda s: (s.cause == UNEXPLAINED, -round(s.score, 2), -len(s.regressions),
                                                   -max((c.slow_delta for c in s.counters), default=0),
                                                   s.host or "", s.link or ()))
+
+
+class Cause(NamedTuple):
+    """One cause class: the rule that names it from the evidence, what it means, where it is
+    documented. Adding a cause is one entry here (and its family in congestion/counters.py when
+    counters are its evidence: then its rule takes that family's qualifying CounterEvidence and
+    returns a Suspect or None, and suspects_of calls it in this table's order)."""
+    rule: Callable
+    explanation: str
+    docs: str
+    from_counters: bool = False     # the rule reads the counters of the family of the same name
+
+
+CAUSES = {
+    CONGESTION: Cause(_congestion, "ECN marks and CNPs rising with the latency: queues on a path",
+                      "docs/DIAGNOSIS.md#congestion-ecn-marks-and-cnps-rising-with-the-latency", True),
+    PFC: Cause(_pfc, "pauses without ECN marks: the link layer stopped traffic",
+               "docs/DIAGNOSIS.md#pfc-pauses-without-ecn-marks", True),
+    LINK_ERRORS: Cause(_link_errors, "errors, losses and the retransmissions they cost: a bad cable, optics or link",
+                       "docs/DIAGNOSIS.md#link_errors-a-bad-cable-optics-or-link", True),
+    SLOW_HOST: Cause(_slow_host, "the others kept waiting for one host's rank, and no counter moved",
+                     "docs/DIAGNOSIS.md#slow_host-the-others-kept-waiting-for-one-hosts-rank-and-no-counter-moved"),
+    UNEXPLAINED: Cause(None, "a regression with no evidence", "docs/DIAGNOSIS.md#unexplained-a-regression-with-no-evidence"),
+}

@@ -273,23 +273,28 @@ def regression_rules(alerts, source):
 
 def shift_rules(for_):
     """CollbenchLatencyShift: the exporter's online change-point test (collbench_latency_shift, a
-    CUSUM: a spike never sets it) says an op and size shifted up and stayed up. A recording rule
-    joins the flag with collbench_step_congestion_top{rank="1"} (the host whose counters moved most
-    in that op and size's latest step), so the alert's labels and annotation name the top suspect;
-    without moved counters the alert fires with no host and says to run `collbench diagnose`."""
+    CUSUM: a spike never sets it) says an op and size shifted up and stayed up. The alert's labels
+    are the op and size only, so it keeps one identity while the shift lasts: the suspect host may
+    change from step to step, and a label that changed would end the alert and start another with
+    its `for:` again. The suspect is a separate series (the recording rule: the flag joined with
+    collbench_step_congestion_top{rank="1"}, the host whose counters moved most in that op and
+    size's latest step) that the summary reads at each evaluation; without moved counters it says
+    none and to run `collbench diagnose`."""
     shifted = "max by (op, size) (collbench_latency_shift) == 1"
+    suspect = (f'{{{{ with query (printf "{SHIFT_TOP_HOST}{{op=\'%s\',size=\'%s\'}}" $labels.op $labels.size) }}}}'
+               "{{ with first . }}{{ .Labels.host }} ({{ .Labels.counter }} moved most){{ end }}"
+               "{{ else }}none (no congestion counter moved){{ end }}")
     return [
         {"record": SHIFT_TOP_HOST,
          "expr": f'max by (op, size, host, counter) (0 * collbench_step_congestion_top{{rank="1"}} '
                  f"+ on (op, size) group_left () ({shifted}))"},
         {"alert": "CollbenchLatencyShift",
-         "expr": f"(({shifted}) + on (op, size) group_right () (0 * {SHIFT_TOP_HOST})) or on (op, size) ({shifted})",
+         "expr": shifted,
          "for": for_,
          "labels": {"severity": "warning"},
          "annotations": {
              "summary": ("{{ $labels.op }} {{ $labels.size }} latency shifted up and stayed up; top suspect host: "
-                         "{{ if $labels.host }}{{ $labels.host }} ({{ $labels.counter }} moved most){{ else }}none "
-                         "(no congestion counter moved){{ end }}; run `collbench diagnose` for the cause"),
+                         f"{suspect}; run `collbench diagnose` for the cause"),
              "runbook_url": RUNBOOK,
          }},
     ]

@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""How often `collbench diagnose` names the right host or link, and how often it names a wrong
+one: a campaign of planted faults on the namespace testbed (issue 28, item 4).
+
+One testbed (lab/testbed.py: real network namespaces, sshd, mpirun ranks over TCP, cubic pinned)
+and a baseline saved from --baseline-runs quiet `once` runs. Then, in random order:
+
+  classes (each --trials times, at a random host, peer and strength):
+    ecn          the host's egress CE-marked above RATE (nftables), a marking queue in front of it
+                 -> expected: congestion, the host (or the link out of it)
+    lossy_host   PERMILLE of the host's packets dropped on the wire -> link_errors, the host
+    lossy_link   PERMILLE of the host's packets toward one peer dropped -> link_errors, the link
+                 (both ends); run with alltoall only (on 4 ranks the only op pairing every two hosts)
+    shaped       the host's link shaped (tbf), no marking: no counter moves -> `unexplained` is
+                 the right answer for diagnose (`collbench locate` finds it by measuring)
+    cpu          the host's rank held to QUOTA of a CPU (cgroup) -> slow_host, the host
+  quiet runs (--quiet): no fault -> no suspect named; a `no regression` verdict counted apart
+
+Mode `once` (the only one built so far): each trial is `once` runs (--runs-per-trial) with the
+fault on, then `diagnose --baseline`. The stress loop with the shift test, and PFC storms and link
+errors from fixture trees under real mpirun, are not in this campaign yet.
+
+Per class it prints trials, right (host or link and cause), one end (lossy_link: the sender's
+link named, not the link: what host counters alone can say), wrong (a named suspect that is not
+the planted one), unexplained, no regression, and the median seconds from the fault applied to
+the verdict; over the quiet runs the false culprits and the false alarms (a regression found),
+with the machine's load average. Figures are one campaign's: repeat it (--seed) for their spread.
+
+    .venv/bin/python bench/diagnose_accuracy.py --trials 20 --quiet 40      # the issue's campaign
+    .venv/bin/python bench/diagnose_accuracy.py --trials 2 --quiet 4         # a smoke run
+"""
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
+
+from lab import testbed  # noqa: E402
+
+OPS = ["--ops", "allreduce,allgather,alltoall,bcast", "--sizes", "256KB,512KB,1MB", "--iterations", "20"]
+LINK_OPS = ["--ops", "alltoall", "--sizes", "256KB,512KB,1MB", "--iterations", "20"]
+STRENGTHS = {"ecn": ["1mbytes", "2mbytes", "4mbytes"], "lossy_host": [10, 30, 50], "lossy_link": [10, 30, 50],
+             "shaped": ["50mbit", "100mbit"], "cpu": [1000, 2500]}     # cpu: quota us per 50 ms
+CLASSES = tuple(STRENGTHS)
+QUEUE_RATE = "400mbit"          # the marking port's queue (a port marks because its queue builds)
+LINK_RUNS = 3                   # lossy_link: alltoall's 3 steps a run; a counter needs 3 slow steps
+
+
+def collbench(bed, *args, netns=True, timeout=300):
+    pre = ["ip", "netns", "exec", bed["hosts"][0]["netns"]] if netns else []
+    return subprocess.run(pre + [sys.executable, "-m", "collbench", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+def once(bed, results, ops):
+    r = collbench(bed, "once", "--config", bed["config"], "--results", results, "--quiet", *ops)
+    if r.returncode not in (0, 1):
+        raise RuntimeError(f"once failed: {r.stderr[-500:]}")
+
+
+def diagnose(bed, results):
+    r = collbench(bed, "diagnose", results, "--baseline", "quiet", "--config", bed["config"], "--format", "json",
+                  netns=False, timeout=120)
+    if r.returncode not in (0, 1):
+        raise RuntimeError(f"diagnose failed: {r.stderr[-500:]}")
+    return json.loads(r.stdout)
+
+
+class Fault:
+    """Apply and clear one planted fault; `expected` says what a right diagnosis names."""
+
+    def __init__(self, bed, cls, host, peer, strength):
+        self.bed, self.cls, self.host, self.peer, self.strength = bed, cls, host, peer, strength
+        self.mover = self.cgroup = None
+
+    def expected(self):
+        a, b = self.host["addr"], self.peer["addr"]
+        return {"ecn": ("congestion", a, None), "lossy_host": ("link_errors", a, None),
+                "lossy_link": ("link_errors", None, [a, b]), "shaped": ("unexplained", None, None),
+                "cpu": ("slow_host", a, None)}[self.cls]
+
+    def __enter__(self):
+        d = self.bed["dir"]
+        if self.cls == "ecn":
+            testbed.ecn_mark(d, {self.host["alias"]: self.strength})
+            testbed.shape_link(self.host, QUEUE_RATE)
+        elif self.cls == "lossy_host":
+            testbed.loss(d, self.host["alias"], self.strength)
+        elif self.cls == "lossy_link":
+            testbed.loss(d, self.host["alias"], self.strength, peer=self.peer["alias"])
+        elif self.cls == "shaped":
+            testbed.shape_link(self.host, self.strength)
+        elif self.cls == "cpu":
+            from cgroup_helpers import Cgroup, RankMover
+            inode = os.stat(f"/run/netns/{self.host['netns']}").st_ino
+            self.cgroup = Cgroup(self.strength, period_us=50000)
+            self.mover = RankMover(self.cgroup, lambda proc: b"collbench-engine" in (proc / "cmdline").read_bytes()
+                                   and os.stat(proc / "ns" / "net").st_ino == inode)
+            self.mover.start()
+        return self
+
+    def __exit__(self, *exc):
+        d = self.bed["dir"]
+        if self.cls == "ecn":
+            testbed.ecn_clear(d)
+            testbed.shape_link(self.host, None)
+        elif self.cls in ("lossy_host", "lossy_link"):
+            testbed.loss_clear(d)
+        elif self.cls == "shaped":
+            testbed.shape_link(self.host, None)
+        elif self.cls == "cpu":
+            self.mover.stop.set()
+            self.mover.join()
+            self.cgroup.remove()
+
+
+def judge(doc, expected):
+    """right / one end / wrong / unexplained / no regression of one diagnosis against what was planted."""
+    cause, host, link = expected
+    named = [s for s in doc["suspects"] if s["host"] or s["link"]]
+    if doc["verdict"] == "no regression":
+        return "no regression"
+    if cause == "unexplained":
+        return "right" if not named else "wrong"
+    if not named:
+        return "unexplained"
+    top = named[0]
+    ok = top["cause"] == cause and (top["link"] == link if link else top["host"] == host)
+    others = [s for s in named[1:] if host not in ([s["host"]] + (s["link"] or [])) and s["link"] != link]
+    if link and not others and top["cause"] == cause and top["host"] == link[0]:
+        return "one end"     # the lossy link's sender named, not the link (host counters alone)
+    return "right" if ok and not others else "wrong"
+
+
+def campaign(args):
+    rng = random.Random(args.seed)
+    root = tempfile.mkdtemp(prefix="diag-accuracy-")
+    bed = testbed.up(args.hosts, os.path.join(root, "tb"), python=sys.executable)
+    rows, quiet_rows = [], []
+    try:
+        with open(bed["config"], "a") as f:
+            f.write("step_timeout: 60s\ncongestion:\n  enabled: true\n")
+        base = os.path.join(root, "baseline.jsonl")
+        for i in range(args.baseline_runs):
+            once(bed, base, OPS)
+            print(f"baseline run {i + 1}/{args.baseline_runs}", file=sys.stderr, flush=True)
+        r = collbench(bed, "baseline", "save", "quiet", "--from", base, "--config", bed["config"], netns=False)
+        if r.returncode != 0:
+            raise RuntimeError(r.stderr)
+        plan = [c for c in args.classes for _ in range(args.trials)] + ["quiet"] * args.quiet
+        rng.shuffle(plan)
+        started = time.monotonic()
+        for n, cls in enumerate(plan):
+            results = os.path.join(root, f"trial-{n}.jsonl")
+            load = os.getloadavg()[0]
+            if cls == "quiet":
+                once(bed, results, OPS)
+                doc = diagnose(bed, results)
+                named = [s for s in doc["suspects"] if s["host"] or s["link"]]
+                quiet_rows.append({"verdict": doc["verdict"], "named": len(named), "load": load,
+                                   "ratios": [r["ratio"] for r in doc["regressions"]]})
+                outcome = "false culprit" if named else doc["verdict"]
+            else:
+                host, peer = rng.sample(bed["hosts"], 2)
+                strength = rng.choice(STRENGTHS[cls])
+                fault = Fault(bed, cls, host, peer, strength)
+                t0 = time.monotonic()
+                with fault:
+                    for _ in range(args.runs_per_trial * (LINK_RUNS if cls == "lossy_link" else 1)):
+                        once(bed, results, LINK_OPS if cls == "lossy_link" else OPS)
+                doc = diagnose(bed, results)
+                outcome = judge(doc, fault.expected())
+                top = doc["suspects"][0] if doc["suspects"] else {}
+                rows.append({"class": cls, "strength": strength, "outcome": outcome,
+                             "seconds": time.monotonic() - t0, "load": load, "host": host["alias"],
+                             "peer": peer["alias"], "ratio": max((r["ratio"] for r in doc["regressions"]), default=1.0),
+                             "top": [top.get("cause"), top.get("host"), top.get("link"), top.get("p_value")],
+                             "lacking": (top.get("evidence") or {}).get("lacking", [])[:3]})
+            left = (time.monotonic() - started) / (n + 1) * (len(plan) - n - 1)
+            print(f"[{n + 1}/{len(plan)}] {cls}: {outcome} (load {load:.1f}; ~{left:.0f} s left)",
+                  file=sys.stderr, flush=True)
+    finally:
+        testbed.down(bed["dir"])
+    return rows, quiet_rows
+
+
+def report(rows, quiet_rows):
+    print(f"{'class':<12} {'trials':>6} {'right':>6} {'1 end':>6} {'wrong':>6} {'unexpl':>7} {'no-reg':>7} "
+          f"{'median s':>9} {'ratio (min-max)':>16}  strengths right/tried")
+    for cls in CLASSES:
+        rs = [r for r in rows if r["class"] == cls]
+        if not rs:
+            continue
+        count = {k: sum(r["outcome"] == k for r in rs)
+                 for k in ("right", "one end", "wrong", "unexplained", "no regression")}
+        by_strength = {}
+        for r in rs:
+            ok, n = by_strength.get(r["strength"], (0, 0))
+            by_strength[r["strength"]] = (ok + (r["outcome"] == "right"), n + 1)
+        ratios = [r["ratio"] for r in rs]
+        print(f"{cls:<12} {len(rs):>6} {count['right']:>6} {count['one end']:>6} {count['wrong']:>6} "
+              f"{count['unexplained']:>7} "
+              f"{count['no regression']:>7} {statistics.median(r['seconds'] for r in rs):>9.1f} "
+              f"{min(ratios):>7.2f}-{max(ratios):<7.2f}  "
+              + ", ".join(f"{s}: {ok}/{n}" for s, (ok, n) in sorted(by_strength.items(), key=str)))
+    if quiet_rows:
+        loads = [q["load"] for q in quiet_rows]
+        print(f"quiet runs: {len(quiet_rows)}; false culprits {sum(q['named'] > 0 for q in quiet_rows)}; "
+              f"false alarms (a regression found) {sum(q['verdict'] != 'no regression' for q in quiet_rows)}; "
+              f"load average {min(loads):.1f}-{max(loads):.1f}")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hosts", type=int, default=4)
+    p.add_argument("--trials", type=int, default=20, help="trials per fault class (default 20)")
+    p.add_argument("--quiet", type=int, default=40, help="quiet runs (default 40)")
+    p.add_argument("--classes", default=",".join(CLASSES), help=f"fault classes (default {','.join(CLASSES)})")
+    p.add_argument("--baseline-runs", type=int, default=5)
+    p.add_argument("--runs-per-trial", type=int, default=1, help="once runs with the fault on (lossy_link: "
+                                                                   f"{LINK_RUNS}x as many, alltoall's 3 steps each)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json", metavar="FILE", help="write every trial's row there too")
+    args = p.parse_args(argv)
+    args.classes = [c for c in args.classes.split(",") if c]
+    unknown = set(args.classes) - set(CLASSES)
+    if unknown:
+        p.error(f"unknown classes {', '.join(sorted(unknown))} (known: {', '.join(CLASSES)})")
+    if os.geteuid() != 0:
+        p.error("the testbed needs root")
+    rows, quiet_rows = campaign(args)
+    report(rows, quiet_rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"trials": rows, "quiet": quiet_rows, "args": vars(args)}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""`collbench diagnose` names a host or link from counters only when the movement is beyond the
+counter's normal by a test that respects counts (congestion/normal.py, diagnose/evidence.py):
+against the results' good steps, or the baseline's runs (`baseline save` keeps them) when the
+results have too few; a handful of events, or one burst in one step, is never proof, and the
+suspect says what it lacks. Per-peer evidence (`congestion.paths`, "<host>><peer>|<counter>")
+localizes by the common endpoint. Records are built here in the engine's format; the real-run
+side is tests/test_diagnose_lossy_testbed.py."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+import test_diagnose as td
+from collbench.congestion.normal import Tally, upper_tail
+
+HOSTS4 = ["h1", "h2", "h3", "h4"]
+OPS = [("allreduce", ("256KB", 262144)), ("allreduce", ("1MB", 1048576)), ("alltoall", ("256KB", 262144)),
+       ("alltoall", ("1MB", 1048576)), ("allgather", ("256KB", 262144)), ("allgather", ("1MB", 1048576)),
+       ("bcast", ("256KB", 262144)), ("bcast", ("1MB", 1048576))]
+
+
+def once_run(run, factor=1.0, moved_of=None, paths_of=None, base=0):
+    """One `once` run on 4 hosts: a step per op and size, latency x factor; moved_of(i) / paths_of(i):
+    the moved counters / per-peer counters of step i."""
+    out = []
+    for i, (op, size) in enumerate(OPS):
+        r = td.rec(base + run * 100 + i, 1000.0 * (1 + 0.01 * i) * factor * (1 + 0.005 * run),
+                   moved_of(i) if moved_of else {}, hosts=HOSTS4, ranks=4, transport="ob1-tcp", op=op, size=size)
+        r["run_id"] = f"20261123T10000{run}-0badcafe"
+        if paths_of is not None:
+            r["congestion"]["paths"] = paths_of(i)
+        out.append(r)
+    return out
+
+
+def save_baseline(tmp_path, records, name="b"):
+    quiet = td.write(tmp_path / f"{name}.jsonl", records)
+    p = subprocess.run([sys.executable, "-m", "collbench", "baseline", "save", name, "--from", quiet, "--state-dir",
+                        str(tmp_path / "state")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p
+
+
+def diagnose_against(tmp_path, records, name="b", fmt="json"):
+    cur = td.write(tmp_path / "cur.jsonl", records)
+    p = subprocess.run([sys.executable, "-m", "collbench", "diagnose", cur, "--baseline", name, "--state-dir",
+                        str(tmp_path / "state"), "--format", fmt], capture_output=True, text=True, timeout=60)
+    assert p.returncode in (0, 1), p.stderr
+    return p.returncode, (json.loads(p.stdout) if fmt == "json" else p.stdout)
+
+
+def named(doc):
+    return [s for s in doc["suspects"] if s["host"] or s["link"]]
+
+
+def test_one_burst_in_one_straying_step_names_no_host_and_says_what_it_lacks(tmp_path):
+    """The fresh-clone failure: a `once` run against a baseline strayed past the bound in one step,
+    and 504 TCPFastRetrans on one host in that step named it link_errors with no normal."""
+    save_baseline(tmp_path, [r for run in range(5) for r in once_run(run)])
+    def moved(i):
+        return {"h2|TCPFastRetrans@netstat": 504, "h2|TCPDelivered@netstat": 20000} if i == 3 else {}
+    cur = once_run(9, moved_of=moved)
+    cur[3]["latency_avg_us"] *= 1.6          # the one series that strayed
+    rc, doc = diagnose_against(tmp_path, cur)
+    assert rc == 1 and len(doc["regressions"]) == 1, doc
+    assert named(doc) == [], json.dumps(doc["suspects"])
+    (s,) = doc["suspects"]
+    assert s["cause"] == "unexplained"
+    short = [x for x in s["evidence"]["lacking"] if "TCPFastRetrans" in x]
+    assert short and "moved in 1 of 1 slow steps" in short[0], s["evidence"]["lacking"]
+
+
+def test_a_counter_that_bursts_in_the_baseline_runs_is_weighed_against_its_normal(tmp_path):
+    """Every step of the current run is slow (no good steps): the baseline's per-step rates are the
+    normal. h2 retransmitted in bursts in the baseline's quiet runs too; h3's errors never moved."""
+    def quiet_moved(i):
+        return {"h2|TCPFastRetrans@netstat": 400, "h2|TCPDelivered@netstat": 20000} if i % 2 == 0 else {}
+    save_baseline(tmp_path, [r for run in range(5) for r in once_run(run, moved_of=quiet_moved)])
+    rc, doc = diagnose_against(tmp_path, once_run(9, factor=2.0, moved_of=quiet_moved))
+    assert rc == 1 and len(doc["regressions"]) == 8
+    assert named(doc) == [], json.dumps(doc["suspects"])       # its bursts are its normal
+    lacking = doc["suspects"][0]["evidence"]["lacking"]
+    assert any("TCPFastRetrans" in x and "baseline" in x for x in lacking), lacking
+
+    def faulty(i):
+        return {**quiet_moved(i), "h3|TCPFastRetrans@netstat": 450, "h3|TCPDelivered@netstat": 20000}
+    rc, doc = diagnose_against(tmp_path, once_run(9, factor=2.0, moved_of=faulty))
+    top = doc["suspects"][0]
+    assert rc == 1 and (top["host"], top["cause"]) == ("h3", "link_errors"), json.dumps(doc["suspects"])
+    ev = top["evidence"]["counters"][0]
+    assert ev["reference"] == "baseline" and ev["rate_good_per_s"] == 0 and ev["expected"] > 0
+    assert 0 <= top["p_value"] < 1e-3 and top["p_value"] == ev["p_value"]
+    assert [s["host"] for s in named(doc)] == ["h3"], json.dumps(doc["suspects"])
+    # how sure, in the table too
+    rc, table = diagnose_against(tmp_path, once_run(9, factor=2.0, moved_of=faulty), fmt="table")
+    assert "p (how sure)" in table and "h3" in table
+
+
+def test_a_handful_of_events_in_every_slow_step_is_never_proof(tmp_path):
+    save_baseline(tmp_path, [r for run in range(5) for r in once_run(run)])
+    rc, doc = diagnose_against(tmp_path, once_run(9, factor=2.0, moved_of=lambda i: {"h4|symbol_error@mlx5_0/1": 2}))
+    assert rc == 1 and named(doc) == [], json.dumps(doc["suspects"])
+    assert any("16 events (needs 20)" in x for x in doc["suspects"][0]["evidence"]["lacking"])
+
+
+def test_without_good_steps_or_a_baseline_normal_no_counter_names_a_host(tmp_path):
+    """A baseline saved before counter normals existed (no counter_normal) and a run with no good
+    steps: nothing to weigh the counters against, so they name nobody, and the suspect says so."""
+    save_baseline(tmp_path, [r for run in range(5) for r in once_run(run)])
+    path = tmp_path / "state" / "baselines" / "b.json"
+    doc = json.loads(path.read_text())
+    assert doc["counter_normal"]["exposure"]["host"]["steps"] == 40
+    del doc["counter_normal"]
+    path.write_text(json.dumps(doc))
+    rc, doc = diagnose_against(tmp_path, once_run(9, factor=2.0, moved_of=lambda i: {"h3|TCPDeliveredCE@netstat": 3000}))
+    assert rc == 1 and named(doc) == [], json.dumps(doc["suspects"])
+    assert any(x.startswith("a normal for the counters") for x in doc["suspects"][0]["evidence"]["lacking"])
+
+
+@pytest.mark.parametrize("bad", [[1, 2], {"exposure": {"host": {"steps": -1, "seconds": 1, "sum_t2": 1}}, "counters": {}},
+                                 {"exposure": {}, "counters": {"no-bar": {}}},
+                                 {"exposure": {}, "counters": {"h1|x@y": {"events": "many"}}}])
+def test_a_hostile_counter_normal_in_a_baseline_is_exit_2_naming_it(tmp_path, bad):
+    save_baseline(tmp_path, [r for run in range(5) for r in once_run(run)])
+    path = tmp_path / "state" / "baselines" / "b.json"
+    doc = json.loads(path.read_text())
+    doc["counter_normal"] = bad
+    path.write_text(json.dumps(doc))
+    cur = td.write(tmp_path / "cur.jsonl", once_run(9))
+    p = subprocess.run([sys.executable, "-m", "collbench", "diagnose", cur, "--baseline", "b", "--state-dir",
+                        str(tmp_path / "state")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "counter_normal" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_baseline_save_says_when_it_has_too_few_runs(tmp_path):
+    p = save_baseline(tmp_path, [r for run in range(3) for r in once_run(run)])
+    assert "fewer than 5 measurements" in p.stderr, p.stderr
+    p = save_baseline(tmp_path, [r for run in range(5) for r in once_run(run)], name="five")
+    assert "fewer than 5 measurements" not in p.stderr and "counters' normal" not in p.stderr, p.stderr
+    # records without counters: the baseline has no counters' normal, and says so
+    bare = [r for run in range(5) for r in once_run(run)]
+    for r in bare:
+        del r["congestion"]
+    p = save_baseline(tmp_path, bare, name="bare")
+    assert "the counters' normal holds 0 steps" in p.stderr, p.stderr
+    assert "counter_normal" not in json.loads((tmp_path / "state" / "baselines" / "bare.json").read_text())
+
+
+# ---------------------------------------------------------------- per-peer evidence (congestion.paths)
+
+def paths_of(lossy):
+    """Every ordered pair of HOSTS4 sends 2000 segments; `lossy` {(host, peer): retransmissions}."""
+    def f(i):
+        out = {}
+        for h in HOSTS4:
+            for p in HOSTS4:
+                if h != p:
+                    out[f"{h}>{p}|tcp_segs_out"] = 2000
+                    out[f"{h}>{p}|tcp_retrans_segs"] = lossy.get((h, p), 0)
+                    out[f"{h}>{p}|tcp_delivered_ce"] = 0
+                    out[f"{h}>{p}|tcp_rtt_us_max"] = 800.0
+        return out
+    return f
+
+
+def test_many_lossy_paths_sharing_one_host_name_that_host(tmp_path):
+    """A lossy host: its own paths out lose packets, and its dropped ACKs make its peers retransmit
+    toward it; the host-wide counters spread over all of them (no host holds half)."""
+    save_baseline(tmp_path, [r for run in range(5) for r in once_run(run, paths_of=paths_of({}))])
+    lossy = {("h3", "h1"): 60, ("h3", "h2"): 55, ("h3", "h4"): 70, ("h1", "h3"): 40, ("h2", "h3"): 45}
+    spread = {f"{h}|TCPFastRetrans@netstat": 100 for h in HOSTS4}
+    spread.update({f"{h}|TCPDelivered@netstat": 6000 for h in HOSTS4})
+    rc, doc = diagnose_against(tmp_path, once_run(9, factor=3.0, moved_of=lambda i: spread,
+                                                  paths_of=paths_of(lossy)))
+    top = doc["suspects"][0]
+    assert rc == 1 and (top["host"], top["cause"], top["link"]) == ("h3", "link_errors", None), json.dumps(doc["suspects"])
+    assert "common endpoint of 5 lossy paths" in top["detail"]
+    paths = top["evidence"]["paths"]
+    assert {tuple(p["path"]) for p in paths} == set(lossy) and all(p["reference"] == "baseline" for p in paths)
+    assert top["p_value"] is not None and top["p_value"] < 1e-3
+    assert [s["host"] for s in named(doc)] == ["h3"], json.dumps(doc["suspects"])
+
+
+def test_one_lossy_path_names_the_link_both_ends(tmp_path):
+    save_baseline(tmp_path, [r for run in range(5) for r in once_run(run, paths_of=paths_of({}))])
+    rc, doc = diagnose_against(tmp_path, once_run(9, factor=3.0, paths_of=paths_of({("h3", "h2"): 80})))
+    top = doc["suspects"][0]
+    assert rc == 1 and (top["link"], top["cause"], top["host"]) == (["h3", "h2"], "link_errors", None), \
+        json.dumps(doc["suspects"])
+    # the ACKs of the same cable lost too: still the one link
+    rc, doc = diagnose_against(tmp_path, once_run(9, factor=3.0, paths_of=paths_of({("h3", "h2"): 80, ("h2", "h3"): 30})))
+    assert doc["suspects"][0]["link"] == ["h3", "h2"], json.dumps(doc["suspects"])
+
+
+def test_lossy_paths_with_no_common_endpoint_and_routine_loss_name_nobody(tmp_path):
+    save_baseline(tmp_path, [r for run in range(5) for r in once_run(run, paths_of=paths_of({}))])
+    rc, doc = diagnose_against(tmp_path, once_run(9, factor=3.0, paths_of=paths_of({("h1", "h2"): 60, ("h3", "h4"): 60})))
+    assert rc == 1 and named(doc) == [], json.dumps(doc["suspects"])
+    # 10 of 2000 segments a step: routine loss recovery, whatever its normal
+    rc, doc = diagnose_against(tmp_path, once_run(9, factor=3.0, paths_of=paths_of({("h1", "h2"): 10})))
+    assert named(doc) == [] and any("routine loss recovery" in x for x in doc["suspects"][0]["evidence"]["lacking"])
+
+
+def test_paths_from_the_good_steps_of_a_shifted_series(tmp_path):
+    """Without a baseline: the shift test's good steps are the paths' normal."""
+    recs = td.series(n=60, onset=40, factor=2.0, noise=False, hosts=HOSTS4, ranks=4, transport="ob1-tcp")
+    for i, r in enumerate(recs):
+        r["congestion"]["paths"] = paths_of({("h2", "h4"): 90} if i >= 40 else {})(i)
+    rc, doc, err = td.diagnose(td.write(tmp_path / "r.jsonl", recs))
+    top = doc["suspects"][0]
+    assert rc == 1 and top["link"] == ["h2", "h4"] and top["cause"] == "link_errors", (err, json.dumps(doc["suspects"]))
+    assert top["evidence"]["paths"][0]["reference"] == "good steps"
+
+
+@pytest.mark.parametrize("paths", ["not an object", {"h1|tcp_lost": 3}, {"h1>h1|tcp_lost": 3}, {"h1>h2|tcp_lost": -4},
+                                   {"h1>h2|tcp_lost": "7"}, {"h1>h2>h3|tcp_lost": 1}, {"h1>h2|TCP Lost": 1}])
+def test_a_malformed_paths_field_is_a_counted_bad_line_never_a_crash(tmp_path, paths):
+    recs = td.series(n=60, onset=40, factor=2.0, slow_moved={"h5|TCPDeliveredCE@netstat": 3000})
+    recs[45]["congestion"]["paths"] = paths
+    rc, doc, err = td.diagnose(td.write(tmp_path / "r.jsonl", recs))
+    assert rc == 1 and "Traceback" not in err, err
+    assert doc["input"]["bad_lines"] == 1 and doc["suspects"][0]["host"] == "h5", doc["input"]
+
+
+# ---------------------------------------------------------------- the count test itself
+
+@pytest.mark.parametrize("k,mean,phi,steps", [(5, 2.0, 1.0, 3), (20, 3.0, 0.25, 8), (50, 10.0, 4.0, 8), (30, 1.0, 4.0, 1)])
+def test_the_negative_binomial_tail_matches_its_sum(k, mean, phi, steps):
+    r = steps / phi
+    p = r / (r + mean)
+    cdf = sum(math.exp(math.lgamma(j + r) - math.lgamma(r) - math.lgamma(j + 1) + r * math.log(p) + j * math.log1p(-p))
+              for j in range(k))
+    assert upper_tail(k, mean, phi, steps) == pytest.approx(1 - cdf, rel=1e-6)
+
+
+def test_a_bursty_normal_needs_more_events_than_a_steady_one():
+    steady, bursty = Tally(), Tally()
+    for i in range(24):
+        steady.add_exposure("host", 0.25)
+        bursty.add_exposure("host", 0.25)
+        steady.add("h1", "TCPFastRetrans@netstat", 20, 0.25)
+        if i % 8 == 0:
+            bursty.add("h1", "TCPFastRetrans@netstat", 160, 0.25)
+    s, b = steady.reference("h1", "TCPFastRetrans@netstat"), bursty.reference("h1", "TCPFastRetrans@netstat")
+    assert s.events == b.events == 480 and s.dispersion == 0 and b.dispersion > 1
+    assert upper_tail(400, s.rate * 2.0, s.phi, 8) < 1e-6 < upper_tail(400, b.rate * 2.0, b.phi, 8)
