@@ -40,15 +40,20 @@ def _kind(mode):
     return "not a regular file"
 
 
-def _read_fd_limited(path, max_bytes, allow_devices):
+def _open_untrusted(path):
+    """A read-only fd of path that never waits to open."""
     try:
         # O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting forever;
-        # regular files ignore it, so the read below is an ordinary one.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        # regular files ignore it, so a read is an ordinary one.
+        return os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except ValueError:
         raise UntrustedFileError("the path holds a NUL byte") from None
     except OSError as e:
         raise UntrustedFileError(f"cannot read it ({e.strerror or e})") from None
+
+
+def _read_fd_limited(path, max_bytes, allow_devices):
+    fd = _open_untrusted(path)
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
@@ -124,13 +129,7 @@ def _open_stream(path, allow_pipes):
     if path == "-":
         fd, own = 0, False
     else:
-        own = True
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-        except ValueError:
-            raise UntrustedFileError("the path holds a NUL byte") from None
-        except OSError as e:
-            raise UntrustedFileError(f"cannot read it ({e.strerror or e})") from None
+        fd, own = _open_untrusted(path), True
     try:
         mode = os.fstat(fd).st_mode
     except OSError as e:
