@@ -303,26 +303,27 @@ def shift_rules(for_):
 def inspector_rules(for_):
     """CollbenchInspectorLatencyShift: a production job's collective (the exporter's inspector
     collector, NCCL Inspector records: collbench_inspector_latency_shift, the same change-point
-    test) shifted up and stayed up; the alert names the host whose sender-side congestion counters
-    (SENDER_CONGESTION) move fastest now, from the per-host counters exporters."""
+    test) shifted up and stayed up. As CollbenchLatencyShift, its labels are the collective's only
+    (one identity while the shift lasts); the summary names, at each evaluation, the host whose
+    sender-side congestion counters (SENDER_CONGESTION, from the per-host counters exporters) move
+    fastest now."""
     by = "op, size, nranks, nodes, comm_name"
-    shifted = f"max by ({by}) (collbench_inspector_latency_shift) == 1"
+    suspect = (f'{{{{ with query "topk(1, {SENDER_CONGESTION} > 0)" }}}}'
+               "{{ with first . }}{{ .Labels.host }} (its sender-side ECN counters move fastest){{ end }}"
+               "{{ else }}none (no sender-side congestion counter moves){{ end }}")
     w = RATE_WINDOW
     return [
         {"record": SENDER_CONGESTION,
          "expr": f"sum by (host) (rate(collbench_rdma_rp_cnp_handled_total[{w}])) "
                  f"or sum by (host) (rate(collbench_netstat_tcp_delivered_ce_packets_total[{w}]))"},
         {"alert": "CollbenchInspectorLatencyShift",
-         "expr": f"(({shifted}) + on () group_left (host) (0 * topk(1, {SENDER_CONGESTION} > 0))) "
-                 f"or on ({by}) ({shifted})",
+         "expr": f"max by ({by}) (collbench_inspector_latency_shift) == 1",
          "for": for_,
          "labels": {"severity": "warning"},
          "annotations": {
              "summary": ("production job: {{ $labels.op }} {{ $labels.size }} on communicator {{ $labels.comm_name }} "
                          "({{ $labels.nranks }} ranks, {{ $labels.nodes }} nodes) shifted up and stayed up; suspect "
-                         "host: {{ if $labels.host }}{{ $labels.host }} (its sender-side ECN counters move fastest)"
-                         "{{ else }}none (no sender-side congestion counter moves){{ end }}; run `collbench diagnose "
-                         "--inspector DIR --prometheus URL` for the cause"),
+                         f"host: {suspect}; run `collbench diagnose --inspector DIR --prometheus URL` for the cause"),
              "runbook_url": RUNBOOK,
          }},
     ]
