@@ -46,12 +46,6 @@ MAX_ROWS = 100000             # rows kept per run (a sweep of every type and op 
 MAX_BAD_KEPT = 50              # bad lines kept verbatim (all of them are counted)
 
 
-# the type names nccl-tests has printed (every version's spelling) -> collbench's datatype; the
-# others (half, bfloat16, fp8, unsigned) have none
-PRINTED_TYPES = {"int8": "char", "char": "char", "int32": "int", "int": "int", "float": "float",
-                 "float32": "float", "double": "double", "float64": "double", "int64": "long"}
-
-
 class NcclTestsError(ValueError):
     """The input is not nccl-tests / rccl-tests output (or is too large to be)."""
 

@@ -34,7 +34,8 @@ import time
 from dataclasses import dataclass, field
 
 from collbench.bounded_file import UntrustedFileError, iter_lines_limited
-from collbench.engines.nccl_tests_parser import MAX_ROWS, PRINTED_TYPES, NcclTestsError, parse_lines
+from collbench.engines.nccl_tests import FROM_NCCL_TYPE
+from collbench.engines.nccl_tests_parser import MAX_ROWS, NcclTestsError, parse_lines
 from collbench.engines.osu_parser import OsuOutputError, OsuReader
 from collbench.errors import UserError
 from collbench.import_results.infer import infer, ranks_for
@@ -229,9 +230,9 @@ def nccl_tests_runs(inp, sink, op=None, ranks=None, hosts=None, transport="unkno
         picks = [("oop", None), ("ip", True)] if variant == "both" else \
             [("ip", True)] if variant == "in-place" else [("oop", None)]
         for row in out.rows:
-            dt = PRINTED_TYPES.get(row.type)
+            dt = FROM_NCCL_TYPE.get(row.type)
             if dt is None:
-                imp.skip(f"datatype {row.type} (collbench records hold {', '.join(sorted(set(PRINTED_TYPES.values())))})")
+                imp.skip(f"datatype {row.type} (collbench records hold {', '.join(sorted(set(FROM_NCCL_TYPE.values())))})")
                 continue
             if row.redop not in (None, "", "none", "sum"):
                 imp.skip(f"reduction {row.redop} (records are of sum)")
