@@ -248,3 +248,15 @@ def test_bad_input_is_counted_and_nothing_usable_exits_2(tmp_path):
     empty.mkdir()
     r = collbench("import", "nccl-inspector", str(empty))
     assert r.returncode == 2 and "no NCCL Inspector file found" in r.stderr
+
+
+def test_records_past_the_bound_are_counted_not_held(tmp_path, monkeypatch):
+    """The records kept over all files are bounded (memory): the rest are counted in `skipped`."""
+    from collbench.inspector import load as inspector_load
+    d = job(tmp_path, "2.30", steps=3)
+    whole = inspector_load.load([str(d)])
+    read = sum(f.ops for f in whole.files)
+    monkeypatch.setattr(inspector_load, "MAX_OPS", read - 2)
+    cut = inspector_load.load([str(d)])
+    assert sum(f.ops for f in cut.files) == read - 2
+    assert cut.skipped == {f"records past the first {read - 2} (the import's bound)": 2}, cut.skipped

@@ -10,6 +10,9 @@ from collbench.inspector.parse import FormatError, parse_line, parse_prom
 from collbench.inspector.records import bucket_record, collective_record, prom229_record
 
 MAX_BAD_KEPT = 20
+# per-rank records kept over all files (~1 KB each in memory): a day of a 1,024-rank job's busiest
+# communicators; the rest are counted, not read
+MAX_OPS = 1_000_000
 
 
 @dataclass
@@ -68,6 +71,9 @@ def load(paths):
             if not line.strip():
                 continue
             fs.lines += 1
+            if len(ops) >= MAX_OPS:
+                out.skip(f"records past the first {MAX_OPS} (the import's bound)")
+                continue
             try:
                 op = parse_line(line)
             except FormatError as e:
