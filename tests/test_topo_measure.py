@@ -311,7 +311,7 @@ def test_measure_names_the_host_whose_link_is_slow(slow_host_bed, tmp_path):
     slow = next(h["addr"] for h in bed["hosts"] if h["alias"] == "h4")
     out = tmp_path / "m"
     r = subprocess.run([sys.executable, "-m", "collbench", "topo", "measure", "--config", bed["config"],
-                        "--iterations", "20", "--bw-size", "256KB", "--out-dir", str(out), "--format", "json",
+                        "--iterations", "10", "--bw-size", "256KB", "--out-dir", str(out), "--format", "json",
                         "--outlier-metric", "bandwidth", "--fail-on-outlier", "--timeout", "120"],
                        capture_output=True, text=True, cwd=REPO, timeout=300)
     assert r.returncode == 1, r.stdout + r.stderr        # outliers found
