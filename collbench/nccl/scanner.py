@@ -275,7 +275,7 @@ class Scanner:
         self.dcache = {}                # the same for kernel-trace input: (list, record id, opCount map)
         self.tail_cache = {}            # the same keyed by the line from its host on (wrapper cut off)
         self.shapes = {}                # a parsed line keyed by its text without comm/stream pointers
-        self.inits = {}                 # INIT (TUNING) line -> parse_init's (parse_tuning's) result
+        self.inits = {}                 # INIT, TUNING, kernel-trace, malformed COLL line -> its parse (_keep_parsed)
         self.shaped = 0                 # lines taken from `shapes` (for tests)
         self.cache_bytes = 0
         self.cache_generation = 0       # bumped whenever the caches are cleared
@@ -587,7 +587,11 @@ class Scanner:
                     fields[_COMM], fields[_STREAM] = comm, stream.decode("utf-8", "backslashreplace")
                     m = self._member(CollLine._make(fields))
         else:
-            rec = parse_coll(line.rstrip(b"\r"))
+            rec = self.inits.get(line)      # (a malformed line kept by its text: a log that repeats it)
+            if rec is None:
+                rec = parse_coll(line.rstrip(b"\r"))
+                if type(rec) is Malformed:
+                    self._keep_parsed(line, rec)
             if type(rec) is Malformed:
                 if not self._wrapped(line, opcount, diff):
                     self._bad(line, rec.reason)
@@ -680,7 +684,15 @@ class Scanner:
             if rec.host is None:
                 entry = Unattributed(self, entry)
         if m is None and full:
-            switch.spill = entry        # (the handle table never shrinks: it stays the entry)
+            # the handle table never shrinks: no handle will take this line again, it stays the
+            # entry; cached per pointer too when a handle has the pointer (a log that re-initialises
+            # its pointers after the table filled would look each line's pointer up again)
+            if switch.spill is None:
+                switch.spill = entry
+            else:
+                entry = switch.spill
+            if pointer in self.comm_tokens:
+                self._cache(switch.by_comm, pointer, entry)
         else:
             self._cache(switch.by_comm, pointer, entry, m)
         return entry
@@ -866,9 +878,7 @@ class Scanner:
         init = self.inits.get(line, _NEXT)
         if init is _NEXT:       # (a log that re-initialises its pointers logs the same INIT lines again)
             init = parse_init(line.rstrip(b"\r"))
-            if len(self.inits) >= INITS_MAX:
-                self.inits.clear()
-            self.inits[line] = init
+            self._keep_parsed(line, init)
         if init is None:
             return
         if type(init) is Malformed:
@@ -892,7 +902,10 @@ class Scanner:
         if b" KL " not in line:         # kernel end, element and data records: counted, not parsed
             self.kernel_lines += 1
             return
-        k = parse_kernel(line.rstrip(b"\r"))
+        k = self.inits.get(line, _NEXT)
+        if k is _NEXT:          # (RCCL stamps its kernel lines: only a log that repeats itself hits)
+            k = parse_kernel(line.rstrip(b"\r"))
+            self._keep_parsed(line, k)
         if k is None or type(k) is Malformed:
             return
         self.kernel_lines += 1
@@ -910,13 +923,19 @@ class Scanner:
             self.kernel_attributed += 1
             return
 
+    def _keep_parsed(self, line, parsed):
+        """Keep a parsed INIT, TUNING or kernel-trace line, or a malformed COLL line, by its text
+        (bounded: cleared when full). Which parser a text goes to depends on the text alone, so
+        the kinds never meet under one key."""
+        if len(self.inits) >= INITS_MAX:
+            self.inits.clear()
+        self.inits[line] = parsed
+
     def _tuning(self, line):
         t = self.inits.get(line, _NEXT)
         if t is _NEXT:          # (rank 0 logs one TUNING line per size, again and again)
             t = parse_tuning(line.rstrip(b"\r"))
-            if len(self.inits) >= INITS_MAX:
-                self.inits.clear()
-            self.inits[line] = t
+            self._keep_parsed(line, t)
         if t is None or type(t) is Malformed:
             return
         self.tuning_lines += 1
