@@ -396,6 +396,7 @@ _SPLIT = re.compile(rb" opCount [0-9a-fA-F]{1,16} sendbuff (\S+) recvbuff (\S+) 
 _SPLIT_OPCOUNT = re.compile(rb" opCount ([0-9a-fA-F]{1,16}) sendbuff (\S+) recvbuff (\S+) (?:acc \S+ )?")
 _MARKS = {True: b" opCount = ", False: b" opCount ~ "}
 MARKER = re.compile(rb" opCount [=~^] ")     # what normalize_chunk leaves, once per COLL line
+MARKER_TEXTS = (b" opCount = ", b" opCount ~ ", b" opCount ^ ")     # the same as three plain searches
 _OFFSET_SUFFIXES = tuple(name.encode() + b":" for name in OFFSET_OPS)
 _OFFSET_PROBES = tuple(name.encode() + b": opCount " for name in OFFSET_OPS)
 _BARE_OFFSET = b" opCount ^ "

@@ -40,7 +40,7 @@ from collbench.nccl import desync
 from collbench.nccl.formats import COLL, RECV, SEND, same_kernel_type
 from collbench.nccl.log_input import MAX_LINE, SourceStats, read_blocks
 from collbench.nccl.log_parser import (COLL_MARK, COMM_MARK, CONTINUATION, FIELD_MAX, INFO_MARK, INIT_MARK,
-                                       KERNEL_MARK, MARKER, TUNING_MARK, WRAP_WORDS, CollLine, Malformed, clip_text,
+                                       KERNEL_MARK, MARKER, MARKER_TEXTS, TUNING_MARK, WRAP_WORDS, CollLine, Malformed, clip_text,
                                        normalize_chunk, parse_coll, parse_init, parse_kernel, parse_tuning,
                                        pointer_value, restore_comms, strip_comms, strip_stamps)
 
@@ -317,6 +317,7 @@ class Scanner:
         self._lineno = 0
         self._lines = None
         self._raw = None
+        self._raw_lines = None          # the block's raw lines, split when a malformed line is sampled
         self._search = 0
 
     # --- blocks ----------------------------------------------------------------------------------
@@ -324,6 +325,7 @@ class Scanner:
     def feed(self, chunk, source_name, first_line):
         """One block of complete lines from source_name, whose first line is number first_line."""
         self._source, self._lineno, self._search, self._raw = source_name, first_line, 0, chunk
+        self._raw_lines = None
         if self._pending_wrap is not None:
             self._finish_wrap(chunk)
         # (a one-byte test first: memchr is many times faster than a search for the whole mark)
@@ -331,7 +333,7 @@ class Scanner:
             # kernel-trace input: a COLL line's opCount ties it to its kernel's line, so the
             # normalization hands the opCounts over, consumed one per COLL line in order
             self.detailed = True
-            if MARKER.search(chunk):    # marker text in the input itself: parse raw lines instead
+            if any(map(chunk.__contains__, MARKER_TEXTS)):  # marker text in the input: parse raw lines instead
                 lines = chunk.split(b"\n")
                 lines.pop()
                 self._lines = lines
@@ -422,7 +424,7 @@ class Scanner:
             self.comms = self._comm_values = None
             if literal:
                 self.clear_caches()
-        self._lines = self._raw = None
+        self._lines = self._raw = self._raw_lines = None
         # take the comm pointers out of the next block only while lines miss the caches: where they
         # hit (a job's communicators logging on), the CommSwitch is one more call per line for nothing
         rate = self._misses / (len(lines) or 1)
@@ -480,7 +482,9 @@ class Scanner:
                 idx = None
             if idx is not None:
                 self._search = idx + 1
-                raw = self._raw.split(b"\n")[idx] if self._raw is not None else line
+                if self._raw is not None and self._raw_lines is None:
+                    self._raw_lines = self._raw.split(b"\n")     # (once per block, not per sample)
+                raw = self._raw_lines[idx] if self._raw is not None else line
                 self.samples.append({"source": self._source, "line": self._lineno + idx, "reason": reason,
                                      "text": clip_text(raw)})
 
