@@ -40,8 +40,8 @@ from collbench.nccl import desync
 from collbench.nccl.formats import COLL, RECV, SEND, same_kernel_type
 from collbench.nccl.log_input import MAX_LINE, SourceStats, read_blocks
 from collbench.nccl.log_parser import (COLL_MARK, COMM_MARK, CONTINUATION, FIELD_MAX, INFO_MARK, INIT_MARK,
-                                       KERNEL_MARK, MARKER, MARKER_TEXTS, TUNING_MARK, WRAP_WORDS, CollLine, Malformed, clip_text,
-                                       normalize_chunk, parse_coll, parse_init, parse_kernel, parse_tuning,
+                                       KERNEL_MARK, MARKER, MARKER_TEXTS, TUNING_MARK, WRAP_WORDS, CollLine, Malformed,
+                                       clip_text, normalize_chunk, parse_coll, parse_init, parse_kernel, parse_tuning,
                                        pointer_value, restore_comms, strip_comms, strip_stamps)
 
 # the bounds of every table (see the module doc); what exceeds one is counted in Scanner.overflow
@@ -267,6 +267,8 @@ class Scanner:
         self.rec_kind, self.rec_dsig = [], []
         self.dsigs, self.dsig_ids = [], {}
         self.members, self.by_ptr, self.by_rank = [], {}, {}
+        self.unflushed = []             # the handles whose lists may fill, in index order (a closed one: until flushed)
+        self._closed = False            # whether a handle was closed since the last flush
         self.comm_tokens = set()        # the comm pointers (bytes) of the handles
         self.sets = {}
         self.init_pending = {}
@@ -827,6 +829,7 @@ class Scanner:
             # replaces it in by_ptr drops them too when the pointer is re-initialised
             m.cached, m.cached_generation, old.cached = old.cached, old.cached_generation, []
         self.members.append(m)
+        self.unflushed.append(m)
         self.comm_tokens.add(c.comm.encode("utf-8", "surrogateescape"))
         self.by_ptr[key] = m
         init = self.init_pending.pop(key, None)
@@ -900,6 +903,7 @@ class Scanner:
         old = self.by_ptr.get(key)
         if old is not None:
             old.closed = True   # the pointer was re-initialised: its next COLL line starts a new handle
+            self._closed = True
             self._forget(old)
 
     def _kernel(self, line):
@@ -965,7 +969,12 @@ class Scanner:
         if self.unknown:
             self.overflow["configurations"] += len(self.unknown)
             self.unknown.clear()
-        for m in self.members:
+        # (a closed handle's entries are gone: once its lists are folded below, nothing fills them again)
+        live = self.unflushed
+        if self._closed:
+            self.unflushed = [m for m in live if not m.closed]
+            self._closed = False
+        for m in live:
             seq = m.seq
             if seq:
                 self._count(m, seq)
