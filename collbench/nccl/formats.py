@@ -10,6 +10,7 @@ these rows rather than test NCCL op names (replay_plan keeps a name-keyed table 
 why an op is not replayed, and the RCCL replayer's spellings).
 """
 
+import functools
 from dataclasses import dataclass
 
 from collbench.ops import get_op
@@ -83,6 +84,7 @@ _ALIASES.update({"alltoallpivot": "AlltoAll", "alltoallgda": "AlltoAll", "alltoa
 MSCCL_PREFIX = "mscclfunc"
 
 
+@functools.lru_cache(maxsize=1024)      # (a handful of names, asked for by every parsed line)
 def canonical_op(name):
     """NCCL's op for a logged name (case-insensitive; MSCCL's mscclFunc<Op> too), or None."""
     key = name.lower()

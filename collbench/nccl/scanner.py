@@ -40,8 +40,8 @@ from collbench.nccl import desync
 from collbench.nccl.formats import COLL, RECV, SEND, same_kernel_type
 from collbench.nccl.log_input import MAX_LINE, SourceStats, read_blocks
 from collbench.nccl.log_parser import (COLL_MARK, COMM_MARK, CONTINUATION, FIELD_MAX, INFO_MARK, INIT_MARK,
-                                       KERNEL_MARK, MARKER, TUNING_MARK, WRAP_WORDS, CollLine, Malformed, clip_text,
-                                       normalize_chunk, parse_coll, parse_init, parse_kernel, parse_tuning,
+                                       KERNEL_MARK, MARKER, MARKER_TEXTS, TUNING_MARK, WRAP_WORDS, CollLine, Malformed,
+                                       clip_text, normalize_chunk, parse_coll, parse_init, parse_kernel, parse_tuning,
                                        pointer_value, restore_comms, strip_comms, strip_stamps)
 
 # the bounds of every table (see the module doc); what exceeds one is counted in Scanner.overflow
@@ -267,6 +267,8 @@ class Scanner:
         self.rec_kind, self.rec_dsig = [], []
         self.dsigs, self.dsig_ids = [], {}
         self.members, self.by_ptr, self.by_rank = [], {}, {}
+        self.unflushed = []             # the handles whose lists may fill, in index order (a closed one: until flushed)
+        self._closed = False            # whether a handle was closed since the last flush
         self.comm_tokens = set()        # the comm pointers (bytes) of the handles
         self.sets = {}
         self.init_pending = {}
@@ -275,7 +277,7 @@ class Scanner:
         self.dcache = {}                # the same for kernel-trace input: (list, record id, opCount map)
         self.tail_cache = {}            # the same keyed by the line from its host on (wrapper cut off)
         self.shapes = {}                # a parsed line keyed by its text without comm/stream pointers
-        self.inits = {}                 # INIT (TUNING) line -> parse_init's (parse_tuning's) result
+        self.inits = {}                 # INIT, TUNING, kernel-trace, malformed COLL line -> its parse (_keep_parsed)
         self.shaped = 0                 # lines taken from `shapes` (for tests)
         self.cache_bytes = 0
         self.cache_generation = 0       # bumped whenever the caches are cleared
@@ -317,6 +319,7 @@ class Scanner:
         self._lineno = 0
         self._lines = None
         self._raw = None
+        self._raw_lines = None          # the block's raw lines, split when a malformed line is sampled
         self._search = 0
 
     # --- blocks ----------------------------------------------------------------------------------
@@ -324,6 +327,7 @@ class Scanner:
     def feed(self, chunk, source_name, first_line):
         """One block of complete lines from source_name, whose first line is number first_line."""
         self._source, self._lineno, self._search, self._raw = source_name, first_line, 0, chunk
+        self._raw_lines = None
         if self._pending_wrap is not None:
             self._finish_wrap(chunk)
         # (a one-byte test first: memchr is many times faster than a search for the whole mark)
@@ -331,7 +335,7 @@ class Scanner:
             # kernel-trace input: a COLL line's opCount ties it to its kernel's line, so the
             # normalization hands the opCounts over, consumed one per COLL line in order
             self.detailed = True
-            if MARKER.search(chunk):    # marker text in the input itself: parse raw lines instead
+            if any(map(chunk.__contains__, MARKER_TEXTS)):  # marker text in the input: parse raw lines instead
                 lines = chunk.split(b"\n")
                 lines.pop()
                 self._lines = lines
@@ -422,7 +426,7 @@ class Scanner:
             self.comms = self._comm_values = None
             if literal:
                 self.clear_caches()
-        self._lines = self._raw = None
+        self._lines = self._raw = self._raw_lines = None
         # take the comm pointers out of the next block only while lines miss the caches: where they
         # hit (a job's communicators logging on), the CommSwitch is one more call per line for nothing
         rate = self._misses / (len(lines) or 1)
@@ -480,7 +484,9 @@ class Scanner:
                 idx = None
             if idx is not None:
                 self._search = idx + 1
-                raw = self._raw.split(b"\n")[idx] if self._raw is not None else line
+                if self._raw is not None and self._raw_lines is None:
+                    self._raw_lines = self._raw.split(b"\n")     # (once per block, not per sample)
+                raw = self._raw_lines[idx] if self._raw is not None else line
                 self.samples.append({"source": self._source, "line": self._lineno + idx, "reason": reason,
                                      "text": clip_text(raw)})
 
@@ -587,7 +593,11 @@ class Scanner:
                     fields[_COMM], fields[_STREAM] = comm, stream.decode("utf-8", "backslashreplace")
                     m = self._member(CollLine._make(fields))
         else:
-            rec = parse_coll(line.rstrip(b"\r"))
+            rec = self.inits.get(line)      # (a malformed line kept by its text: a log that repeats it)
+            if rec is None:
+                rec = parse_coll(line.rstrip(b"\r"))
+                if type(rec) is Malformed:
+                    self._keep_parsed(line, rec)
             if type(rec) is Malformed:
                 if not self._wrapped(line, opcount, diff):
                     self._bad(line, rec.reason)
@@ -680,7 +690,15 @@ class Scanner:
             if rec.host is None:
                 entry = Unattributed(self, entry)
         if m is None and full:
-            switch.spill = entry        # (the handle table never shrinks: it stays the entry)
+            # the handle table never shrinks: no handle will take this line again, it stays the
+            # entry; cached per pointer too when a handle has the pointer (a log that re-initialises
+            # its pointers after the table filled would look each line's pointer up again)
+            if switch.spill is None:
+                switch.spill = entry
+            else:
+                entry = switch.spill
+            if pointer in self.comm_tokens:
+                self._cache(switch.by_comm, pointer, entry)
         else:
             self._cache(switch.by_comm, pointer, entry, m)
         return entry
@@ -811,6 +829,7 @@ class Scanner:
             # replaces it in by_ptr drops them too when the pointer is re-initialised
             m.cached, m.cached_generation, old.cached = old.cached, old.cached_generation, []
         self.members.append(m)
+        self.unflushed.append(m)
         self.comm_tokens.add(c.comm.encode("utf-8", "surrogateescape"))
         self.by_ptr[key] = m
         init = self.init_pending.pop(key, None)
@@ -866,9 +885,7 @@ class Scanner:
         init = self.inits.get(line, _NEXT)
         if init is _NEXT:       # (a log that re-initialises its pointers logs the same INIT lines again)
             init = parse_init(line.rstrip(b"\r"))
-            if len(self.inits) >= INITS_MAX:
-                self.inits.clear()
-            self.inits[line] = init
+            self._keep_parsed(line, init)
         if init is None:
             return
         if type(init) is Malformed:
@@ -886,13 +903,17 @@ class Scanner:
         old = self.by_ptr.get(key)
         if old is not None:
             old.closed = True   # the pointer was re-initialised: its next COLL line starts a new handle
+            self._closed = True
             self._forget(old)
 
     def _kernel(self, line):
         if b" KL " not in line:         # kernel end, element and data records: counted, not parsed
             self.kernel_lines += 1
             return
-        k = parse_kernel(line.rstrip(b"\r"))
+        k = self.inits.get(line, _NEXT)
+        if k is _NEXT:          # (RCCL stamps its kernel lines: only a log that repeats itself hits)
+            k = parse_kernel(line.rstrip(b"\r"))
+            self._keep_parsed(line, k)
         if k is None or type(k) is Malformed:
             return
         self.kernel_lines += 1
@@ -910,13 +931,19 @@ class Scanner:
             self.kernel_attributed += 1
             return
 
+    def _keep_parsed(self, line, parsed):
+        """Keep a parsed INIT, TUNING or kernel-trace line, or a malformed COLL line, by its text
+        (bounded: cleared when full). Which parser a text goes to depends on the text alone, so
+        the kinds never meet under one key."""
+        if len(self.inits) >= INITS_MAX:
+            self.inits.clear()
+        self.inits[line] = parsed
+
     def _tuning(self, line):
         t = self.inits.get(line, _NEXT)
         if t is _NEXT:          # (rank 0 logs one TUNING line per size, again and again)
             t = parse_tuning(line.rstrip(b"\r"))
-            if len(self.inits) >= INITS_MAX:
-                self.inits.clear()
-            self.inits[line] = t
+            self._keep_parsed(line, t)
         if t is None or type(t) is Malformed:
             return
         self.tuning_lines += 1
@@ -942,7 +969,12 @@ class Scanner:
         if self.unknown:
             self.overflow["configurations"] += len(self.unknown)
             self.unknown.clear()
-        for m in self.members:
+        # (a closed handle's entries are gone: once its lists are folded below, nothing fills them again)
+        live = self.unflushed
+        if self._closed:
+            self.unflushed = [m for m in live if not m.closed]
+            self._closed = False
+        for m in live:
             seq = m.seq
             if seq:
                 self._count(m, seq)
