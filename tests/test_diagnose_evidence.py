@@ -195,6 +195,44 @@ def test_one_lossy_path_names_the_link_both_ends(tmp_path):
     assert doc["suspects"][0]["link"] == ["h3", "h2"], json.dumps(doc["suspects"])
 
 
+def with_dsack(paths_fn, dsack):
+    """paths_fn's steps with tcp_dsack_dups on every path: `dsack` {(host, peer): DSACKed segments}."""
+    def f(i):
+        out = paths_fn(i)
+        for h in HOSTS4:
+            for p in HOSTS4:
+                if h != p:
+                    out[f"{h}>{p}|tcp_dsack_dups"] = dsack.get((h, p), 0)
+        return out
+    return f
+
+
+def test_retransmissions_the_peer_dsacked_are_no_loss(tmp_path):
+    """On a loaded machine quiet runs retransmit hundreds of segments a path, every one DSACKed
+    (late ACKs fire tail-loss probes): loss is tcp_retrans_segs less tcp_dsack_dups, in the slow
+    steps and in the baseline's normal alike."""
+    quiet = {("h3", "h2"): 800}
+    save_baseline(tmp_path, [r for run in range(5) for r in once_run(run, paths_of=with_dsack(paths_of({}), {}))])
+    rc, doc = diagnose_against(tmp_path, once_run(9, factor=3.0, paths_of=with_dsack(paths_of(quiet), quiet)))
+    assert rc == 1 and named(doc) == [], json.dumps(doc["suspects"])
+    # the same retransmissions, 100 of them DSACKed: 700 lost a step, the link
+    rc, doc = diagnose_against(tmp_path, once_run(9, factor=3.0, paths_of=with_dsack(paths_of(quiet), {("h3", "h2"): 100})))
+    top = doc["suspects"][0]
+    assert (top["link"], top["cause"]) == (["h3", "h2"], "link_errors"), json.dumps(doc["suspects"])
+    (ev,) = [p for p in top["evidence"]["paths"] if p["counter"] == "tcp_retrans_segs"]
+    assert ev["delta_slow"] == 8 * 700 and ev["dsack_dups"] == 8 * 100, ev
+
+    # a baseline whose quiet runs retransmitted 600 a step on h3 > h2, all DSACKed: its normal is no
+    # loss, so 80 lost a step (680 retransmitted, 600 DSACKed) is beyond it
+    spurious = {("h3", "h2"): 600}
+    save_baseline(tmp_path, [r for run in range(5) for r in once_run(run, paths_of=with_dsack(paths_of(spurious), spurious))],
+                  name="busy")
+    rc, doc = diagnose_against(tmp_path, once_run(9, factor=3.0, paths_of=with_dsack(paths_of({("h3", "h2"): 680}), spurious)),
+                               name="busy")
+    assert (doc["suspects"][0]["link"], doc["suspects"][0]["cause"]) == (["h3", "h2"], "link_errors"), \
+        json.dumps(doc["suspects"])
+
+
 def test_lossy_paths_with_no_common_endpoint_and_routine_loss_name_nobody(tmp_path):
     save_baseline(tmp_path, [r for run in range(5) for r in once_run(run, paths_of=paths_of({}))])
     rc, doc = diagnose_against(tmp_path, once_run(9, factor=3.0, paths_of=paths_of({("h1", "h2"): 60, ("h3", "h4"): 60})))

@@ -45,7 +45,7 @@ from collbench.bounded_repr import bounded_repr
 from collbench.congestion import normal as counter_normal_mod
 from collbench.congestion.attribution import flagged_signal_items
 from collbench.congestion.counters import PATH_GAUGES, TRAFFIC, family, path_row
-from collbench.congestion.record_field import path_items
+from collbench.congestion.record_field import path_loss_items
 from collbench.errors import UserError
 from collbench.ops import OPS, get_op
 from collbench.stats import summarize
@@ -219,7 +219,7 @@ class Collector:
                 self.normal.add(host, key, delta, seconds)
         if "paths" in field:
             self.normal.add_exposure("path", seconds)
-            for host, peer, name, v in path_items(field):
+            for host, peer, name, v in path_loss_items(field):   # net of DSACKed
                 row = path_row(name)
                 if row is not None and row.family != TRAFFIC and name not in PATH_GAUGES and v > 0:
                     self.normal.add(f"{host}>{peer}", name, int(round(v)), seconds)

@@ -12,6 +12,8 @@ MIN_EVENTS events, in at least MIN_SLOW_STEPS slow steps and half of them, at MI
 the expected count. What fell short is said (`lacking`).
 
 The side of each counter (congestion.counters: np receiver, rp sender, link) says which path.
+A path's tcp_retrans_segs arrives net of its tcp_dsack_dups (diagnose/load.py,
+record_field.path_loss_items): retransmissions the peer reported it already had are no loss.
 """
 
 from collections import Counter, defaultdict
@@ -160,6 +162,8 @@ class PathEvidence:
     slow_delta: float = 0
     slow_steps: int = 0
     segs_out: float = None      # tcp_segs_out over the same steps (the traffic a loss share is of)
+    dsack_dups: float = None    # tcp_dsack_dups over the same steps: spurious retransmissions, already
+                                # taken out of tcp_retrans_segs (record_field.path_loss_items)
     rtt_us_max: float = None
     test: Judgement = None
 
@@ -172,7 +176,8 @@ class PathEvidence:
 
     def as_dict(self):
         return {"path": [self.host, self.peer], "counter": self.counter, "delta_slow": self.slow_delta,
-                "slow_steps_moved": self.slow_steps, "segs_out": self.segs_out, "rtt_us_max": self.rtt_us_max,
+                "slow_steps_moved": self.slow_steps, "segs_out": self.segs_out, "dsack_dups": self.dsack_dups,
+                "rtt_us_max": self.rtt_us_max,
                 **(self.test.as_dict() if self.test else {})}
 
 
@@ -339,6 +344,9 @@ def _add_paths(path_acc, paths):
         segs = step.get((host, peer, "tcp_segs_out"))
         if segs is not None:
             p.segs_out = (p.segs_out or 0) + segs
+        dsack = step.get((host, peer, "tcp_dsack_dups"))
+        if dsack is not None:
+            p.dsack_dups = (p.dsack_dups or 0) + dsack
         rtt = step.get((host, peer, "tcp_rtt_us_max"))
         if rtt is not None:
             p.rtt_us_max = rtt if p.rtt_us_max is None else max(p.rtt_us_max, rtt)
