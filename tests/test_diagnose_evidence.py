@@ -193,6 +193,16 @@ def test_one_lossy_path_names_the_link_both_ends(tmp_path):
     # the ACKs of the same cable lost too: still the one link
     rc, doc = diagnose_against(tmp_path, once_run(9, factor=3.0, paths_of=paths_of({("h3", "h2"): 80, ("h2", "h3"): 30})))
     assert doc["suspects"][0]["link"] == ["h3", "h2"], json.dumps(doc["suspects"])
+    # h2's out-of-order arrivals from h3 (receiver side, counted on h2 > h3) outnumber h3's
+    # retransmissions, as on the testbed: still the link from h3 to h2
+    def ooo(i):
+        out = paths_of({("h3", "h2"): 80})(i)
+        out["h2>h3|tcp_rcv_ooopack"] = 300
+        return out
+    rc, doc = diagnose_against(tmp_path, once_run(9, factor=3.0, paths_of=ooo))
+    top = doc["suspects"][0]
+    assert top["link"] == ["h3", "h2"] and {p["counter"] for p in top["evidence"]["paths"]} == \
+        {"tcp_retrans_segs", "tcp_rcv_ooopack"}, json.dumps(doc["suspects"])
 
 
 def with_dsack(paths_fn, dsack):

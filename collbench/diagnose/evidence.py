@@ -159,6 +159,7 @@ class PathEvidence:
     peer: str
     counter: str
     family: str
+    side: str = ""              # the counter's side of <host> (rp: it sent, np: it received from <peer>)
     slow_delta: float = 0
     slow_steps: int = 0
     segs_out: float = None      # tcp_segs_out over the same steps (the traffic a loss share is of)
@@ -169,6 +170,12 @@ class PathEvidence:
 
     def qualifies(self):
         return self.test is not None and not self.test.short
+
+    @property
+    def direction(self):
+        """(sender, receiver) of the traffic the counter counted: a receiver-side counter
+        (tcp_rcv_ooopack on h2>h3) counts what <peer> sent to <host>."""
+        return (self.peer, self.host) if self.side == counters.NP else (self.host, self.peer)
 
     @property
     def p_value(self):
@@ -337,7 +344,7 @@ def _add_paths(path_acc, paths):
             continue
         p = path_acc.get((host, peer, name))
         if p is None:
-            p = path_acc[(host, peer, name)] = PathEvidence(host, peer, name, row.family)
+            p = path_acc[(host, peer, name)] = PathEvidence(host, peer, name, row.family, row.side)
         if v > 0:
             p.slow_delta += v
             p.slow_steps += 1
