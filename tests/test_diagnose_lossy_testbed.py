@@ -97,6 +97,7 @@ def test_a_lossy_host_is_named_link_errors(bed):
           f"{[(r['op'], r['size'], r['ratio']) for r in doc['regressions']]}")
     assert rc == 1 and doc["regressions"], json.dumps(doc)
     top = doc["suspects"][0]
+    print(f"lossy host: top {top['cause']} {top['host']} {top['link']} p={top['p_value']}: {top['detail']}")
     assert (top["host"], top["cause"]) == (host["addr"], "link_errors"), json.dumps(doc["suspects"])
     assert top["p_value"] is not None and top["p_value"] < 1e-3, top
     assert [s for s in named(doc) if host["addr"] not in ([s["host"]] + (s["link"] or []))] == [], \
@@ -122,6 +123,7 @@ def test_a_lossy_link_is_named_both_ends_by_its_per_peer_evidence(bed):
     print(f"lossy link: regressions {[(r['op'], r['size'], r['ratio']) for r in doc['regressions']]}")
     assert rc == 1 and doc["regressions"], json.dumps(doc)
     top = doc["suspects"][0]
+    print(f"lossy link: top {top['cause']} {top['host']} {top['link']} p={top['p_value']}: {top['detail']}")
     assert (top["cause"], top["link"], top["host"]) == ("link_errors", [host["addr"], peer["addr"]], None), \
         json.dumps(doc["suspects"])
     # named by the path's own evidence (not host counters): h3 > h2's loss, beyond its normal
