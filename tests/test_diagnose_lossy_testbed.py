@@ -7,8 +7,9 @@ runs a baseline needs: collbench/baselines/baseline_file.py MIN_RUNS); then:
   a bad cable or optic): h3 alone retransmits (TcpExt TCPFastRetrans), its peers count the
   out-of-order arrivals (TCPOFOQueue) -> h3, link_errors;
 - a lossy link: 5 % of h3's packets toward h2 only: the per-peer counters (`congestion.paths`,
-  retransmissions net of the ones h2 DSACKed) move on h3 > h2 alone -> link_errors on the link
-  h3 -> h2, both ends, named by that path's evidence. Only alltoall sends from h3 to h2 directly
+  retransmissions net of the ones h2 DSACKed) move between h3 and h2 alone (h3 > h2's
+  retransmissions, h2's out-of-order arrivals from h3) -> link_errors on the link h3 -> h2, both
+  ends, named by those paths' evidence. Only alltoall sends from h3 to h2 directly
   on 4 ranks (recursive doubling, the ring and the binomial tree never pair them), so that fault
   runs alltoall only, three times (one run's 3 steps: in a first try the loss struck 1 of them);
 - a quiet run after both: no host or link named.
