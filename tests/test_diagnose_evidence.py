@@ -250,6 +250,15 @@ def test_lossy_paths_with_no_common_endpoint_and_routine_loss_name_nobody(tmp_pa
     # 10 of 2000 segments a step: routine loss recovery, whatever its normal
     rc, doc = diagnose_against(tmp_path, once_run(9, factor=3.0, paths_of=paths_of({("h1", "h2"): 10})))
     assert named(doc) == [] and any("routine loss recovery" in x for x in doc["suspects"][0]["evidence"]["lacking"])
+    # h2 received 60 out of order from h1 a step (counted on h2 > h1), of the 100,000 h1 sent it:
+    # routine, though h2 itself sent h1 only 2000
+    def ooo(i):
+        out = paths_of({})(i)
+        out["h2>h1|tcp_rcv_ooopack"], out["h1>h2|tcp_segs_out"] = 60, 100000
+        return out
+    rc, doc = diagnose_against(tmp_path, once_run(9, factor=3.0, paths_of=ooo))
+    assert named(doc) == [] and any("h2 > h1's tcp_rcv_ooopack" in x and "of 800000 segments sent" in x
+                                    for x in doc["suspects"][0]["evidence"]["lacking"]), json.dumps(doc["suspects"])
 
 
 def test_paths_from_the_good_steps_of_a_shifted_series(tmp_path):

@@ -162,7 +162,8 @@ class PathEvidence:
     side: str = ""              # the counter's side of <host> (rp: it sent, np: it received from <peer>)
     slow_delta: float = 0
     slow_steps: int = 0
-    segs_out: float = None      # tcp_segs_out over the same steps (the traffic a loss share is of)
+    segs_out: float = None      # tcp_segs_out of its direction's sender over the same steps (the
+                                # traffic a loss share is of: <peer>'s to <host> for an np counter)
     dsack_dups: float = None    # tcp_dsack_dups over the same steps: spurious retransmissions, already
                                 # taken out of tcp_retrans_segs (record_field.path_loss_items)
     rtt_us_max: float = None
@@ -348,7 +349,7 @@ def _add_paths(path_acc, paths):
         if v > 0:
             p.slow_delta += v
             p.slow_steps += 1
-        segs = step.get((host, peer, "tcp_segs_out"))
+        segs = step.get((*p.direction, "tcp_segs_out"))    # what the counted traffic's sender sent
         if segs is not None:
             p.segs_out = (p.segs_out or 0) + segs
         dsack = step.get((host, peer, "tcp_dsack_dups"))
