@@ -325,8 +325,8 @@ def _normal(ev, good_tally, baseline_normal):
     """(Tally, kind) the slow steps are weighed against: the baseline's runs when it kept counter
     rates, else the results' own good steps (a short normal: its pseudo-event makes it cautious);
     (None, None). Against a baseline the good steps are the same run's series that stayed within
-    their bound, under the same fault (measured: a lossy host's 8 good steps of 12 expected its
-    3621 retransmissions, 1.1x), so they are no normal there; in the shift test they come before
+    their bound, under the same fault (measured: a lossy host's 8 good steps of 12 expected 3210 of
+    its 3621 retransmissions), so they are no normal there; in the shift test they come before
     the onset."""
     if baseline_normal is not None and baseline_normal.exposure["host"][0] > 0:
         return baseline_normal, "baseline"
