@@ -23,8 +23,8 @@ after every change. Format (docs/REPORTS.md):
 `counter_normal` is congestion.normal's Tally of the runs' congestion fields: per host (and per
 path, "<host>><peer>") and counter, the events, the steps it moved in and the moments of its
 per-step counts (their spread: `dispersion`), over the steps whose records carried counters.
-`collbench diagnose --baseline` weighs a regression's slow steps against it when the results
-have too few good steps of their own.
+`collbench diagnose --baseline` weighs a regression's slow steps against it (the results' good
+steps in a `once` run are its other series, under the same fault).
 
 `sigma` is 1.4826 x MAD, the robust standard deviation of the runs. A file being loaded is
 untrusted input: anything wrong is a UserError naming the file, the entry and the key.

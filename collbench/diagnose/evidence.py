@@ -1,6 +1,6 @@
 """The evidence for one regression: per host and counter, what moved during its slow steps
-against that counter's normal (the results' own good steps, or the baseline's runs when the
-results have too few) and against its peers; per path (host > peer), the per-peer counters the
+against that counter's normal (the baseline's runs when diagnosing against a baseline that kept
+them, else the results' own good steps: _normal) and against its peers; per path (host > peer), the per-peer counters the
 same way; per host, how often its rank was the one the others waited for (off its CPU markedly
 more than its peers: docs/DIAGNOSIS.md). Each counter's row in congestion/counters.py states the
 cause family it is evidence of (congestion, pfc, link_errors; traffic counters are none).
