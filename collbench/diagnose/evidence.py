@@ -80,7 +80,7 @@ def judge(events, slow_steps_moved, slow_steps, seconds, ref, ref_kind, tests):
     against a normal (congestion.normal.Reference, None: none); `tests`: counters tested at once."""
     j = Judgement()
     if ref is None:
-        j.short = "no normal to weigh it against (too few good steps, and no baseline counter rates)"
+        j.short = "no normal to weigh it against (no good steps with counters, and no baseline counter rates)"
         return j
     j.reference, j.dispersion = ref_kind, ref.phi
     j.expected = ref.rate * seconds
