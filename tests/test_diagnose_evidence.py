@@ -99,6 +99,23 @@ def test_a_counter_that_bursts_in_the_baseline_runs_is_weighed_against_its_norma
     assert "p (how sure)" in table and "h3" in table
 
 
+def test_against_a_baseline_the_good_steps_of_the_same_faulty_run_are_no_normal(tmp_path):
+    """Half the series of two `once` runs regressed; the others stayed within their bound under the
+    same fault (h3 retransmitting in every step): 8 good steps that carry the fault. The
+    baseline's quiet runs are the normal (the testbed's lossy host went unnamed otherwise)."""
+    save_baseline(tmp_path, [r for run in range(5) for r in once_run(run)])
+    lossy = {"h3|TCPFastRetrans@netstat": 450, "h3|TCPDelivered@netstat": 20000}
+    cur = once_run(9, moved_of=lambda i: lossy) + once_run(10, moved_of=lambda i: lossy)
+    for r in cur:
+        if r["op"] in ("allreduce", "alltoall"):
+            r["latency_avg_us"] *= 3.0
+    rc, doc = diagnose_against(tmp_path, cur)
+    assert rc == 1 and len(doc["regressions"]) == 4, doc["regressions"]
+    top = doc["suspects"][0]
+    assert (top["host"], top["cause"]) == ("h3", "link_errors"), json.dumps(doc["suspects"])
+    assert top["evidence"]["counters"][0]["reference"] == "baseline"
+
+
 def test_a_handful_of_events_in_every_slow_step_is_never_proof(tmp_path):
     save_baseline(tmp_path, [r for run in range(5) for r in once_run(run)])
     rc, doc = diagnose_against(tmp_path, once_run(9, factor=2.0, moved_of=lambda i: {"h4|symbol_error@mlx5_0/1": 2}))
