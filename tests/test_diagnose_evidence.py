@@ -99,6 +99,23 @@ def test_a_counter_that_bursts_in_the_baseline_runs_is_weighed_against_its_norma
     assert "p (how sure)" in table and "h3" in table
 
 
+def test_against_a_baseline_the_good_steps_of_the_same_faulty_run_are_no_normal(tmp_path):
+    """Half the series of two `once` runs regressed; the others stayed within their bound under the
+    same fault (h3 retransmitting in every step): 8 good steps that carry the fault. The
+    baseline's quiet runs are the normal (the testbed's lossy host went unnamed otherwise)."""
+    save_baseline(tmp_path, [r for run in range(5) for r in once_run(run)])
+    lossy = {"h3|TCPFastRetrans@netstat": 450, "h3|TCPDelivered@netstat": 20000}
+    cur = once_run(9, moved_of=lambda i: lossy) + once_run(10, moved_of=lambda i: lossy)
+    for r in cur:
+        if r["op"] in ("allreduce", "alltoall"):
+            r["latency_avg_us"] *= 3.0
+    rc, doc = diagnose_against(tmp_path, cur)
+    assert rc == 1 and len(doc["regressions"]) == 4, doc["regressions"]
+    top = doc["suspects"][0]
+    assert (top["host"], top["cause"]) == ("h3", "link_errors"), json.dumps(doc["suspects"])
+    assert top["evidence"]["counters"][0]["reference"] == "baseline"
+
+
 def test_a_handful_of_events_in_every_slow_step_is_never_proof(tmp_path):
     save_baseline(tmp_path, [r for run in range(5) for r in once_run(run)])
     rc, doc = diagnose_against(tmp_path, once_run(9, factor=2.0, moved_of=lambda i: {"h4|symbol_error@mlx5_0/1": 2}))
@@ -193,6 +210,54 @@ def test_one_lossy_path_names_the_link_both_ends(tmp_path):
     # the ACKs of the same cable lost too: still the one link
     rc, doc = diagnose_against(tmp_path, once_run(9, factor=3.0, paths_of=paths_of({("h3", "h2"): 80, ("h2", "h3"): 30})))
     assert doc["suspects"][0]["link"] == ["h3", "h2"], json.dumps(doc["suspects"])
+    # h2's out-of-order arrivals from h3 (receiver side, counted on h2 > h3) outnumber h3's
+    # retransmissions, as on the testbed: still the link from h3 to h2
+    def ooo(i):
+        out = paths_of({("h3", "h2"): 80})(i)
+        out["h2>h3|tcp_rcv_ooopack"] = 300
+        return out
+    rc, doc = diagnose_against(tmp_path, once_run(9, factor=3.0, paths_of=ooo))
+    top = doc["suspects"][0]
+    assert top["link"] == ["h3", "h2"] and {p["counter"] for p in top["evidence"]["paths"]} == \
+        {"tcp_retrans_segs", "tcp_rcv_ooopack"}, json.dumps(doc["suspects"])
+
+
+def with_dsack(paths_fn, dsack):
+    """paths_fn's steps with tcp_dsack_dups on every path: `dsack` {(host, peer): DSACKed segments}."""
+    def f(i):
+        out = paths_fn(i)
+        for h in HOSTS4:
+            for p in HOSTS4:
+                if h != p:
+                    out[f"{h}>{p}|tcp_dsack_dups"] = dsack.get((h, p), 0)
+        return out
+    return f
+
+
+def test_retransmissions_the_peer_dsacked_are_no_loss(tmp_path):
+    """On a loaded machine quiet runs retransmit hundreds of segments a path, every one DSACKed
+    (late ACKs fire tail-loss probes): loss is tcp_retrans_segs less tcp_dsack_dups, in the slow
+    steps and in the baseline's normal alike."""
+    quiet = {("h3", "h2"): 800}
+    save_baseline(tmp_path, [r for run in range(5) for r in once_run(run, paths_of=with_dsack(paths_of({}), {}))])
+    rc, doc = diagnose_against(tmp_path, once_run(9, factor=3.0, paths_of=with_dsack(paths_of(quiet), quiet)))
+    assert rc == 1 and named(doc) == [], json.dumps(doc["suspects"])
+    # the same retransmissions, 100 of them DSACKed: 700 lost a step, the link
+    rc, doc = diagnose_against(tmp_path, once_run(9, factor=3.0, paths_of=with_dsack(paths_of(quiet), {("h3", "h2"): 100})))
+    top = doc["suspects"][0]
+    assert (top["link"], top["cause"]) == (["h3", "h2"], "link_errors"), json.dumps(doc["suspects"])
+    (ev,) = [p for p in top["evidence"]["paths"] if p["counter"] == "tcp_retrans_segs"]
+    assert ev["delta_slow"] == 8 * 700 and ev["dsack_dups"] == 8 * 100, ev
+
+    # a baseline whose quiet runs retransmitted 600 a step on h3 > h2, all DSACKed: its normal is no
+    # loss, so 80 lost a step (680 retransmitted, 600 DSACKed) is beyond it
+    spurious = {("h3", "h2"): 600}
+    save_baseline(tmp_path, [r for run in range(5) for r in once_run(run, paths_of=with_dsack(paths_of(spurious), spurious))],
+                  name="busy")
+    rc, doc = diagnose_against(tmp_path, once_run(9, factor=3.0, paths_of=with_dsack(paths_of({("h3", "h2"): 680}), spurious)),
+                               name="busy")
+    assert (doc["suspects"][0]["link"], doc["suspects"][0]["cause"]) == (["h3", "h2"], "link_errors"), \
+        json.dumps(doc["suspects"])
 
 
 def test_lossy_paths_with_no_common_endpoint_and_routine_loss_name_nobody(tmp_path):
@@ -202,6 +267,15 @@ def test_lossy_paths_with_no_common_endpoint_and_routine_loss_name_nobody(tmp_pa
     # 10 of 2000 segments a step: routine loss recovery, whatever its normal
     rc, doc = diagnose_against(tmp_path, once_run(9, factor=3.0, paths_of=paths_of({("h1", "h2"): 10})))
     assert named(doc) == [] and any("routine loss recovery" in x for x in doc["suspects"][0]["evidence"]["lacking"])
+    # h2 received 60 out of order from h1 a step (counted on h2 > h1), of the 100,000 h1 sent it:
+    # routine, though h2 itself sent h1 only 2000
+    def ooo(i):
+        out = paths_of({})(i)
+        out["h2>h1|tcp_rcv_ooopack"], out["h1>h2|tcp_segs_out"] = 60, 100000
+        return out
+    rc, doc = diagnose_against(tmp_path, once_run(9, factor=3.0, paths_of=ooo))
+    assert named(doc) == [] and any("h2 > h1's tcp_rcv_ooopack" in x and "of 800000 segments sent" in x
+                                    for x in doc["suspects"][0]["evidence"]["lacking"]), json.dumps(doc["suspects"])
 
 
 def test_paths_from_the_good_steps_of_a_shifted_series(tmp_path):

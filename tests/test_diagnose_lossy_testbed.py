@@ -6,8 +6,10 @@ runs a baseline needs: collbench/baselines/baseline_file.py MIN_RUNS); then:
 - a lossy host: 3 % of h3's egress packets dropped at random on the wire (lab/testbed.py loss,
   a bad cable or optic): h3 alone retransmits (TcpExt TCPFastRetrans), its peers count the
   out-of-order arrivals (TCPOFOQueue) -> h3, link_errors;
-- a lossy link: 5 % of h3's packets toward h2 only: h3 retransmits -> link_errors on h3's link;
-  with per-peer counters (engines that write `congestion.paths`) the link h3 -> h2, both ends. Only alltoall sends from h3 to h2 directly
+- a lossy link: 5 % of h3's packets toward h2 only: the per-peer counters (`congestion.paths`,
+  retransmissions net of the ones h2 DSACKed) move between h3 and h2 alone (h3 > h2's
+  retransmissions, h2's out-of-order arrivals from h3) -> link_errors on the link h3 -> h2, both
+  ends, named by those paths' evidence. Only alltoall sends from h3 to h2 directly
   on 4 ranks (recursive doubling, the ring and the binomial tree never pair them), so that fault
   runs alltoall only, three times (one run's 3 steps: in a first try the loss struck 1 of them);
 - a quiet run after both: no host or link named.
@@ -96,16 +98,17 @@ def test_a_lossy_host_is_named_link_errors(bed):
           f"{[(r['op'], r['size'], r['ratio']) for r in doc['regressions']]}")
     assert rc == 1 and doc["regressions"], json.dumps(doc)
     top = doc["suspects"][0]
+    print(f"lossy host: top {top['cause']} {top['host']} {top['link']} p={top['p_value']}: {top['detail']}")
     assert (top["host"], top["cause"]) == (host["addr"], "link_errors"), json.dumps(doc["suspects"])
     assert top["p_value"] is not None and top["p_value"] < 1e-3, top
     assert [s for s in named(doc) if host["addr"] not in ([s["host"]] + (s["link"] or []))] == [], \
         json.dumps(doc["suspects"])
 
 
-def test_a_lossy_link_is_named_by_its_sender_or_both_ends(bed):
-    """With per-peer counters (`congestion.paths`) the one lossy path names the link, both ends;
-    with host counters alone h3 retransmits and h2's out-of-order arrivals stay within routine
-    (below 1 % of what it received), so the sender's link is what they can name."""
+def test_a_lossy_link_is_named_both_ends_by_its_per_peer_evidence(bed):
+    """The engine reads tcp_info per peer (`congestion.paths`): the one lossy path names the link,
+    both ends (host counters alone could name only the sender: h2's out-of-order arrivals stay
+    within routine, below 1 % of what it received)."""
     host, testbed = _with_loss(bed, "h3", peer=PEER, permille=LINK_LOSS_PERMILLE)
     peer = bed["hosts"][PEER]
     results = os.path.join(bed["root"], "lossy-link.jsonl")
@@ -115,15 +118,21 @@ def test_a_lossy_link_is_named_by_its_sender_or_both_ends(bed):
     finally:
         testbed.loss_clear(bed["dir"])
     with open(results) as f:
-        per_peer = any("paths" in (json.loads(line).get("congestion") or {}) for line in f)
+        fields = [json.loads(line).get("congestion") or {} for line in f]
+    assert fields and all("paths" in c for c in fields), "the engine wrote no congestion.paths"
     rc, doc = diagnose(bed, results)
+    print(f"lossy link: regressions {[(r['op'], r['size'], r['ratio']) for r in doc['regressions']]}")
     assert rc == 1 and doc["regressions"], json.dumps(doc)
     top = doc["suspects"][0]
-    assert top["cause"] == "link_errors", json.dumps(doc["suspects"])
-    if per_peer:
-        assert top["link"] == [host["addr"], peer["addr"]], json.dumps(doc["suspects"])
-    else:
-        assert host["addr"] in [top["host"]] + (top["link"] or []), json.dumps(doc["suspects"])
+    print(f"lossy link: top {top['cause']} {top['host']} {top['link']} p={top['p_value']}: {top['detail']}")
+    assert (top["cause"], top["link"], top["host"]) == ("link_errors", [host["addr"], peer["addr"]], None), \
+        json.dumps(doc["suspects"])
+    # named by the path's own evidence (not host counters): h3 > h2's loss, beyond its normal
+    paths = top["evidence"]["paths"]
+    assert paths and all(set(p["path"]) == {host["addr"], peer["addr"]} for p in paths), json.dumps(top)
+    lost = [p for p in paths if p["path"] == [host["addr"], peer["addr"]] and p["counter"] == "tcp_retrans_segs"]
+    assert lost and lost[0]["delta_slow"] > 0 and lost[0]["p_value"] < 1e-3, json.dumps(top)
+    assert top["p_value"] is not None and top["p_value"] < 1e-3, top
     assert len(named(doc)) == 1, json.dumps(doc["suspects"])
 
 

@@ -23,8 +23,8 @@ after every change. Format (docs/REPORTS.md):
 `counter_normal` is congestion.normal's Tally of the runs' congestion fields: per host (and per
 path, "<host>><peer>") and counter, the events, the steps it moved in and the moments of its
 per-step counts (their spread: `dispersion`), over the steps whose records carried counters.
-`collbench diagnose --baseline` weighs a regression's slow steps against it when the results
-have too few good steps of their own.
+`collbench diagnose --baseline` weighs a regression's slow steps against it (the results' good
+steps in a `once` run are its other series, under the same fault).
 
 `sigma` is 1.4826 x MAD, the robust standard deviation of the runs. A file being loaded is
 untrusted input: anything wrong is a UserError naming the file, the entry and the key.
@@ -45,7 +45,7 @@ from collbench.bounded_repr import bounded_repr
 from collbench.congestion import normal as counter_normal_mod
 from collbench.congestion.attribution import flagged_signal_items
 from collbench.congestion.counters import PATH_GAUGES, TRAFFIC, family, path_row
-from collbench.congestion.record_field import path_items
+from collbench.congestion.record_field import path_loss_items
 from collbench.errors import UserError
 from collbench.ops import OPS, get_op
 from collbench.stats import summarize
@@ -219,7 +219,7 @@ class Collector:
                 self.normal.add(host, key, delta, seconds)
         if "paths" in field:
             self.normal.add_exposure("path", seconds)
-            for host, peer, name, v in path_items(field):
+            for host, peer, name, v in path_loss_items(field):   # net of DSACKed
                 row = path_row(name)
                 if row is not None and row.family != TRAFFIC and name not in PATH_GAUGES and v > 0:
                     self.normal.add(f"{host}>{peer}", name, int(round(v)), seconds)

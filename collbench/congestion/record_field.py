@@ -178,6 +178,20 @@ def path_items(field):
         yield (*parts, v)
 
 
+def path_loss_items(field):
+    """path_items with each path's tcp_retrans_segs net of its tcp_dsack_dups (the segments the
+    peer reported it already had: spurious retransmissions, as a late ACK's tail-loss probe sends
+    by the thousand on a loaded machine, docs/CONGESTION.md), never below 0; a field without
+    tcp_dsack_dups (an older engine) keeps the raw count. What diagnose and the baseline's normal
+    weigh as loss."""
+    items = list(path_items(field))
+    dsack = {(h, p): v for h, p, name, v in items if name == "tcp_dsack_dups"}
+    for h, p, name, v in items:
+        if name == "tcp_retrans_segs" and (h, p) in dsack:
+            v = max(0, v - dsack[(h, p)])
+        yield h, p, name, v
+
+
 # ---------------------------------------------------------------- validation (every reader)
 
 def _what(v):

@@ -1,6 +1,6 @@
 """The evidence for one regression: per host and counter, what moved during its slow steps
-against that counter's normal (the results' own good steps, or the baseline's runs when the
-results have too few) and against its peers; per path (host > peer), the per-peer counters the
+against that counter's normal (the baseline's runs when diagnosing against a baseline that kept
+them, else the results' own good steps: _normal) and against its peers; per path (host > peer), the per-peer counters the
 same way; per host, how often its rank was the one the others waited for (off its CPU markedly
 more than its peers: docs/DIAGNOSIS.md). Each counter's row in congestion/counters.py states the
 cause family it is evidence of (congestion, pfc, link_errors; traffic counters are none).
@@ -12,6 +12,8 @@ MIN_EVENTS events, in at least MIN_SLOW_STEPS slow steps and half of them, at MI
 the expected count. What fell short is said (`lacking`).
 
 The side of each counter (congestion.counters: np receiver, rp sender, link) says which path.
+A path's tcp_retrans_segs arrives net of its tcp_dsack_dups (diagnose/load.py,
+record_field.path_loss_items): retransmissions the peer reported it already had are no loss.
 """
 
 from collections import Counter, defaultdict
@@ -31,7 +33,6 @@ MIN_SLOW_STEPS = 3         # ... and in 3 at least: one burst in one step is no 
 MIN_EVENTS = 20            # a handful of events is never proof (TCP loss recovery bursts by tens)
 MIN_CONTRAST = 3.0         # at least this many times the count its normal expects
 ALPHA = 1e-3               # the test's level, over every counter tested at once (Bonferroni)
-MIN_GOOD_STEPS = 8         # fewer good steps with counters: the baseline's normal is used when it has one
 MIN_OFF_CPU_STEPS = 3      # slow steps carrying the off-CPU rank before a slow host can be named
 MAX_SHORT = 3              # counters that moved but fell short, said in `lacking`
 
@@ -79,7 +80,7 @@ def judge(events, slow_steps_moved, slow_steps, seconds, ref, ref_kind, tests):
     against a normal (congestion.normal.Reference, None: none); `tests`: counters tested at once."""
     j = Judgement()
     if ref is None:
-        j.short = "no normal to weigh it against (too few good steps, and no baseline counter rates)"
+        j.short = "no normal to weigh it against (no good steps with counters, and no baseline counter rates)"
         return j
     j.reference, j.dispersion = ref_kind, ref.phi
     j.expected = ref.rate * seconds
@@ -157,9 +158,13 @@ class PathEvidence:
     peer: str
     counter: str
     family: str
+    side: str = ""              # the counter's side of <host> (rp: it sent, np: it received from <peer>)
     slow_delta: float = 0
     slow_steps: int = 0
-    segs_out: float = None      # tcp_segs_out over the same steps (the traffic a loss share is of)
+    segs_out: float = None      # tcp_segs_out of its direction's sender over the same steps (the
+                                # traffic a loss share is of: <peer>'s to <host> for an np counter)
+    dsack_dups: float = None    # tcp_dsack_dups over the same steps: spurious retransmissions, already
+                                # taken out of tcp_retrans_segs (record_field.path_loss_items)
     rtt_us_max: float = None
     test: Judgement = None
 
@@ -167,12 +172,19 @@ class PathEvidence:
         return self.test is not None and not self.test.short
 
     @property
+    def direction(self):
+        """(sender, receiver) of the traffic the counter counted: a receiver-side counter
+        (tcp_rcv_ooopack on h2>h3) counts what <peer> sent to <host>."""
+        return (self.peer, self.host) if self.side == counters.NP else (self.host, self.peer)
+
+    @property
     def p_value(self):
         return None if self.test is None else self.test.p_value
 
     def as_dict(self):
         return {"path": [self.host, self.peer], "counter": self.counter, "delta_slow": self.slow_delta,
-                "slow_steps_moved": self.slow_steps, "segs_out": self.segs_out, "rtt_us_max": self.rtt_us_max,
+                "slow_steps_moved": self.slow_steps, "segs_out": self.segs_out, "dsack_dups": self.dsack_dups,
+                "rtt_us_max": self.rtt_us_max,
                 **(self.test.as_dict() if self.test else {})}
 
 
@@ -310,11 +322,12 @@ def gather(steps, slow, good, nodes, normal=None):
 
 
 def _normal(ev, good_tally, baseline_normal):
-    """(Tally, kind) the slow steps are weighed against: the results' own good steps when there
-    are MIN_GOOD_STEPS of them, else the baseline's runs when it kept counter rates, else whatever
-    good steps there are (a short normal: its pseudo-event makes it cautious); (None, None)."""
-    if ev.good_with_counters >= MIN_GOOD_STEPS:
-        return good_tally, "good steps"
+    """(Tally, kind) the slow steps are weighed against: the baseline's runs when it kept counter
+    rates, else the results' own good steps (a short normal: its pseudo-event makes it cautious);
+    (None, None). Against a baseline the good steps are the same run's series that stayed within
+    their bound, under the same fault (measured: a lossy host's 8 good steps of 12 expected 3210 of
+    its 3621 retransmissions), so they are no normal there; in the shift test they come before
+    the onset."""
     if baseline_normal is not None and baseline_normal.exposure["host"][0] > 0:
         return baseline_normal, "baseline"
     if ev.good_with_counters:
@@ -332,13 +345,16 @@ def _add_paths(path_acc, paths):
             continue
         p = path_acc.get((host, peer, name))
         if p is None:
-            p = path_acc[(host, peer, name)] = PathEvidence(host, peer, name, row.family)
+            p = path_acc[(host, peer, name)] = PathEvidence(host, peer, name, row.family, row.side)
         if v > 0:
             p.slow_delta += v
             p.slow_steps += 1
-        segs = step.get((host, peer, "tcp_segs_out"))
+        segs = step.get((*p.direction, "tcp_segs_out"))    # what the counted traffic's sender sent
         if segs is not None:
             p.segs_out = (p.segs_out or 0) + segs
+        dsack = step.get((host, peer, "tcp_dsack_dups"))
+        if dsack is not None:
+            p.dsack_dups = (p.dsack_dups or 0) + dsack
         rtt = step.get((host, peer, "tcp_rtt_us_max"))
         if rtt is not None:
             p.rtt_us_max = rtt if p.rtt_us_max is None else max(p.rtt_us_max, rtt)

@@ -11,7 +11,7 @@ from collbench import off_cpu
 from collbench.baselines.baseline_file import key_of
 from collbench.congestion.attribution import flagged_signal_items
 from collbench.congestion.counters import path_row
-from collbench.congestion.record_field import path_items
+from collbench.congestion.record_field import path_loss_items
 
 
 class Step(NamedTuple):
@@ -57,8 +57,9 @@ class Loaded:
             # counter's normal counts them);
             # its strings are shared between steps (cached per key), so 10,000 steps stay small
             moved = tuple(flagged_signal_items(field))
-            if "paths" in field:     # newer engines: per-peer counters (counters.PATH_COUNTERS)
-                paths = tuple(p for p in path_items(field) if path_row(p[2]) is not None)
+            if "paths" in field:     # newer engines: per-peer counters (counters.PATH_COUNTERS), loss
+                # net of the retransmissions the peer DSACKed (spurious: record_field.path_loss_items)
+                paths = tuple(p for p in path_loss_items(field) if path_row(p[2]) is not None)
             if source == "osu-run":
                 self.osu_run += 1
         else:

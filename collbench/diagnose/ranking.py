@@ -153,10 +153,13 @@ def _path_suspects(paths):
         pairs = {frozenset((p.host, p.peer)) for p in ps}
         total = sum(p.slow_delta for p in ps)
         what = "lossy" if fam == LINK_ERRORS else "marked" if fam == CONGESTION else "paused"
-        worst = max(ps, key=lambda p: p.slow_delta)
         if len(pairs) == 1:
-            sender = worst.host
-            receiver = worst.peer
+            # the direction whose traffic counted the most (a receiver's out-of-order arrivals
+            # count the other end's sending: evidence.PathEvidence.direction)
+            ways = {}
+            for p in ps:
+                ways[p.direction] = ways.get(p.direction, 0) + p.slow_delta
+            sender, receiver = max(ways, key=lambda d: (ways[d], d))
             out.append(Suspect(fam, link=(sender, receiver), score=1.0, paths=ps,
                                detail=f"the link {sender} -> {receiver}: the only {what} path "
                                       f"({', '.join(sorted({p.counter for p in ps}))}: {total:g} in the slow steps)"))
