@@ -85,3 +85,14 @@ def test_new_jobs_do_not_take_the_comm_pointers_out(monkeypatch, tmp_path):
     path.write_text("\n".join(lines) + "\n")
     run_census([str(path)], block=8192)
     assert len(calls) >= 5
+
+
+def test_marker_text_check_is_the_three_searches():
+    """The block check for normalize_chunk's markers written in the log itself (memchr for `~` and
+    `^` first) answers as the three searches do."""
+    from collbench.nccl.log_parser import MARKER_TEXTS, marker_text_in
+    line = b"h:1:1 [0] NCCL INFO AllReduce: opCount 3 sendbuff 0x10 recvbuff 0x10 count 8 datatype 7 op 0\n"
+    for extra in (b"", b" opCount = ", b" opCount ~ ", b" opCount ^ ", b"~^ opCount  ^", b"opCount ~", b"a ~ b ^ c"):
+        for chunk in (line * 50 + extra, extra + line, extra):
+            assert marker_text_in(chunk) == any(m in chunk for m in MARKER_TEXTS), chunk[-20:]
+    assert marker_text_in(b"x opCount ~ y") and not marker_text_in(b"x opCount 1 ~ ^")

@@ -41,9 +41,9 @@ from collbench.nccl import desync
 from collbench.nccl.formats import COLL, RECV, SEND, same_kernel_type
 from collbench.nccl.log_input import MAX_LINE, SourceStats, read_blocks
 from collbench.nccl.log_parser import (COLL_MARK, COMM_MARK, CONTINUATION, FIELD_MAX, HOST_MAX, INFO_MARK, INIT_MARK,
-                                       KERNEL_MARK, MARKER, MARKER_TEXTS, TUNING_MARK, WRAP_WORDS, CollLine, Malformed,
-                                       clip_text, normalize_chunk, parse_coll, parse_init, parse_kernel, parse_tuning,
-                                       pointer_value, restore_comms, strip_comms, strip_stamps)
+                                       KERNEL_MARK, MARKER, TUNING_MARK, WRAP_WORDS, CollLine, Malformed, clip_text,
+                                       marker_text_in, normalize_chunk, parse_coll, parse_init, parse_kernel,
+                                       parse_tuning, pointer_value, restore_comms, strip_comms, strip_stamps)
 
 # the bounds of every table (see the module doc); what exceeds one is counted in Scanner.overflow
 MEMBERS_MAX = 8192          # rank handles (host, pid, comm pointer): lines of more are counted, not checked
@@ -363,7 +363,7 @@ class Scanner:
             # kernel-trace input: a COLL line's opCount ties it to its kernel's line, so the
             # normalization hands the opCounts over, consumed one per COLL line in order
             self.detailed = True
-            if any(map(chunk.__contains__, MARKER_TEXTS)):  # marker text in the input: parse raw lines instead
+            if marker_text_in(chunk):      # marker text in the input: parse raw lines instead
                 lines = chunk.split(b"\n")
                 lines.pop()
                 self._lines = lines
