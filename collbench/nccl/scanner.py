@@ -16,9 +16,10 @@ only by its comm and stream pointers (a job that makes a communicator per step) 
 again: a parsed line of the same shape (`coll_shape`) gives it, and a new job's line (new pids) is
 not either: the shape is kept without its host:pid:tid (`job_shape`). While a block's lines miss
 the caches by their comm pointer, the next blocks' comm pointers are taken out too (`strip_comms`,
-handed over in line order): a line then stands for every communicator that logs it (a `CommSwitch`, one entry per
-pointer), so a communicator per step or a log that re-initialises its pointers stays one lookup
-per line; a re-initialised pointer drops only its own handle's entries (`_forget`).
+handed over in line order): a line then stands for every communicator that logs it (a
+`CommSwitch`, one entry per pointer), so a communicator per step or a log that re-initialises its
+pointers stays one lookup per line; a re-initialised pointer drops only its own handle's entries
+(`_forget`).
 
 Every table is bounded (the *_MAX constants below), whatever the log: distinct rank handles (comm pointers),
 configurations, pending INIT lines, TUNING keys, (handle, configuration) counters, p2p pairs,
@@ -248,9 +249,10 @@ def coll_shape(line):
 def job_shape(shape):
     """(key, host, pid, tid) of a coll_shape: the shape without its host:pid:tid token, the part
     that changes with every new job (new pids) and every host, and that token's fields, read as
-    log_parser.split_prefix reads them. None when the shape has no such token before its COLL part (the
-    parse gives it no host): such a shape keeps its whole text as its key. The token holds no space and ends in digits, so
-    no `NCCL INFO ` can overlap it: shapes of one key differ only in those three fields."""
+    log_parser.split_prefix reads them. None when the shape has no such token before its COLL part
+    (the parse gives it no host): such a shape keeps its whole text as its key. The token holds no
+    space and ends in digits, so no `NCCL INFO ` can overlap it: shapes of one key differ only in
+    those three fields."""
     i = shape.rfind(INFO_MARK)
     if i <= 0 or shape.find(COLL_MARK, i) < 0:
         return None
