@@ -13,11 +13,13 @@ counts and desync digests, then cleared. A COLL line wrapped after `comm` or `st
 or an issue tracker's wrap) is malformed on its own; only then is the next line looked at, and
 joined when it completes the record, so unwrapped logs pay nothing for it. A line that is new
 only by its comm and stream pointers (a job that makes a communicator per step) is not parsed
-again: a parsed line of the same shape (`coll_shape`) gives it. While a block's lines miss the
-caches, the next blocks' comm pointers are taken out too (`strip_comms`, handed over in line
-order): a line then stands for every communicator that logs it (a `CommSwitch`, one entry per
-pointer), so a communicator per step or a log that re-initialises its pointers stays one lookup
-per line; a re-initialised pointer drops only its own handle's entries (`_forget`).
+again: a parsed line of the same shape (`coll_shape`) gives it, and a new job's line (new pids) is
+not either: the shape is kept without its host:pid:tid (`job_shape`). While a block's lines miss
+the caches by their comm pointer, the next blocks' comm pointers are taken out too (`strip_comms`,
+handed over in line order): a line then stands for every communicator that logs it (a
+`CommSwitch`, one entry per pointer), so a communicator per step or a log that re-initialises its
+pointers stays one lookup per line; a re-initialised pointer drops only its own handle's entries
+(`_forget`).
 
 Every table is bounded (the *_MAX constants below), whatever the log: distinct rank handles (comm pointers),
 configurations, pending INIT lines, TUNING keys, (handle, configuration) counters, p2p pairs,
@@ -39,10 +41,10 @@ from typing import NamedTuple, Optional
 from collbench.nccl import desync
 from collbench.nccl.formats import COLL, RECV, SEND, same_kernel_type
 from collbench.nccl.log_input import MAX_LINE, SourceStats, read_blocks
-from collbench.nccl.log_parser import (COLL_MARK, COMM_MARK, CONTINUATION, FIELD_MAX, INFO_MARK, INIT_MARK,
-                                       KERNEL_MARK, MARKER, MARKER_TEXTS, TUNING_MARK, WRAP_WORDS, CollLine, Malformed,
-                                       clip_text, normalize_chunk, parse_coll, parse_init, parse_kernel, parse_tuning,
-                                       pointer_value, restore_comms, strip_comms, strip_stamps)
+from collbench.nccl.log_parser import (COLL_MARK, COMM_MARK, CONTINUATION, FIELD_MAX, HOST_MAX, INFO_MARK, INIT_MARK,
+                                       KERNEL_MARK, MARKER, TUNING_MARK, WRAP_WORDS, CollLine, Malformed, clip_text,
+                                       marker_text_in, normalize_chunk, parse_coll, parse_init, parse_kernel,
+                                       parse_tuning, pointer_value, restore_comms, strip_comms, strip_stamps)
 
 # the bounds of every table (see the module doc); what exceeds one is counted in Scanner.overflow
 MEMBERS_MAX = 8192          # rank handles (host, pid, comm pointer): lines of more are counted, not checked
@@ -62,7 +64,7 @@ SAMPLES_MAX = 50            # malformed lines kept for -v / JSON
 WRAPS_MAX = 2               # continuation lines of one wrapped COLL line (after `comm` and after `stream`)
 FLUSH_BYTES = 4 << 20       # input bytes between folds of the per-rank lists (bounds their length)
 WINDOW = 512                # lines looked up in the line cache at once (looked up again after a drop)
-STRIP_START, STRIP_STAY = 0.05, 0.01    # share of a block's lines missing the caches: comm pointers out
+STRIP_START, STRIP_STAY = 0.05, 0.01    # share of a block's lines missing the caches by their comm pointer: out
 KIND_CODE = {COLL: 0, SEND: 1, RECV: 2}     # anything else (RMA) is 3: counted, not checked
 
 OVERFLOW_WHAT = {
@@ -244,6 +246,33 @@ def coll_shape(line):
     return body[:i + 6] + body[j:k + 8] + body[e:] + line[len(body):], comm, stream
 
 
+def job_shape(shape):
+    """(key, host, pid, tid) of a coll_shape: the shape without its host:pid:tid token, the part
+    that changes with every new job (new pids) and every host, and that token's fields, read as
+    log_parser.split_prefix reads them. None when the shape has no such token before its COLL part
+    (the parse gives it no host): such a shape keeps its whole text as its key. The token holds no
+    space and ends in digits, so no `NCCL INFO ` can overlap it: shapes of one key differ only in
+    those three fields."""
+    i = shape.rfind(INFO_MARK)
+    if i <= 0 or shape.find(COLL_MARK, i) < 0:
+        return None
+    b = len(shape[:i].rstrip())
+    a = shape.rfind(b" ", 0, b) + 1
+    tok = shape[a:b]
+    if tok[:1] == b"[" and tok[-1:] == b"]" and tok[1:-1].isdigit() and len(tok) < 12:    # [cudaDev]
+        if a == 0:
+            return None
+        b = a - 1
+        a = shape.rfind(b" ", 0, b) + 1
+        tok = shape[a:b]
+    parts = tok.rsplit(b":", 3)
+    if (len(parts) >= 3 and parts[-1].isdigit() and parts[-2].isdigit() and parts[-3]
+            and len(parts[-1]) < 20 and len(parts[-2]) < 20 and len(parts[-3]) <= HOST_MAX):
+        return ((shape[:a], shape[b:]), parts[-3].decode("utf-8", "backslashreplace"), int(parts[-2]),
+                int(parts[-1]))
+    return None
+
+
 def pointer_diffs(pairs):
     """sendbuff - recvbuff of each (sendbuff, recvbuff) pair (None where one is not a number),
     with C-level passes unless a pointer is `(nil)` or garbage."""
@@ -287,6 +316,7 @@ class Scanner:
         self.comms = None               # the comm pointers strip_comms took out of this block, in order
         self._strip = False             # whether strip_comms runs on the next block
         self._misses = 0                # COLL lines of this block that missed the caches
+        self._comm_misses = 0           # ... of them, those only a comm pointer kept out (see feed)
         self._comm_values = None        # ... as a list (to restore lines ahead of the iterator)
         self._key = None                # the line as the block has it (comm pointers out) in the slow path
         self._opcounts = None
@@ -335,7 +365,7 @@ class Scanner:
             # kernel-trace input: a COLL line's opCount ties it to its kernel's line, so the
             # normalization hands the opCounts over, consumed one per COLL line in order
             self.detailed = True
-            if any(map(chunk.__contains__, MARKER_TEXTS)):  # marker text in the input: parse raw lines instead
+            if marker_text_in(chunk):      # marker text in the input: parse raw lines instead
                 lines = chunk.split(b"\n")
                 lines.pop()
                 self._lines = lines
@@ -427,11 +457,16 @@ class Scanner:
             if literal:
                 self.clear_caches()
         self._lines = self._raw = self._raw_lines = None
-        # take the comm pointers out of the next block only while lines miss the caches: where they
-        # hit (a job's communicators logging on), the CommSwitch is one more call per line for nothing
-        rate = self._misses / (len(lines) or 1)
+        # take the comm pointers out of the next block only while lines miss the caches because of
+        # their comm pointer: where they hit (a job's communicators logging on), or miss for another
+        # reason (a new job's pids, a timestamp prefix: logs of many short jobs), the CommSwitch is
+        # one more Python call per line for nothing. A miss is the comm pointer's when a parsed line
+        # of the same process differs from it only in its pointers (a new or re-initialised
+        # communicator), or when a CommSwitch makes a pointer's entry; kernel-trace input (which
+        # has no shapes) counts every miss
+        rate = (self._misses if self.detailed else self._comm_misses) / (len(lines) or 1)
         self._strip = rate > STRIP_STAY if self._strip else rate > STRIP_START
-        self._misses = 0
+        self._misses = self._comm_misses = 0
         self._unflushed += len(chunk)
         if self._unflushed >= FLUSH_BYTES:
             self.flush()
@@ -573,16 +608,24 @@ class Scanner:
                     else:
                         f()
                     return
-        shape = comm = stream = known = None
+        shape = comm = stream = known = job = None
         if fast and self._opcounts is None:
             shape, comm, stream = coll_shape(line)
             if shape is not None:
+                job = job_shape(shape)
+                if job is not None:
+                    shape = job[0]
                 known = self.shapes.get(shape)
         if known is not None:
-            # the same line but for its comm/stream pointers: no parse. The shape's CollLine stands
-            # for this line wherever its pointers do not matter (the configuration, the handle's
-            # host, pid and nranks); a handle is made from the line's own CollLine
+            # the same line but for its comm/stream pointers and its host:pid:tid: no parse. The
+            # shape's CollLine, with this line's host, pid and tid, stands for this line wherever its
+            # pointers do not matter (the configuration, the handle's host, pid and nranks); a
+            # handle is made from the line's own CollLine
             rec, rid = known
+            if job is not None and (rec.host != job[1] or rec.pid != job[2] or rec.tid != job[3]):
+                rec = rec._replace(host=job[1], pid=job[2], tid=job[3])
+            if rec is known[0] or (rec.host, rec.pid) == (known[0].host, known[0].pid):
+                self._comm_misses += 1      # (the same process: a new or re-initialised communicator)
             self.shaped += 1
             comm = comm.decode("utf-8", "backslashreplace")
             m = self.by_ptr.get((rec.host, rec.pid, comm))
@@ -661,6 +704,7 @@ class Scanner:
         with that pointer in it, from the parsed line the switch holds (its configuration and
         prefix are the line's; a handle is made from it with the pointer put back)."""
         self._misses += 1
+        self._comm_misses += 1
         rec = switch.call
         if pointer is None:         # (the block handed over fewer pointers than it has markers)
             pointer = b""
