@@ -21,7 +21,6 @@ Families: each row states the cause a movement of the counter is evidence of (FA
 diagnosis's cause classes, collbench/diagnose/ranking.py CAUSES), or TRAFFIC for the counters
 that measure how much moved rather than trouble (the denominators of routine loss). A row
 without a family is refused (tests/test_diagnose_causes.py): never silently filed as a cause.
-
 """
 
 from typing import NamedTuple
