@@ -31,7 +31,7 @@ from cgroup_helpers import Cgroup, RankMover, environ, rank_of
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 HOSTS = ("hA", "hB", "hC", "hD")
-OPS, SIZES, ITERATIONS = "allreduce,allgather,alltoall", "1MB,2MB", "20"
+OPS, SIZES, ITERATIONS = "allreduce,allgather,alltoall", "1MB,2MB", "10"
 
 
 def _replace(path, text):
