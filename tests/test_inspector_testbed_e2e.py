@@ -2,7 +2,7 @@
 
 On a 4-host namespace testbed (one rank per host, ob1 over TCP, cubic pinned in every namespace:
 bbr ignores CE), a real MPI job (a C program: MPI_Allreduce of 1 MB in a loop, each rank timing
-every call) runs for ~30 s; the stand-in writer (lab/inspector_writer.py: the plugin's writer,
+every call) runs for ~20 s; the stand-in writer (lab/inspector_writer.py: the plugin's writer,
 checked against the published samples in test_inspector_import.py) turns each rank's timings into
 Inspector lines in that host's dump directory as the job runs (dumped every 0.5 s, the log
 truncated on its first dump). Half-way, h2's egress is congested for real: a tbf queue at 200 Mbit/s
@@ -32,7 +32,7 @@ from lab.inspector_writer import InspectorWriter
 
 pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
 
-QUIET_S, CONGESTED_S = 14.0, 14.0
+QUIET_S, CONGESTED_S = 10.0, 10.0
 SIZE = 1 << 20
 PORT = 9106
 PROGRAM = r"""
