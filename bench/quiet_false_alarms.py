@@ -4,7 +4,9 @@
 One namespace testbed (lab/testbed.py: real namespaces, sshd, mpirun ranks over TCP), RUNS quiet
 `collbench once` runs of the accuracy campaign's plan, each its own results file. Then, for every
 baseline size B (--baseline-sizes) and every verdict length R (--runs-per-verdict): a baseline saved
-from B runs, and `collbench diagnose` run on each group of R consecutive later runs against it. It
+from B runs (--layout: B consecutive runs, as `baseline save --runs B` takes them, or B runs spread
+over the collection, as one taken from a stress log over days), and `collbench diagnose` run on each
+group of R consecutive other runs against it. It
 prints, per (B, R): verdicts, false alarms (a regression found), false culprits (a host or link
 named), and the largest ratio seen, beside the machine's load.
 
@@ -69,20 +71,26 @@ def evaluate(args):
     loads = []
     if os.path.exists(os.path.join(args.data, "loads.jsonl")):
         loads = [json.loads(x)["load"] for x in open(os.path.join(args.data, "loads.jsonl"))]
-    print(f"{len(runs)} quiet runs in {args.data}; load average "
+    print(f"{len(runs)} quiet runs in {args.data}, baselines of {args.layout} runs; load average "
           + (f"{min(loads):.1f}-{max(loads):.1f}" if loads else "unknown"))
     print(f"{'baseline runs':>13} {'runs/verdict':>12} {'verdicts':>8} {'false alarms':>12} {'false culprits':>14} "
           f"{'max ratio':>9}")
     rows = []
     for b in args.baseline_sizes:
-        for first in range(0, args.baseline_offsets * b, b):     # disjoint baselines: their spread shows
-            if first + b > len(runs):
+        for first in range(args.baseline_offsets):     # disjoint baselines: their spread shows
+            if args.layout == "block":       # b consecutive runs (`baseline save --runs b`)
+                chosen = list(range(first * b, first * b + b))
+            else:                            # b runs spread over the whole collection (a log's week)
+                stride = len(runs) // b
+                chosen = list(range(first, stride * b, stride))
+            if chosen[-1] >= len(runs):
                 break
-            base = os.path.join(args.data, f"baseline-{b}-{first}.json")
-            r = collbench(["baseline", "save", base, "--from", *runs[first:first + b], "--force", "--format", "json"])
+            base = os.path.join(args.data, f"baseline-{args.layout}-{b}-{first}.json")
+            r = collbench(["baseline", "save", base, "--from", *[runs[i] for i in chosen], "--force",
+                           "--format", "json"])
             if r.returncode != 0:
                 raise RuntimeError(r.stderr)
-            rest = runs[:first] + runs[first + b:]
+            rest = [run for i, run in enumerate(runs) if i not in chosen]
             for per in args.runs_per_verdict:
                 alarms = culprits = n = 0
                 worst = 1.0
@@ -96,7 +104,8 @@ def evaluate(args):
                     alarms += doc["verdict"] != "no regression"
                     culprits += any(s["host"] or s["link"] for s in doc["suspects"])
                     worst = max([worst] + [x["ratio"] for x in doc["regressions"]])
-                rows.append({"baseline_runs": b, "baseline_first": first, "runs_per_verdict": per,
+                rows.append({"baseline_runs": b, "layout": args.layout, "baseline_first": first,
+                             "runs_per_verdict": per,
                              "verdicts": n, "false_alarms": alarms, "false_culprits": culprits, "max_ratio": worst})
                 print(f"{b:>13} {per:>12} {n:>8} {alarms:>12} {culprits:>14} {worst:>9.2f}", flush=True)
     if args.json:
@@ -112,6 +121,8 @@ def main(argv=None):
     p.add_argument("--evaluate-only", action="store_true", help="diagnose the runs already in --data again")
     p.add_argument("--baseline-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[3, 5, 8])
     p.add_argument("--baseline-offsets", type=int, default=2, help="disjoint baselines per size (default 2)")
+    p.add_argument("--layout", choices=("block", "spread"), default="block",
+                   help="the baseline's runs: consecutive ones (block) or spread over the collection")
     p.add_argument("--runs-per-verdict", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3])
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)

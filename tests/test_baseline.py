@@ -112,8 +112,52 @@ def test_a_slowdown_inside_a_noisy_baselines_spread_is_noisy_not_a_regression(tm
     (tmp_path / "cur2.jsonl").write_text(json.dumps(_rec("allreduce", 1 << 20, bound * 1.05, "c", 1.0)) + "\n")
     p, out = compare_json(tmp_path, "noisy", tmp_path / "cur2.jsonl")
     assert p.returncode == 1 and out["rows"][0]["verdict"] == "regression"
+    # --k 0: sigma no longer counts, the slowest run (420) still does: 1.4x (420) is noisy, 1.6x
+    # (480, past 1.1 x 420) a regression
     p, out = compare_json(tmp_path, "noisy", tmp_path / "cur.jsonl", "--k", "0")
+    assert p.returncode == 0 and out["rows"][0]["verdict"] == "noisy"
+    (tmp_path / "cur3.jsonl").write_text(json.dumps(_rec("allreduce", 1 << 20, 480.0, "c", 1.0)) + "\n")
+    p, out = compare_json(tmp_path, "noisy", tmp_path / "cur3.jsonl", "--k", "0")
     assert p.returncode == 1 and out["rows"][0]["verdict"] == "regression"
+    assert out["rows"][0]["bound_us"] == pytest.approx(1.1 * 420)
+
+
+@pytest.mark.parametrize("gap_s, noted", [(1.0, True), (300.0, False)])
+def test_save_says_when_its_runs_span_too_short_a_time(tmp_path, gap_s, noted):
+    with open(tmp_path / "base.jsonl", "w") as f:     # 5 runs, gap_s apart: 4 s or 1200 s in all
+        for i in range(5):
+            f.write(json.dumps(_rec("allreduce", 1 << 20, 100.0 + i, f"r{i}", 1000.0 + i * gap_s)) + "\n")
+    p = collbench("baseline", "save", "span", "--from", str(tmp_path / "base.jsonl"), *base_args(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert ("its runs span 4 s" in p.stderr) is noted and ("runs span" in p.stderr) is noted, p.stderr
+
+
+def test_a_slowdown_the_baseline_itself_once_had_is_noisy(tmp_path):
+    """Four tight runs and one whole-run slowdown (the testbed's 2x mode): the MAD ignores the slow
+    run, the bound does not -- a current run as slow as it is `noisy`; past 1.1x it, a regression.
+    A file without the slowest run (older) keeps max(T x m, m + k x s)."""
+    with open(tmp_path / "base.jsonl", "w") as f:
+        for i, lat in enumerate((100.0, 101.0, 99.0, 100.5, 210.0)):
+            f.write(json.dumps(_rec("allreduce", 1 << 20, lat, f"r{i}", 1.0 + i)) + "\n")
+    assert collbench("baseline", "save", "modes", "--from", str(tmp_path / "base.jsonl"),
+                     *base_args(tmp_path)).returncode == 0
+    entry = next(iter(load_baseline("modes", str(tmp_path / "state")).entries.values()))
+    assert entry.sigma_us < 2 and entry.slowest_us == 210.0
+    assert regression_bound_us(entry.median_us, entry.sigma_us, 1.2, 3.0) == pytest.approx(120.6)   # 1.2 x 100.5
+    assert entry.regression_bound_us(1.2, 3.0) == pytest.approx(231.0)
+    for lat, verdict, rc in ((205.0, "noisy", 0), (240.0, "regression", 1)):
+        (tmp_path / "cur.jsonl").write_text(json.dumps(_rec("allreduce", 1 << 20, lat, "c", 1.0)) + "\n")
+        p, out = compare_json(tmp_path, "modes", tmp_path / "cur.jsonl")
+        assert (p.returncode, out["rows"][0]["verdict"]) == (rc, verdict), out["rows"]
+    saved = tmp_path / "state" / "baselines" / "modes.json"
+    doc = json.loads(saved.read_text())
+    for e in doc["entries"]:
+        del e["latency_avg_us"]["max"]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(doc))
+    (tmp_path / "cur.jsonl").write_text(json.dumps(_rec("allreduce", 1 << 20, 205.0, "c", 1.0)) + "\n")
+    p, out = compare_json(tmp_path, str(old), tmp_path / "cur.jsonl")
+    assert (p.returncode, out["rows"][0]["verdict"]) == (1, "regression"), out["rows"]
 
 
 def test_keys_separate_transport_ranks_algorithm_and_missing_new(tmp_path):
@@ -169,7 +213,7 @@ def test_save_from_real_runs_and_compare(tmp_path):
         with open(tmp_path / "cur.jsonl", "w") as f:
             for e in b.sorted_entries():
                 k = e.key
-                lat = e.median_us if factor == 1.0 else regression_bound_us(e.median_us, e.sigma_us) * factor
+                lat = e.median_us if factor == 1.0 else e.regression_bound_us(1.2, 3.0) * factor
                 rec = _rec(k.op, k.size_bytes, lat, "now", 1.0, ranks=2, transport="shm")
                 rec.update(hosts=["localhost", "localhost"], nodes=1)
                 assert key_of(rec) == k

@@ -24,7 +24,8 @@ from collbench import harness
 from collbench.baselines import baseline_file as bf
 from collbench.bounded_repr import terminal_safe
 from collbench.congestion.normal import MIN_REF_STEPS
-from collbench.baselines.comparison import DEFAULT_K, DEFAULT_THRESHOLD, MISSING, NEW, REGRESSION, compare, counts
+from collbench.baselines.comparison import (DEFAULT_K, DEFAULT_THRESHOLD, MISSING, NEW, REGRESSION, SLOWEST_MARGIN,
+                                            compare, counts)
 from collbench.cli import IntermixedArgumentParser, add_config_arg
 from collbench.errors import UserError
 from collbench.tables import Column, csv_text, format_us, table_lines
@@ -68,8 +69,9 @@ def register(subparsers):
 
     v = verb("compare", cmd_compare, "compare current results with a baseline (exit 1 on a regression)",
              "Current median latency vs the baseline's per key, with the ratio and a verdict: regression when "
-             "the ratio is above --threshold AND the latency is above the baseline median + k x sigma (its "
-             "noise); noisy when only the ratio is; improved, ok, new, missing. Without RESULTS, measures now "
+             "the ratio is above --threshold AND the latency is above the baseline median + k x sigma and "
+             f"{SLOWEST_MARGIN:g}x the baseline's slowest run (its noise); noisy when only the ratio is; improved, "
+             "ok, new, missing. Without RESULTS, measures now "
              f"with `collbench once` (--runs, default {DEFAULT_COMPARE_RUNS}) on the baseline's ops, sizes and "
              "ranks.")
     v.add_argument("name", metavar="NAME", help="the baseline: a saved name or a .json path")
@@ -227,7 +229,7 @@ def render_comparison(baseline, comparisons, fmt, threshold, k, extra=None):
         out = {"baseline": {"name": baseline.name, "path": baseline.path, "created": bf._iso(baseline.created_ts),
                             "entries": len(baseline.entries)},
                "threshold": threshold, "k": k,
-               "rule": "regression: current > max(threshold * median, median + k * sigma)",
+               "rule": f"regression: current > max(threshold * median, median + k * sigma, {SLOWEST_MARGIN:g} * slowest)",
                "rows": [c.as_dict() for c in comparisons], "summary": tally}
         out.update(extra or {})
         return _json(out)
@@ -302,6 +304,13 @@ def cmd_save(args):
               "their spread is not known well enough (the median absolute deviation of fewer runs is often near 0, "
               "so a quiet run strays past the bound and is reported as a regression): save it from "
               f"{bf.MIN_RUNS} runs or more (--runs, or more records with --from)", file=sys.stderr)
+    firsts = [e.first_ts for e in baseline.entries.values() if e.first_ts is not None]
+    lasts = [e.last_ts for e in baseline.entries.values() if e.last_ts is not None]
+    if firsts and lasts and max(lasts) - min(firsts) < bf.MIN_SPAN_S:
+        print(f"collbench: note: its runs span {max(lasts) - min(firsts):.0f} s: a machine's slow spells last longer than that "
+              "(docs/DIAGNOSIS.md, quiet runs), and a baseline that never saw one calls the next one a regression; "
+              f"a baseline from runs spread over more than {bf.MIN_SPAN_S // 60:.0f} minutes (--from the stress "
+              "loop's state directory, --since 1d) holds them", file=sys.stderr)
     steps = baseline.counter_normal.exposure["host"][0] if baseline.counter_normal is not None else 0
     if steps < MIN_REF_STEPS:
         print(f"collbench: note: the counters' normal holds {steps} steps with congestion counters (fewer than "

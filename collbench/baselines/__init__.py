@@ -9,8 +9,9 @@ Python API (for the exporter's baseline series and the regression alert rule):
         e.key.labels()      # {op, size, size_bytes, nodes, ranks, transport, engine, algorithm}
         e.median_us         # baseline median of latency_avg_us
         e.sigma_us          # its robust sigma (1.4826 x MAD of the runs)
+        e.slowest_us        # its slowest run
         e.n                 # runs behind it
-        regression_bound_us(e.median_us, e.sigma_us, DEFAULT_THRESHOLD, DEFAULT_K)
+        e.regression_bound_us(DEFAULT_THRESHOLD, DEFAULT_K)   # comparison.regression_bound_us of the three
 
     b.entries[key_of(checked_result_record)]    # the entry a live result compares with
 

@@ -62,6 +62,11 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 # which a quiet run on a shared machine crosses (13 of 30 quiet `once` runs against 3-run
 # baselines on the 6-host testbed, issue 28); `baseline save` says when it has fewer
 MIN_RUNS = 5
+# ... and over how long: on the 2-core testbed quiet runs fall into slow spells of ~10 s (every
+# series 1.8-3.3x slower at once); baselines of 8 runs spread over 2 minutes of runs let 15 % of
+# 3-run verdicts page for nothing, 8 consecutive runs (~10 s) 37 % (bench/quiet_false_alarms.py,
+# docs/DIAGNOSIS.md). `baseline save` says when its runs span less than this
+MIN_SPAN_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,16 @@ class Entry:
     def sigma_us(self):
         """Robust standard deviation of the baseline runs (1.4826 x MAD); 0 with one run."""
         return self.latency["sigma"]
+
+    @property
+    def slowest_us(self):
+        """The slowest baseline run (the median when the file gave no max)."""
+        return self.latency["max"]
+
+    def regression_bound_us(self, threshold, k):
+        """comparison.regression_bound_us of this entry: its median, sigma and slowest run."""
+        from collbench.baselines.comparison import regression_bound_us
+        return regression_bound_us(self.median_us, self.sigma_us, threshold, k, self.slowest_us)
 
     def as_dict(self):
         k = self.key

@@ -1,8 +1,8 @@
 """Which series regressed, and which of their steps were the slow ones.
 
 With a baseline: a series regressed when its median latency is above the baseline's bound
-(baseline.comparison.regression_bound_us: the same bound as `baseline compare` and the
-CollbenchLatencyRegression alert); its slow steps are those above the bound, the good ones the rest.
+(baselines.comparison.regression_bound_us: the same bound as `baseline compare`, past the
+baseline's slowest run too); its slow steps are those above the bound, the good ones the rest.
 Without one: a persistent shift within the series itself (change_point.ShiftDetector: a spike is
 not a shift); an excursion fires only when its latest steps reach `threshold` times the reference
 (the exporter's alerts.shift_ratio gate). The good steps are those of no fired excursion; the slow
@@ -15,7 +15,7 @@ shift's evidence. The slow steps' median must be at least
 import math
 from dataclasses import dataclass, field
 
-from collbench.baselines.comparison import DEFAULT_K, DEFAULT_THRESHOLD, regression_bound_us
+from collbench.baselines.comparison import DEFAULT_K, DEFAULT_THRESHOLD
 from collbench.change_point import DRIFT, WARMUP, ShiftDetector
 from collbench.stats import median
 
@@ -43,7 +43,7 @@ class Regression:
 
 def against_baseline(key, steps, entry, threshold=DEFAULT_THRESHOLD, k=DEFAULT_K):
     """A Regression when the series' median is above the baseline entry's bound, else None."""
-    bound = regression_bound_us(entry.median_us, entry.sigma_us, threshold, k)
+    bound = entry.regression_bound_us(threshold, k)
     lat = [s.latency_us for s in steps]
     if not lat or median(lat) <= bound:
         return None
