@@ -27,7 +27,7 @@ def write_config(tmp_path, stress_extra="", top_extra="", plan=TINY_PLAN, ranks=
 
     stress_extra's keys replace the defaults (the config refuses duplicate keys)."""
     given = {line.split(":")[0].strip() for line in stress_extra.splitlines() if ":" in line}
-    defaults = "".join(f"  {k}: {v}\n" for k, v in (("backoff_initial", 0.5), ("backoff_max", 2),
+    defaults = "".join(f"  {k}: {v}\n" for k, v in (("backoff_initial", 0.1), ("backoff_max", 0.5),
                                                       ("stop_grace", 5)) if k not in given)
     text = (f"ranks: {ranks}\ntransport: shm\nstep_timeout: 60s\n{top_extra}"
             f"stress:\n{defaults}{stress_extra}{plan}")

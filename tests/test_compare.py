@@ -194,8 +194,12 @@ def test_rules_file_is_the_measurement_and_open_mpi_runs_it(tmp_path, engine_bin
     assert (sends(plain, 4096), sends(plain, 65536)) != (sends(tuned, 4096), sends(tuned, 65536))
 
 
-def test_bad_input_is_exit_2_and_writes_nothing(tmp_path, engine_bin):
-    cfg = {"ranks": 4, "engine_path": engine_bin}
+def test_bad_input_is_exit_2_and_writes_nothing(tmp_path, engine_bin, monkeypatch, capsys):
+    # the CLI's own entry point in this process (refusals are not about the process boundary)
+    from collbench import cli
+    monkeypatch.setenv("COLLBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    cfg_file = tmp_path / "compare.yaml"
+    cfg_file.write_text(yaml.safe_dump({"ranks": 4, "engine_path": engine_bin}), encoding="utf-8")
     results = tmp_path / "r.jsonl"
     malformed = tmp_path / "bad.conf"
     malformed.write_text("1\n0\n1\n4\n1\n64 4 0 0\n", encoding="utf-8")
@@ -212,9 +216,13 @@ def test_bad_input_is_exit_2_and_writes_nothing(tmp_path, engine_bin):
         (["--op", "allgather", "--tsv", str(tmp_path / "no" / "t.tsv")], "does not exist"),
     ]
     for args, message in cases:
-        p = compare(tmp_path, args + ["--results", str(results)], cfg, timeout=300)
-        assert p.returncode == 2, (args, p.stderr)
-        assert message in p.stderr, (args, p.stderr)
+        try:
+            code = cli.main(["compare", "-c", str(cfg_file), *args, "--results", str(results)])
+        except SystemExit as e:   # argparse
+            code = e.code
+        err = capsys.readouterr().err
+        assert code == 2, (args, err)
+        assert message in err, (args, err)
         assert not results.exists()
 
 

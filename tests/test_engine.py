@@ -273,33 +273,54 @@ BAD_PLANS = {
 }
 
 
+BAD_ARGUMENTS = {
+    "unreadable-plan": (["--plan", "/nonexistent/plan.txt"], "cannot read plan /nonexistent/plan.txt"),
+    "max-loops": (["--plan", "PLAN", "--max-loops", "0"], "--max-loops: '0'"),
+    "unknown-argument": (["--plan", "PLAN", "--fast"], "unknown or incomplete argument '--fast'"),
+    "no-plan": ([], "--plan FILE (or --pairs) is required"),
+}
+
+
+@pytest.fixture(scope="module")
+def refused_runs(tmp_path_factory, engine_bin):
+    """Every bad plan and bad argument list, each its own real mpirun job, run side by side: a
+    refused engine's mpirun takes a second or two to report the exit, nearly all of it waiting.
+    {case: (plan path or None, JobResult, stdout lines)}."""
+    from concurrent.futures import ThreadPoolExecutor
+    base = tmp_path_factory.mktemp("refused")
+    good_plan = base / "plan.txt"
+    good_plan.write_text("barrier 0 3 1 char\n")
+    cfg = engine_cfg(base, engine_bin)
+    cases = {}
+    for name, (text, _message) in BAD_PLANS.items():
+        plan = base / f"{name}.plan"
+        plan.write_text(text)
+        cases[("plan", name)] = (plan, [engine_bin, "--plan", str(plan)])
+    for name, (args, _message) in BAD_ARGUMENTS.items():
+        cases[("args", name)] = (None, [engine_bin] + [str(good_plan) if a == "PLAN" else a for a in args])
+
+    def run(engine_argv):
+        argv, env = launcher.build_command(cfg, engine_argv)
+        out = []
+        return run_job(argv, env, idle_timeout=120, on_line=out.append), out
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {case: pool.submit(run, engine_argv) for case, (_plan, engine_argv) in cases.items()}
+        return {case: (cases[case][0], *f.result()) for case, f in futures.items()}
+
+
 @pytest.mark.parametrize("name", sorted(BAD_PLANS))
-def test_bad_plan_exits_2(tmp_path, engine_bin, name):
-    text, message = BAD_PLANS[name]
-    plan = tmp_path / "bad.plan"
-    plan.write_text(text)
-    cfg = engine_cfg(tmp_path, engine_bin)
-    argv, env = launcher.build_command(cfg, [engine_bin, "--plan", str(plan)])
-    out = []
-    res = run_job(argv, env, idle_timeout=120, on_line=out.append)
+def test_bad_plan_exits_2(refused_runs, name):
+    plan, res, out = refused_runs[("plan", name)]
+    message = BAD_PLANS[name][1]
     assert res.returncode == 2
     assert f"plan {plan}" in res.stderr_tail and message in res.stderr_tail
     assert not [line for line in out if line.startswith("CBREC")]
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--plan", "/nonexistent/plan.txt"], "cannot read plan /nonexistent/plan.txt"),
-    (["--plan", "PLAN", "--max-loops", "0"], "--max-loops: '0'"),
-    (["--plan", "PLAN", "--fast"], "unknown or incomplete argument '--fast'"),
-    ([], "--plan FILE (or --pairs) is required"),
-])
-def test_bad_arguments_exit_2(tmp_path, engine_bin, args, message):
-    plan = tmp_path / "plan.txt"
-    plan.write_text("barrier 0 3 1 char\n")
-    cfg = engine_cfg(tmp_path, engine_bin)
-    argv, env = launcher.build_command(cfg, [engine_bin] + [str(plan) if a == "PLAN" else a for a in args])
-    res = run_job(argv, env, idle_timeout=120, on_line=lambda line: None)
-    assert res.returncode == 2 and message in res.stderr_tail
+@pytest.mark.parametrize("name", sorted(BAD_ARGUMENTS))
+def test_bad_arguments_exit_2(refused_runs, name):
+    _plan, res, _out = refused_runs[("args", name)]
+    assert res.returncode == 2 and BAD_ARGUMENTS[name][1] in res.stderr_tail
 
 
 # ---------------------------------------------------------------- faults
@@ -378,7 +399,7 @@ def test_engine_stopped_from_outside_is_recorded_and_the_plan_goes_on(tmp_path, 
 
 
 def test_hung_step_is_timed_out_and_killed(tmp_path, engine_bin):
-    cfg = engine_cfg(tmp_path, engine_bin, step_timeout=2)
+    cfg = engine_cfg(tmp_path, engine_bin, step_timeout=1)
     steps = [Step("allreduce", 1 << 20, 10 ** 7, 1, "float"),  # hours: far past step_timeout
              Step("barrier", 0, 10, 1, "char")]
     seen, done = set(), threading.Event()
@@ -399,8 +420,8 @@ def test_hung_step_is_timed_out_and_killed(tmp_path, engine_bin):
         watcher.join()
     elapsed = time.monotonic() - t0
     assert first["type"] == "failure" and first["op"] == "allreduce"
-    assert "no result within step_timeout 2s" in first["error"]
-    assert 2 <= elapsed < 40
+    assert "no result within step_timeout 1s" in first["error"]
+    assert 1 <= elapsed < 40
     assert len(seen) == 2 and all(is_gone(pid) for pid in seen)  # nothing of the hung job is left
     rest = list(gen)
     assert [(r["type"], r["op"]) for r in rest] == [("result", "barrier")]

@@ -568,32 +568,48 @@ def _health(url):
 
 
 @pytest.mark.slow
-def test_health_reports_a_poller_that_cannot_read_and_recovers(tmp_path, free_port):
+def test_health_reports_a_poller_that_cannot_read_and_recovers(tmp_path, caplog):
     """A FIFO put in place of the log (it used to block the poller in open(2) for good): polls
-    fail and are counted, /metrics keeps answering, /health says why once the stall limit (10 s)
-    has passed; a regular file again and all is well."""
+    fail and are counted, /metrics keeps answering, /health says why once the stall limit has
+    passed; a regular file again and all is well. The exporter in this process, its stall limit
+    1 s (10 s in a real one: only the wait would differ)."""
+    from exporter_helpers import parse_exposition
     log = tmp_path / "results.jsonl"
     log.write_text(records.dumps(dict(base("event"), seq=1)) + "\n")
-    with ExporterProcess(["--results-log", str(log), "--state-dir", str(tmp_path), "--collectors", "results",
-                          "--poll-interval", "0.2"], free_port) as ex:
-        ex.wait_ready(timeout=30)
+    settings = SimpleNamespace(results_log=str(log), state_dir=str(tmp_path), max_age=900.0, poll_interval=0.2,
+                               legacy_metrics=False, collectors=["results"], sysfs_root="/sys",
+                               procfs_root="/proc", ethtool="ethtool", netdevs=None, device_include=None,
+                               device_exclude=None, stall_seconds=1.0)
+    ex = Exporter(settings)
+    server = ExporterHTTPServer(("127.0.0.1", 0), ex)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+    url = f"http://127.0.0.1:{server.port}"
+
+    def metrics():
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+            return parse_exposition(r.read().decode())
+    try:
+        ex.start()
+        assert wait_for(lambda: _health(url)[0] == 200, timeout=10)
         os.unlink(log)
         os.mkfifo(log)
-        got = wait_for(lambda: (lambda h: h if h[0] == 503 else None)(_health(ex.url)), timeout=40, interval=0.5)
-        assert got, _health(ex.url)
+        got = wait_for(lambda: (lambda h: h if h[0] == 503 else None)(_health(url)), timeout=20, interval=0.2)
+        assert got, _health(url)
         reason = got[1]["reason"]
         assert "no poll of the results log has completed for" in reason and "not a regular file" in reason, reason
         assert got[1]["poll_errors"] > 0
-        assert sample(ex.metrics(), "collbench_exporter_poll_errors_total") > 0
+        assert sample(metrics(), "collbench_exporter_poll_errors_total") > 0
         os.unlink(log)
         log.write_text(records.dumps(dict(base("result"), seq=2)) + "\n")
-        assert wait_for(lambda: _health(ex.url)[0] == 200, timeout=20)
-        assert wait_for(lambda: sample(ex.metrics(), "collbench_results_records_total", type="result") == 1,
+        assert wait_for(lambda: _health(url)[0] == 200, timeout=20)
+        assert wait_for(lambda: sample(metrics(), "collbench_results_records_total", type="result") == 1,
                         timeout=20)
-        ex.proc.send_signal(signal.SIGTERM)
-        ex.proc.wait(timeout=20)
-        err = ex.proc.stderr.read()
-        assert "Traceback" not in err and "not a regular file" in err, err[-3000:]
+    finally:
+        server.shutdown()
+        server.server_close()
+        ex.stop()
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "not a regular file" in logged and "Traceback" not in caplog.text, logged[-3000:]
 
 
 def test_health_reports_a_stalled_poller_then_its_recovery(tmp_path):

@@ -299,7 +299,7 @@ def test_cli_exit_codes_are_distinct(sshd, tmp_path, silent_port):
     other = _keygen(tmp_path / "other")
     cases = {
         10: dict(port=_free_port()),
-        11: dict(port=silent_port),
+        11: dict(port=silent_port, connect_timeout=1.5),   # the code, not the bound (test_silent_listener_...)
         12: dict(identity_file=str(other)),
         13: dict(known_hosts=str(tmp_path / "empty_known_hosts")),
         15: dict(remote_dir=str(tmp_path / "nowhere")),
