@@ -25,10 +25,10 @@ the rules `collbench rules` generated, `for:` FOR below) sends to a real Alertma
      allreduce 2.1x slower (4 hosts, docs/SETUP.md), so the queue is no longer needed for the
      slowdown; the congested port keeps both, its queue and its marks, as a real one has;
   4. the marking removed -> the alert resolves (gone from Alertmanager, no longer firing);
-  5. the daemon stopped, h6's link shaped by tbf with no marking (the counters see nothing) ->
-     `collbench locate` names h6.
+  5. the daemon stopped (`stress stop`). A link shaped with no marking, which the counters cannot
+     see, is `collbench locate`'s: tests/test_locate_testbed.py names it on an 8-host testbed.
 
-Eight hosts, as the issue asks: the whole test takes ~100-110 s on this 2-core machine under load.
+Eight hosts, as the issue asks: the whole test takes ~80-90 s on this 2-core machine under load.
 The time from the fault to the shift, the alert and each named culprit is printed (FIGURES line,
 shown by `pytest -s` and in `-rA`'s captured output).
 Every wait has a deadline; the daemon, the exporters, Prometheus, Alertmanager and the testbed are
@@ -55,10 +55,9 @@ from lab import testbed
 pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
 
 HOSTS = 8
-CONGESTED, SHAPED = 2, 5          # indexes of h3 and h6
+CONGESTED = 2                     # index of h3
 MARK_RATE = "256kbytes"           # ECN-mark h3's egress beyond this (its TCP senders back off)
 QUEUE_RATE = "400mbit"            # ... and queued behind a bottleneck of this rate (see the docstring)
-SHAPE_RATE = "100mbit"
 COUNTERS_PORT = 9106
 ALERT = "CollbenchLatencyShift"
 FIRING = f'ALERTS{{alertname="{ALERT}",alertstate="firing"}}'
@@ -280,9 +279,9 @@ def queue(host, rate):
         subprocess.run(pre + ["del", "dev", "eth0", "root"], check=True)
 
 
-def test_congestion_alert_names_the_host_diagnose_and_locate_name_the_culprit(stack):
+def test_congestion_alert_names_the_host_and_diagnose_names_the_culprit(stack):
     st, bed = stack, stack.bed
-    congested, shaped = bed["hosts"][CONGESTED], bed["hosts"][SHAPED]
+    congested = bed["hosts"][CONGESTED]
     figures = {}
     shift_series = f'collbench_latency_shift{{op="alltoall",size="1MB"}}'
 
@@ -370,22 +369,10 @@ def test_congestion_alert_names_the_host_diagnose_and_locate_name_the_culprit(st
     assert resolved, (st.am_alerts(), st.query("collbench_latency_shift_cusum"), _latencies(st.log))
     figures["fault_phase_s"] = time.monotonic() - t_fault
 
-    # ---- 5. no daemon, h6's link shaped with no marking: locate names it
+    # ---- 5. the daemon stops cleanly (a link shaped with no marking, which the counters cannot see,
+    # is `collbench locate`'s: tests/test_locate_testbed.py names it on an 8-host testbed like this one)
     stop = _stop_daemon(st.cfg, st.state)
     assert stop.returncode == 0, stop.stderr
-    testbed.shape_link(shaped, SHAPE_RATE)
-    t_shape = time.monotonic()
-    try:
-        # a 100 Mbit/s link against unshaped veths is several times slower: a few iterations of each
-        # probe tell them apart (tests/test_locate_testbed.py runs locate's default counts)
-        r = _collbench("locate", "--config", st.cfg, "--format", "json", "--iterations", "5",
-                       "--pair-iterations", "4", netns=bed["hosts"][0]["netns"], timeout=180)
-    finally:
-        testbed.shape_link(shaped, None)
-    figures["shape_to_locate_s"] = time.monotonic() - t_shape
-    assert r.stdout.startswith("{"), r.stderr
-    doc = json.loads(r.stdout)
-    assert r.returncode == 1 and doc["culprit"] and doc["culprit"]["host"] == shaped["addr"], (doc, r.stderr)
 
     figures.update(hosts=HOSTS, warmup_steps=warm_steps, quiet_run_s=QUIET_S,
                    quiet_steps=len(quiet), total_s=round(time.monotonic() - t_start, 1))
