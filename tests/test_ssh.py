@@ -422,7 +422,7 @@ def test_servers_rows_for_up_down_and_silent_hosts(sshd, tmp_path, silent_port):
     log.write_text(json.dumps(record) + "\nnot json\n")
     cfg.stress.results_log = str(log)
     t0 = time.monotonic()
-    report = servers.check_all(cfg, timeout=8.0)
+    report = servers.check_all(cfg, timeout=4.0)     # the silent host waits it out
     took = time.monotonic() - t0
     rows = {r["host"]: r for r in report["hosts"]}
     assert rows["up1"]["reachable"] and rows["up1"]["hostname"] == socket.gethostname()
@@ -430,7 +430,7 @@ def test_servers_rows_for_up_down_and_silent_hosts(sshd, tmp_path, silent_port):
     assert rows["up1"]["last_result"]["op"] == "allreduce" and 4 < rows["up1"]["last_result"]["age_s"] < 60
     assert rows["down1"]["error_kind"] == "unreachable" and not rows["down1"]["reachable"]
     assert rows["silent1"]["error_kind"] == "timeout"
-    assert took < 8.0 + 6           # in parallel, each bounded: not 3 x timeout
+    assert took < 4.0 + 6           # in parallel, each bounded: not 3 x timeout
     table = servers.format_table(report)
     assert "up1" in table and "unreachable" in table and "timeout" in table
     assert servers.exit_status(report) == 1
