@@ -3,7 +3,7 @@
 one: a campaign of planted faults on the namespace testbed (issue 28, item 4).
 
 One testbed (lab/testbed.py: real network namespaces, sshd, mpirun ranks over TCP, cubic pinned)
-and a baseline saved from --baseline-runs quiet `once` runs. Then, in random order:
+and a baseline saved from --baseline-runs quiet `once` runs spread over --baseline-spread-s. Then, in random order:
 
   classes (each --trials times, at a random host, peer and strength):
     ecn          the host's egress CE-marked above RATE (nftables), a marking queue in front of it
@@ -149,7 +149,11 @@ def campaign(args):
         with open(bed["config"], "a") as f:
             f.write("step_timeout: 60s\ncongestion:\n  enabled: true\n")
         base = os.path.join(root, "baseline.jsonl")
+        t0 = time.monotonic()
         for i in range(args.baseline_runs):
+            # spread over --baseline-spread-s: the machine's slow spells last ~10 s, and a baseline
+            # that never saw one calls the next one a regression (docs/DIAGNOSIS.md, "Quiet runs")
+            time.sleep(max(0.0, t0 + i * args.baseline_spread_s / max(1, args.baseline_runs - 1) - time.monotonic()))
             once(bed, base, OPS)
             print(f"baseline run {i + 1}/{args.baseline_runs}", file=sys.stderr, flush=True)
         r = collbench(bed, "baseline", "save", "quiet", "--from", base, "--config", bed["config"], netns=False)
@@ -162,7 +166,8 @@ def campaign(args):
             results = os.path.join(root, f"trial-{n}.jsonl")
             load = os.getloadavg()[0]
             if cls == "quiet":
-                once(bed, results, OPS)
+                for _ in range(args.runs_per_trial):
+                    once(bed, results, OPS)
                 doc = diagnose(bed, results)
                 named = [s for s in doc["suspects"] if s["host"] or s["link"]]
                 quiet_rows.append({"verdict": doc["verdict"], "named": len(named), "load": load,
@@ -224,9 +229,12 @@ def main(argv=None):
     p.add_argument("--trials", type=int, default=20, help="trials per fault class (default 20)")
     p.add_argument("--quiet", type=int, default=40, help="quiet runs (default 40)")
     p.add_argument("--classes", default=",".join(CLASSES), help=f"fault classes (default {','.join(CLASSES)})")
-    p.add_argument("--baseline-runs", type=int, default=5)
-    p.add_argument("--runs-per-trial", type=int, default=1, help="once runs with the fault on (lossy_link: "
-                                                                   f"{LINK_RUNS}x as many, alltoall's 3 steps each)")
+    p.add_argument("--baseline-runs", type=int, default=8)
+    p.add_argument("--baseline-spread-s", type=float, default=120.0,
+                   help="seconds the baseline's runs are spread over (default 120)")
+    p.add_argument("--runs-per-trial", type=int, default=1, help="once runs with the fault on, or quiet, per "
+                                                                   f"verdict (lossy_link: {LINK_RUNS}x as many, "
+                                                                   "alltoall's 3 steps each)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", metavar="FILE", help="write every trial's row there too")
     args = p.parse_args(argv)
