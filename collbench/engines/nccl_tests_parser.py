@@ -40,6 +40,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from collbench.text_numbers import finite_nonnegative
+
 MAX_INPUT_BYTES = 64 << 20     # a sweep of every op and type is a few MB
 MAX_LINE_CHARS = 8192          # a device line is < 2 KB (nccl-tests' MAX_LINE 2048 per process)
 MAX_ROWS = 100000             # rows kept per run (a sweep of every type and op is a few thousand)
@@ -283,13 +285,7 @@ def nccl_version_of_code(code):
 
 
 def _number(text, what):
-    try:
-        v = float(text)
-    except ValueError:
-        raise ValueError(f"{what} {text[:20]!r} is not a number") from None
-    if not math.isfinite(v) or v < 0:
-        raise ValueError(f"{what} {text[:20]!r} is not a finite number >= 0")
-    return v
+    return finite_nonnegative(text, what, shown=20)
 
 
 _WHOLE = re.compile(r"-?\d{1,19}")

@@ -22,6 +22,8 @@ import math
 import re
 from typing import NamedTuple
 
+from collbench.text_numbers import finite_nonnegative
+
 # the Inspector's collective names -> collbench's op (collbench/ops.py); the rest have no op here
 OPS = {"AllReduce": "allreduce", "AllGather": "allgather", "Broadcast": "bcast", "Reduce": "reduce",
        "ReduceScatter": "reduce_scatter", "All2All": "alltoall"}
@@ -300,12 +302,9 @@ def size_bucket_label(nbytes):
 
 def _value(text, where):
     try:
-        v = float(text)
-    except ValueError:
-        raise FormatError(f"{where}: value {text[:40]!r} is not a number") from None
-    if not math.isfinite(v) or v < 0:
-        raise FormatError(f"{where}: value {text[:40]!r}: expected a finite number >= 0")
-    return v
+        return finite_nonnegative(text, "value")
+    except ValueError as e:
+        raise FormatError(f"{where}: {e}") from None
 
 
 def parse_prom(text):
