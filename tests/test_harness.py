@@ -80,8 +80,14 @@ def test_quiet_counts_but_prints_nothing_and_durations_read_as_a_countdown():
     p = harness.Progress(out, 2, quiet=True)
     p.finished("x")
     assert p.done == 1 and out.getvalue() == ""
-    assert [harness.format_duration(s) for s in (0.4, 45, 725, 3725, 90000)] == ["0s", "45s", "12m05s", "1h02m",
-                                                                                "25h00m"]
+    from collbench.tables import format_duration
+    assert [format_duration(s, days=False) for s in (0.4, 45, 725, 3725, 90000)] == ["0s", "45s", "12m05s", "1h02m",
+                                                                                    "25h00m"]
+    # the time left of a progress line reads as that countdown
+    p = harness.Progress(out, 3)
+    p.started = time.monotonic() - 90000
+    p.finished("x")
+    assert "~50h00m left" in out.getvalue(), out.getvalue()
 
 
 def test_tally_counts_failed_invalid_and_never_run():

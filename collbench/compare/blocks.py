@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from collbench.compare import stats, table
 from collbench.compare.runner import measure, median_rows
 from collbench.engines import algorithms as algs
-from collbench.harness import format_duration
+from collbench.tables import format_duration
 from collbench.ops import get_op
 
 LAUNCH_GUESS_S = 1.0          # one MPI job's start and end, before the first block is timed

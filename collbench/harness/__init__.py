@@ -12,10 +12,10 @@ they hold when unwound, and `stop_leftover_jobs` stops a launcher a signal caugh
 The verb then says what it keeps (`on_stop`) and returns the exit code.
 """
 
-from collbench.harness.progress import Progress, StepProgress, format_duration, step_weight
+from collbench.harness.progress import Progress, StepProgress, step_weight
 from collbench.harness.run import (EXIT_INTERRUPTED, EXIT_TERMINATED, Run, Stopped, Terminated, raise_terminated,
                                    once_plan, prepare, run_context, run_plan, stop_leftover_jobs)
 from collbench.harness.tally import Tally, tally
 
 __all__ = ["Run", "Stopped", "once_plan", "prepare", "run_context", "run_plan", "Progress", "StepProgress", "Terminated", "raise_terminated", "stop_leftover_jobs",
-           "EXIT_INTERRUPTED", "EXIT_TERMINATED", "Tally", "tally", "format_duration", "step_weight"]
+           "EXIT_INTERRUPTED", "EXIT_TERMINATED", "Tally", "tally", "step_weight"]

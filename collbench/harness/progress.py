@@ -5,13 +5,7 @@ import time
 from collbench.ops import get_op
 from collbench.sizes import format_size
 from collbench.tables import format_us
-from collbench.tables import format_duration as _format_duration
-
-
-def format_duration(seconds):
-    """45s, 12m05s, 3h20m: a duration as a person reads a countdown (tables.format_duration, hours
-    beyond a day)."""
-    return _format_duration(seconds, days=False)
+from collbench.tables import format_duration
 
 
 def step_weight(step):
@@ -56,7 +50,7 @@ class Progress:
 
     def _left(self):
         left = self.seconds_left()
-        return "" if left is None else f"; ~{format_duration(left)} left"
+        return "" if left is None else f"; ~{format_duration(left, days=False)} left"
 
     def _write_live(self, text):
         self.stream.write("\r\033[K" + text)

@@ -19,7 +19,7 @@ from collbench.errors import UserError
 from collbench.ops import DATATYPES
 from collbench.results.records import event_record
 from collbench.sizes import format_size
-from collbench.tables import Column, format_us, table_lines
+from collbench.tables import Column, format_duration, format_us, table_lines
 from collbench.topo import compare
 from collbench.topo.mapping import METHODS, map_order, method_arg, predict
 from collbench.pair_matrix import METRICS, load_matrix
@@ -241,7 +241,7 @@ def cmd_compare(args):
 
     estimate = estimate_seconds(matrix, orders, settings)
     if estimate is not None and estimate >= LONG_RUN_S:
-        print(f"collbench topo compare: warning: the matrix predicts about {harness.format_duration(estimate)} "
+        print(f"collbench topo compare: warning: the matrix predicts about {format_duration(estimate)} "
               f"for {plan_text(settings)}; fewer --sizes, --iterations or --patterns make it shorter. "
               "Progress follows; Ctrl-C or SIGTERM stops it and keeps what finished.", file=sys.stderr)
     progress = BlockProgress(sys.stderr, settings)
