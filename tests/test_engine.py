@@ -348,6 +348,38 @@ def test_sigterm_stops_a_looping_engine_cleanly(tmp_path, engine_bin):
     assert all(is_gone(pid) for pid in ranks + [job.pid])
 
 
+def test_stop_signal_with_a_stuck_peer_ends_the_rank_within_the_grace(tmp_path, engine_bin):
+    """A SIGTERM while the step in progress cannot finish (its peer stopped here; dead, or killed
+    with it, under Slurm) ends the rank within COLLBENCH_ENGINE_STOP_GRACE, not at the launcher's
+    SIGKILL (Slurm's KillWait): it waited forever for the step boundary before."""
+    cfg = engine_cfg(tmp_path, engine_bin)
+    argv, env = builtin_engine.engine_command(cfg, [Step("allreduce", 4096, 10 ** 9, 10, "float")],
+                                              str(tmp_path / "plan.txt"))
+    job = MpiJob(argv, dict(env, COLLBENCH_ENGINE_STOP_GRACE="2")).start()
+    stuck = None
+    try:
+        deadline = time.monotonic() + 60
+        while len(pids_of_exe(engine_bin)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        ranks = sorted(pids_of_exe(engine_bin))
+        assert len(ranks) == 2, ranks
+        time.sleep(1.0)                      # both in the timed loop, which runs for hours
+        stuck, signalled = ranks
+        os.kill(stuck, signal.SIGSTOP)
+        t0 = time.monotonic()
+        os.kill(signalled, signal.SIGTERM)
+        while not is_gone(signalled) and time.monotonic() - t0 < 30:
+            time.sleep(0.1)
+        elapsed = time.monotonic() - t0
+        assert is_gone(signalled), "the signalled rank still waits for its stopped peer after 30 s"
+        assert elapsed < 12, elapsed         # the 2 s grace, with room for a loaded machine
+    finally:
+        if stuck is not None and not is_gone(stuck):
+            os.kill(stuck, signal.SIGCONT)
+        job.stop(grace=5)
+    assert "did not end within 2s of the stop signal" in job.stderr_tail(200)
+
+
 def test_killed_rank_gives_a_failure_then_later_steps_run(tmp_path, engine_bin):
     cfg = engine_cfg(tmp_path, engine_bin)
     steps = [Step("allreduce", 1024, 10, 1, "float"),

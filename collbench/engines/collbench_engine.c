@@ -44,6 +44,11 @@
  * separate calls with rank-dependent data, then restores OSU's buffer contents so
  * validation never changes what the next step times.
  *
+ * A first SIGTERM/SIGINT lets the step in progress finish and the ranks agree at its boundary,
+ * for at most COLLBENCH_ENGINE_STOP_GRACE seconds (default 5): a step that cannot finish (a peer
+ * died, or is stopped) would otherwise hold every rank until the launcher's SIGKILL (Slurm's
+ * KillWait, 30 s by default). Past it the rank says so on stderr and dies by the signal.
+ *
  * Exit codes: 0 success (also after a SIGTERM/SIGINT honoured at a step boundary),
  * 1 a validation failure with --validate, 2 bad arguments or a bad plan,
  * 3 the plan's buffers cannot be allocated, 4 an MPI call failed (the engine's error handler on
@@ -659,9 +664,12 @@ static char *read_plan_everywhere(const char *path, int rank, char *msg, size_t 
 /* ------------------------------------------------------------------ signals */
 
 static volatile sig_atomic_t stop_signal = 0;
+static unsigned stop_grace = 5;       /* seconds the step in progress gets after the first signal */
+static char grace_note[160];          /* written by the alarm handler: formatted before any signal */
 
 /* First SIGTERM/SIGINT: finish the step in progress (its record is printed whole), agree at
- * the step boundary and exit 0. A second one: die at once. */
+ * the step boundary and exit 0, within stop_grace seconds (the alarm below). A second one:
+ * die at once. */
 static void on_stop_signal(int sig)
 {
     if (stop_signal) {
@@ -670,16 +678,40 @@ static void on_stop_signal(int sig)
         return;
     }
     stop_signal = sig;
+    alarm(stop_grace);
+}
+
+/* The grace is over: the step or the agreement after it is stuck (a peer gone or stopped). Die by
+ * the stop signal, as the launcher asked, rather than wait for its SIGKILL. */
+static void on_stop_grace_over(int sig)
+{
+    ssize_t ignored = write(STDERR_FILENO, grace_note, strlen(grace_note));
+    (void)ignored;
+    (void)sig;
+    signal(stop_signal, SIG_DFL);
+    raise(stop_signal);
 }
 
 static void install_signal_handlers(void)
 {
     struct sigaction sa;
+    const char *grace = getenv("COLLBENCH_ENGINE_STOP_GRACE");
+    long long seconds;
+    if (grace && *grace && parse_long(grace, 1, 86400, &seconds) == 0)
+        stop_grace = (unsigned)seconds;
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sa.sa_handler = on_stop_grace_over;
+    sigaction(SIGALRM, &sa, NULL);
+}
+
+static void set_grace_note(int rank)
+{
+    snprintf(grace_note, sizeof(grace_note), "collbench-engine: rank %d: the step in progress did not "
+             "end within %us of the stop signal (a peer gone?): stopping now\n", rank, stop_grace);
 }
 
 /* ------------------------------------------------------------------ one step */
@@ -1141,6 +1173,7 @@ int main(int argc, char **argv)
     }
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+    set_grace_note(rank);
     char_sum_ok = probe_char_sum();
 
     for (int i = 1; i < argc && !msg[0]; i++) {
