@@ -52,8 +52,17 @@ def test_ucx_preset_exports_its_variables_and_config_env_wins(tmp_path):
     assert env["UCX_TLS"] == TRANSPORT_PRESETS["ucx"]["env"]["UCX_TLS"]
     assert env["UCX_NET_DEVICES"] == "mlx5_0:1" and env["FOO"] == "1"
     exported = {argv[i + 1] for i, a in enumerate(argv) if a == "-x"}
-    assert exported == {"UCX_TLS", "UCX_NET_DEVICES", "FOO"}
+    assert exported == {"UCX_TLS", "UCX_NET_DEVICES", "FOO", "COLLBENCH_ENGINE_STOP_GRACE"}
     assert ["--mca", "pml", "ucx"] == argv[argv.index("pml") - 1:argv.index("pml") + 2]
+
+
+@pytest.mark.parametrize("stop_grace, env, expected", [(10, {}, "5"), (60, {}, "30"), (1, {}, "1"),
+                                                       (60, {"COLLBENCH_ENGINE_STOP_GRACE": 2}, "2")])
+def test_the_engines_stop_grace_is_half_the_daemons_unless_set(tmp_path, stop_grace, env, expected):
+    cfg = cfg_for(tmp_path, ranks=2, transport="ob1-tcp", env=env, stress={"stop_grace": stop_grace})
+    argv, full = build_command(cfg, ["prog"])
+    assert full["COLLBENCH_ENGINE_STOP_GRACE"] == expected
+    assert argv[argv.index("COLLBENCH_ENGINE_STOP_GRACE") - 1] == "-x"      # every rank gets it
 
 
 def test_srun_uses_environment_for_mca(tmp_path):

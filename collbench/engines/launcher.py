@@ -61,6 +61,9 @@ def syntax(cfg, mpi=None):
 def transport_env(cfg):
     """The environment the ranks need: preset variables, overridden by the config's env."""
     env = dict(TRANSPORT_PRESETS[cfg.transport]["env"])
+    # the engine's grace for the step in progress after a stop signal: half of stress.stop_grace
+    # (SIGTERM -> SIGKILL), so a rank whose step cannot end (a peer gone) stops before the kill
+    env["COLLBENCH_ENGINE_STOP_GRACE"] = f"{max(1.0, cfg.stress.stop_grace / 2):g}"
     env.update(cfg.env)
     return env
 
