@@ -99,11 +99,10 @@ class Fault:
         elif self.cls == "shaped":
             testbed.shape_link(self.host, self.strength)
         elif self.cls == "cpu":
-            from cgroup_helpers import Cgroup, RankMover
-            inode = os.stat(f"/run/netns/{self.host['netns']}").st_ino
+            from cgroup_helpers import Cgroup
+            from testbed_runs import host_throttler
             self.cgroup = Cgroup(self.strength, period_us=50000)
-            self.mover = RankMover(self.cgroup, lambda proc: b"collbench-engine" in (proc / "cmdline").read_bytes()
-                                   and os.stat(proc / "ns" / "net").st_ino == inode)
+            self.mover = host_throttler(self.cgroup, self.host["netns"])
             self.mover.start()
         return self
 

@@ -19,12 +19,12 @@ One testbed for the file (module scope): ~2 minutes on this 2-core machine under
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO, namespace_testbed
+from conftest import namespace_testbed
+from testbed_runs import collbench, diagnose
+from testbed_runs import once as testbed_once
 
 pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
 
@@ -38,24 +38,8 @@ LINK_LOSS_PERMILLE = 50            # one link's share of the traffic is small: a
 LINK_ITERATIONS = "50"             # a 256KB alltoall step lost 0-2 packets toward the peer
 
 
-def _collbench(*args, netns=None, timeout=180):
-    pre = ["ip", "netns", "exec", netns] if netns else []
-    return subprocess.run(pre + [sys.executable, "-m", "collbench", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO)
-
-
 def once(bed, results, ops=OPS, sizes=SIZES):
-    r = _collbench("once", "--config", bed["config"], "--results", results, "--quiet", *ops, *sizes,
-                   netns=bed["hosts"][0]["netns"])
-    assert r.returncode == 0, r.stderr[-3000:]
-    return results
-
-
-def diagnose(bed, results):
-    r = _collbench("diagnose", results, "--baseline", "quiet", "--config", bed["config"], "--format", "json",
-                   timeout=60)
-    assert r.returncode in (0, 1), r.stderr
-    return r.returncode, json.loads(r.stdout)
+    return testbed_once(bed, results, *ops, *sizes)
 
 
 def named(doc):
@@ -72,7 +56,7 @@ def bed(tmp_path_factory):
         quiet = str(root / "quiet.jsonl")
         for _ in range(BASELINE_RUNS):
             once(desc, quiet)
-        r = _collbench("baseline", "save", "quiet", "--from", quiet, "--config", desc["config"])
+        r = collbench("baseline", "save", "quiet", "--from", quiet, "--config", desc["config"])
         assert r.returncode == 0, r.stderr
         assert "fewer than" not in r.stderr, r.stderr
         yield desc

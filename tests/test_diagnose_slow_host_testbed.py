@@ -11,14 +11,14 @@ The quiet control: one more quiet run names no suspect host.
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from collbench.baselines.baseline_file import MIN_RUNS
-from conftest import REPO, namespace_testbed
-from cgroup_helpers import Cgroup, RankMover
+from conftest import namespace_testbed
+from cgroup_helpers import Cgroup
+from testbed_runs import collbench, diagnose, host_throttler
+from testbed_runs import once as testbed_once
 
 pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
 
@@ -30,31 +30,8 @@ QUOTA_US, PERIOD_US = 1000, 50000
 THROTTLED = 3          # h4
 
 
-def _collbench(*args, netns=None, timeout=180):
-    pre = ["ip", "netns", "exec", netns] if netns else []
-    return subprocess.run(pre + [sys.executable, "-m", "collbench", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO)
-
-
-def host_throttler(cgroup, netns):
-    """A RankMover of every engine rank running in one testbed host's network namespace."""
-    inode = os.stat(f"/run/netns/{netns}").st_ino
-    return RankMover(cgroup, lambda proc: b"collbench-engine" in (proc / "cmdline").read_bytes()
-                     and os.stat(proc / "ns" / "net").st_ino == inode)
-
-
 def once(bed, results):
-    r = _collbench("once", "--config", bed["config"], "--results", results, "--quiet", *ARGS,
-                   netns=bed["hosts"][0]["netns"])
-    assert r.returncode == 0, r.stderr[-3000:]
-    return results
-
-
-def diagnose(bed, results):
-    r = _collbench("diagnose", results, "--baseline", "quiet", "--config", bed["config"], "--format", "json",
-                   timeout=60)
-    assert r.returncode in (0, 1), r.stderr
-    return r.returncode, json.loads(r.stdout)
+    return testbed_once(bed, results, *ARGS)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +42,7 @@ def bed(tmp_path_factory):
         quiet = str(root / "quiet.jsonl")
         for _ in range(MIN_RUNS):         # the runs a baseline needs for its spread to be known
             once(desc, quiet)
-        r = _collbench("baseline", "save", "quiet", "--from", quiet, "--config", desc["config"])
+        r = collbench("baseline", "save", "quiet", "--from", quiet, "--config", desc["config"])
         assert r.returncode == 0, r.stderr
         yield desc
 

@@ -17,26 +17,20 @@ not count, and one burst in one step is not most of the slow steps).
 """
 
 import contextlib
-import json
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO, namespace_testbed
+from conftest import namespace_testbed
+from testbed_runs import collbench, diagnose
+from testbed_runs import once as testbed_once
 from lab import testbed
 
 pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
 
 ARGS = ["--ops", "alltoall,allreduce,allgather", "--sizes", "1MB", "--iterations", "10"]
-
-
-def _collbench(*args, netns=None, timeout=300):
-    pre = ["ip", "netns", "exec", netns] if netns else []
-    return subprocess.run(pre + [sys.executable, "-m", "collbench", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO)
 
 
 SHAPE_RATE = "200mbit"     # h2's egress: several times below what a veth carries unshaped here
@@ -79,22 +73,13 @@ def alternate(bed, name, fault=None):
         quiet.append(once(bed, os.path.join(bed["root"], f"{name}-q{i}.jsonl")))
         with fault() if fault else contextlib.nullcontext():
             tested.append(once(bed, os.path.join(bed["root"], f"{name}-t{i}.jsonl")))
-    r = _collbench("baseline", "save", name, "--from", *quiet, "--config", bed["config"])
+    r = collbench("baseline", "save", name, "--from", *quiet, "--config", bed["config"])
     assert r.returncode == 0, r.stderr
     return tested + quiet[:2]
 
 
 def once(bed, results):
-    r = _collbench("once", "--config", bed["config"], "--results", results, "--quiet", *ARGS,
-                   netns=bed["hosts"][0]["netns"])
-    assert r.returncode == 0, r.stderr[-3000:]
-    return results
-
-
-def diagnose(bed, results, baseline):
-    r = _collbench("diagnose", *results, "--baseline", baseline, "--config", bed["config"], "--format", "json")
-    assert r.returncode in (0, 1), r.stderr
-    return r.returncode, json.loads(r.stdout)
+    return testbed_once(bed, results, *ARGS)
 
 
 def test_real_ecn_marking_on_one_host_names_its_outgoing_path(bed):
