@@ -282,3 +282,33 @@ def test_configured_thresholds_set_the_verdict(tmp_path):
                         ("bcast", "1KB"): None, ("bcast", "1MB"): None}   # seed defaults off
     rows = {ln.split()[0]: ln.split()[-1] for ln in p.stdout.split("Allreduce (")[1].split("\n\n")[0].splitlines()[3:]}
     assert rows == {"1KB": "Critical", "1MB": "Warning"}
+
+
+SRUN_CRASHING_ONCE = """#!/bin/sh
+# srun whose first job dies in start-up as Open MPI's PMIx race makes it (a segfault before any rank
+# finished MPI_Init: nothing printed, exit 139); later jobs run the engine (one rank, MPI singleton)
+case "$*" in *collbench-engine*) ;; *) echo "slurm 22.05.8"; exit 0;; esac   # --version
+n=$(cat "$0.count" 2>/dev/null || echo 0); echo $((n + 1)) > "$0.count"
+[ "$n" -lt {crashes} ] && {{ echo "srun: error: node1: task 0: Segmentation fault" >&2; exit 139; }}
+while [ $# -gt 0 ]; do case "${{1##*/}}" in collbench-engine*) break;; esac; shift; done
+exec "$@"
+"""
+
+
+@pytest.mark.parametrize("crashes, rc", [(1, 0), (2, 1)])
+def test_a_job_that_dies_in_start_up_under_srun_is_launched_once_more(tmp_path, crashes, rc):
+    srun = tmp_path / "srun"
+    srun.write_text(SRUN_CRASHING_ONCE.format(crashes=crashes))
+    srun.chmod(0o755)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"launcher: srun\nlauncher_path: {srun}\nranks: 1\n")
+    results = tmp_path / "r.jsonl"
+    p = once("--config", str(cfg), "--ops", "allreduce", "--sizes", "1KB", "--iterations", "2",
+             "--results", str(results), "-q")
+    assert p.returncode == rc, p.stdout + p.stderr
+    assert (tmp_path / "srun.count").read_text().strip() == "2"       # launched twice, never a third time
+    assert p.stderr.count("before every rank finished MPI_Init") == 1, p.stderr
+    (rec,) = read_jsonl(results)
+    assert rec["type"] == ("result" if rc == 0 else "failure"), rec
+    if rc:
+        assert "139" in rec["error"] and "Segmentation fault" in rec["error"], rec

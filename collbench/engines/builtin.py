@@ -7,6 +7,7 @@ MPI faults are recorded, never raised.
 """
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -213,6 +214,21 @@ class _JobEnd(NamedTuple):
     returncode: int
     timed_out: bool
     stderr_tail: str
+    started: bool       # every rank got through MPI_Init (its CBHOSTS line or a record came)
+
+
+log = logging.getLogger(__name__)
+# Under srun, Open MPI 4.1 and Slurm's PMIx plugin race in MPI_Init: a rank on a loaded node may
+# get a peer's first message before its TCP handler is set, and segfault (1 step in ~30 here;
+# docs/TROUBLESHOOTING.md). A job that died by a signal before every rank finished MPI_Init ran
+# nothing of the plan: it is launched once more, and the retry said on stderr.
+START_RETRIES = 1
+
+
+def _died_in_start_up(cfg, end, in_batch):
+    rc = end.returncode
+    return (cfg.launcher == "srun" and in_batch == 0 and not end.started and not end.timed_out
+            and rc is not None and (rc < 0 or rc > 128))
 
 
 def _job(cfg, steps, ctx, runner, plan_path, loop=False, max_loops=None):
@@ -223,7 +239,7 @@ def _job(cfg, steps, ctx, runner, plan_path, loop=False, max_loops=None):
     argv, env = engine_command(cfg, steps, plan_path, loop=loop, max_loops=max_loops)
     idle = runner.idle_timeout(cfg)
     job = runner.start(argv, env)
-    error, timed_out = None, False
+    error, timed_out, started = None, False, False
     congestion = None   # the CBCONG payload printed just before its step's CBREC line
     try:
         for line in job.lines(idle):
@@ -233,6 +249,7 @@ def _job(cfg, steps, ctx, runner, plan_path, loop=False, max_loops=None):
                     congestion = congestion_lines.parse_line(line)
                     continue
                 if line.startswith(HOSTS_PREFIX):   # srun: where Slurm put the ranks, in which job
+                    started = True                  # (rank 0 gathered every rank's host: all are up)
                     payload = parse_hosts_payload(line) or {}
                     ctx.observe_hosts(payload.get("hosts") or [])
                     if payload.get("slurm_job_id"):
@@ -242,6 +259,7 @@ def _job(cfg, steps, ctx, runner, plan_path, loop=False, max_loops=None):
                 rec["congestion"] = (congestion, congestion_sources.xmit_wait_tick_ns(cfg),
                                      congestion_lines.rank_hosts(cfg))
             congestion = None
+            started = True
             yield rec
         try:
             job.wait(timeout=idle)
@@ -254,7 +272,7 @@ def _job(cfg, steps, ctx, runner, plan_path, loop=False, max_loops=None):
         error = step_timeout_error(cfg.step_timeout, runner.launch_slack)
     finally:
         runner.finish(job)
-    return _JobEnd(error, job.returncode, timed_out, job.stderr_tail(runner.stderr_tail_lines))
+    return _JobEnd(error, job.returncode, timed_out, job.stderr_tail(runner.stderr_tail_lines), started)
 
 
 def _reason(end):
@@ -296,6 +314,7 @@ class BuiltinEngine(Engine):
         steps = list(steps)
         total = len(steps)
         done = 0  # steps that have a record
+        retries = {}   # done -> start-up retries of the job beginning there
         with _PlanFile(plan_path) as path:
             while done < total:
                 batch = algorithms.same_job_prefix(steps[done:])   # one job per forced algorithm
@@ -326,6 +345,12 @@ class BuiltinEngine(Engine):
                     error = f"MPI job exited with code 0 after {in_batch} of its {len(batch)} steps"
                 if error is None:
                     done += in_batch
+                    continue
+                if _died_in_start_up(cfg, end, in_batch) and retries.get(done, 0) < START_RETRIES:
+                    retries[done] = retries.get(done, 0) + 1
+                    log.warning("%s: %s before every rank finished MPI_Init (nothing of the plan ran): "
+                                "launching it once more (srun and Open MPI's start-up race, docs/TROUBLESHOOTING.md)",
+                                step_label(batch[0]), error)
                     continue
                 if in_batch < len(batch):
                     step = batch[in_batch]
