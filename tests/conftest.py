@@ -30,12 +30,16 @@ def repo():
     return REPO
 
 
-@pytest.fixture
-def free_port():
+def unused_port():
     """A TCP port free on loopback right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture
+def free_port():
+    return unused_port()
 
 
 @pytest.fixture

@@ -39,7 +39,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -49,7 +48,7 @@ import urllib.request
 import pytest
 import yaml
 
-from conftest import REPO, is_root, require_tool, stop_process, wait_for
+from conftest import REPO, is_root, require_tool, stop_process, unused_port, wait_for
 from lab import testbed
 
 pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
@@ -89,11 +88,6 @@ def _latencies(path):
     """[(seq, ms)] of the results: what an assertion message shows of the series."""
     return [(x["seq"], round(x["latency_avg_us"] / 1e3, 1)) for x in _results(path)]
 
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url, timeout=5):
@@ -221,7 +215,7 @@ def stack(tmp_path):
                 "--listen", f"{h['addr']}:{COUNTERS_PORT}"], os.path.join(tmp, f"counters-{h['alias']}.log"),
                 netns=h["netns"]))
         # the master's exporter: the daemon's results, the shift test and the top congested host
-        ex_port, prom_port, am_port = _free_port(), _free_port(), _free_port()
+        ex_port, prom_port, am_port = unused_port(), unused_port(), unused_port()
         st.services.append(Service("exporter", [
             sys.executable, "-m", "collbench", "exporter", "--config", bed["config"], "--results-log", st.log,
             "--state-dir", st.state, "--poll-interval", "0.2", "--listen", f"127.0.0.1:{ex_port}",

@@ -11,7 +11,6 @@ Every wait is bounded; Prometheus and the exporters are stopped by their pids at
 """
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ import urllib.request
 import pytest
 import yaml
 
-from conftest import REPO, require_tool, stop_process, wait_for
+from conftest import REPO, require_tool, stop_process, unused_port, wait_for
 from exporter_helpers import ExporterProcess
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
@@ -30,11 +29,6 @@ OPS, SIZES = ("allreduce", "bcast"), ("1KB", "64KB")
 KEYS = {(op, size) for op in OPS for size in SIZES}
 ALERT = "CollbenchLatencyRegression"
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def collbench(*args, timeout=300):
@@ -77,10 +71,10 @@ def stack(tmp_path_factory):
         for name, baseline in baselines.items():
             ex = ExporterProcess(["--config", str(cfg), "--results-log", str(results), "--max-age", "86400",
                                   "--collectors", "results", "--state-dir", str(tmp / "state"),
-                                  "--baseline", str(baseline)], free_port())
+                                  "--baseline", str(baseline)], unused_port())
             exporters[name] = ex
             ex.wait_ready(timeout=60)
-        prom_port = free_port()
+        prom_port = unused_port()
         (tmp / "prometheus.yml").write_text(yaml.safe_dump({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(rules)],

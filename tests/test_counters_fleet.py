@@ -14,7 +14,7 @@ import yaml
 
 from collbench.config import load_config
 from collbench.ctl import counters_unit
-from conftest import FIXTURES, REPO, require_tool, stop_process, wait_for
+from conftest import FIXTURES, REPO, require_tool, stop_process, unused_port, wait_for
 
 sys.path.insert(0, str(FIXTURES))
 from systemctl_standin import exec_start, split_command_line  # noqa: E402
@@ -24,12 +24,6 @@ def collbench(*args, timeout=60):
     return subprocess.run([sys.executable, "-m", "collbench", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO)
 
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fetch(url):
@@ -45,7 +39,7 @@ FIXTURE_FLAGS = ["--sysfs-root", str(FIXTURES / "sysfs-mlx5"), "--procfs-root", 
 
 
 def test_counters_only_exporter_serves_the_congestion_counters_and_no_results(tmp_path):
-    port = free_port()
+    port = unused_port()
     # a state directory that does not exist and no results log: nothing of them is needed
     proc = subprocess.Popen([sys.executable, "-m", "collbench", "exporter", "--counters-only",
                              "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path / "none"),
@@ -180,7 +174,7 @@ def test_deploy_counters_exporter_on_this_machine(tmp_path):
     """`ctl deploy --local --counters-exporter`: the unit written, the stand-in systemctl starts it,
     deploy waits for /health; a second deploy restarts it; a failing systemctl is exit 1 naming the host."""
     units = tmp_path / "units"
-    port = free_port()
+    port = unused_port()
     systemctl = tmp_path / "systemctl"
     systemctl.write_text(f"#!/bin/sh\nexec {sys.executable} {FIXTURES / 'systemctl_standin.py'} --unit-dir {units} \"$@\"\n")
     systemctl.chmod(0o755)

@@ -21,7 +21,7 @@ import urllib.request
 import pytest
 import yaml
 
-from conftest import FIXTURES, REPO, is_root, require_tool, stop_process, wait_for
+from conftest import FIXTURES, REPO, is_root, require_tool, stop_process, unused_port, wait_for
 from lab import testbed
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
@@ -39,12 +39,6 @@ def collbench(*args, timeout=120):
     assert res.returncode == 0, f"collbench {' '.join(args)}: {res.stdout}{res.stderr}"
     return res
 
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def query(prom, expr):
@@ -148,7 +142,7 @@ def test_counters_exporters_on_every_testbed_host_scraped_by_prometheus(tmp_path
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
             "global": {"scrape_interval": SCRAPE, "evaluation_interval": SCRAPE},
             "rule_files": [str(rules)], "scrape_configs": job}))
-        prom_port = free_port()
+        prom_port = unused_port()
         prom_url = f"http://127.0.0.1:{prom_port}"
         bumper = Bumper(sysfs, ethtool_dir)
         prom = subprocess.Popen([prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",

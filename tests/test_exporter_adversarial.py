@@ -29,7 +29,7 @@ from typing import Callable
 
 import pytest
 
-from conftest import FIXTURES, REPO, wait_for
+from conftest import FIXTURES, REPO, unused_port, wait_for
 from exporter_helpers import parse_exposition, sample
 
 SCRAPE_TIMEOUT = 5.0          # Prometheus' scrape_timeout here: the default collector deadline is 3 s
@@ -41,13 +41,6 @@ NDEVS = "class/infiniband/mlx5_0/ports/1/gid_attrs/ndevs"
 
 
 # ------------------------------------------------------------------------------------ helpers
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _limit_memory():
     resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
@@ -148,7 +141,7 @@ class Host:
 class Exporter:
     def __init__(self, host):
         self.host = host
-        self.port = free_port()
+        self.port = unused_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(host.argv(self.port), cwd=str(REPO), stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True, preexec_fn=_limit_memory)
@@ -515,7 +508,7 @@ def test_device_regex_re2_refuses_what_it_cannot_bound(flag, pattern, tmp_path):
     """Backreferences and lookaround (which need backtracking) are refused at start-up, exit 2,
     naming the setting, instead of being matched without a time bound."""
     host = Host(tmp_path)
-    r = subprocess.run(host.argv(free_port()) + [flag, pattern], cwd=str(REPO), capture_output=True, text=True,
+    r = subprocess.run(host.argv(unused_port()) + [flag, pattern], cwd=str(REPO), capture_output=True, text=True,
                        timeout=20)
     assert r.returncode == 2, r.stderr
     assert "not a valid RE2 regular expression" in r.stderr and flag[2:].replace("-", "_") in r.stderr

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 
-from conftest import FIXTURES, REPO, require_tool, stop_process, wait_for
+from conftest import FIXTURES, REPO, require_tool, stop_process, unused_port, wait_for
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -38,11 +37,6 @@ BUILTINS = {"__rate_interval": "30s", "__range": "10m", "__interval": "15s"}
 VAR_REF = re.compile(r"\$(?:\{(\w+)(?::\w+)?\}|(\w+))")
 LOW = ("allreduce", "1MB")     # the pair whose bound the alert test lowers
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_json(url, data=None, timeout=10):
@@ -185,7 +179,7 @@ def stack(tmp_path_factory):
     alertmanager = require_tool("prometheus-alertmanager")
     tmp = tmp_path_factory.mktemp("monitoring")
     state = tmp / "state"
-    exporter_port, prom_port, am_port = free_port(), free_port(), free_port()
+    exporter_port, prom_port, am_port = unused_port(), unused_port(), unused_port()
     cfg = write_config(tmp / "normal.yaml", state, exporter_port)
     cfg_low = write_config(tmp / "low.yaml", state, exporter_port, low=True)
     inspector_job(tmp / "inspector")

@@ -8,12 +8,12 @@ shape, and must use every record (none counted as a bad line).
 """
 
 import json
-import socket
 import time
 
 from collbench.config import load_config
 from collbench.results import records
 from collbench.sizes import format_size
+from conftest import unused_port
 from exporter_helpers import ExporterProcess, parse_exposition, sample
 from report_helpers import collbench
 
@@ -78,17 +78,11 @@ def count(kind):
 
 # ------------------------------------------------------------------ exporter
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_exporter_uses_every_shape(tmp_path):
     log = tmp_path / "results.jsonl"
     log.write_text("")
     with ExporterProcess(["--results-log", str(log), "--state-dir", str(tmp_path), "--collectors", "results",
-                          "--poll-interval", "0.1"], _free_port()) as ex:
+                          "--poll-interval", "0.1"], unused_port()) as ex:
         ex.wait_ready(timeout=60)
         write_log(log)
         deadline = time.monotonic() + 60

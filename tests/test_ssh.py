@@ -20,7 +20,7 @@ import pytest
 from collbench.config import load_config
 from collbench.ctl import remote, servers, ssh
 from collbench.errors import ConfigError
-from conftest import REPO, require_tool
+from conftest import REPO, require_tool, unused_port
 
 TIMEOUT = 4.0   # connect timeout used throughout; every failure must come back within it
 
@@ -30,18 +30,13 @@ def _keygen(path):
     return path
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 class Sshd:
     """A real OpenSSH sshd on 127.0.0.1:<port>, root login by key only."""
 
     def __init__(self, d):
         self.dir = d
-        self.port = _free_port()
+        self.port = unused_port()
         self.host_key = _keygen(d / "host_key")
         self.client_key = _keygen(d / "client_key")
         (d / "authorized_keys").write_text((d / "client_key.pub").read_text())
@@ -186,7 +181,7 @@ def test_changed_host_key_is_always_refused(sshd, tmp_path):
 
 
 def test_closed_port_is_unreachable(sshd):
-    port = _free_port()
+    port = unused_port()
     err, took = _elapsed(lambda: ssh.connect(sshd.target(port=port)))
     assert isinstance(err, ssh.HostUnreachableError), err
     assert err.exit_code == 10 and "connection refused" in str(err)
@@ -298,7 +293,7 @@ def _ctl(args, timeout=60):
 def test_cli_exit_codes_are_distinct(sshd, tmp_path, silent_port):
     other = _keygen(tmp_path / "other")
     cases = {
-        10: dict(port=_free_port()),
+        10: dict(port=unused_port()),
         11: dict(port=silent_port, connect_timeout=1.5),   # the code, not the bound (test_silent_listener_...)
         12: dict(identity_file=str(other)),
         13: dict(known_hosts=str(tmp_path / "empty_known_hosts")),
@@ -406,7 +401,7 @@ def test_servers_rows_for_up_down_and_silent_hosts(sshd, tmp_path, silent_port):
               f"  UserKnownHostsFile {sshd.known_hosts}"]
     cfg_file.write_text("\n".join(
         ["Host up1", "  HostName 127.0.0.1", f"  Port {sshd.port}", *common,
-         "Host down1", "  HostName 127.0.0.1", f"  Port {_free_port()}", *common,
+         "Host down1", "  HostName 127.0.0.1", f"  Port {unused_port()}", *common,
          "Host silent1", "  HostName 127.0.0.1", f"  Port {silent_port}", *common, ""]))
     cfg = load_config(str(_config(tmp_path, sshd, hosts_ssh_config=str(cfg_file), python=sys.executable)))
     cfg.hosts = [SimpleNamespace(name=n, slots=1) for n in ("up1", "down1", "silent1")]
@@ -493,7 +488,7 @@ def test_seed_scripts_pass_options_on_and_keep_exit_codes(sshd, tmp_path):
         (["--config", "c.yaml", "--accept-new-host-key"], ["--ops", "allreduce", "-n", "5"])
     assert split_args(["--json", "--timeout", "3"], "servers") == (["--json", "--timeout", "3"], [])
     assert split_args(["--json"], "status") == ([], ["--json"])
-    cfg = _config(tmp_path, sshd, port=_free_port())
+    cfg = _config(tmp_path, sshd, port=unused_port())
     for script, verb in (("mpi_bandwidth_stress.py", "status"), ("mpi_test_controller.py", "once")):
         res = subprocess.run([sys.executable, str(REPO / script), verb, "--config", str(cfg)],
                              capture_output=True, text=True, timeout=60)
