@@ -20,8 +20,9 @@ import urllib.request
 import pytest
 import yaml
 
-from conftest import REPO, require_tool, stop_process, unused_port, wait_for
+from conftest import REPO, unused_port, wait_for
 from exporter_helpers import ExporterProcess
+from prometheus_helpers import Prometheus
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -51,7 +52,6 @@ def faster(baseline_path, out_path, factor=2.0):
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    prometheus = require_tool("prometheus")
     tmp = tmp_path_factory.mktemp("baseline-alert")
     results = tmp / "results.jsonl"
     collbench("sweep", "--np", "2", "--op", ",".join(OPS), "--sizes", ",".join(SIZES), "--iterations", "20",
@@ -66,7 +66,7 @@ def stack(tmp_path_factory):
     rules = tmp / "rules.yml"
     collbench("rules", "--config", str(cfg), "-o", str(rules))
 
-    exporters, prom, prom_log = {}, None, None
+    exporters, prom = {}, None
     try:
         for name, baseline in baselines.items():
             ex = ExporterProcess(["--config", str(cfg), "--results-log", str(results), "--max-age", "86400",
@@ -74,46 +74,25 @@ def stack(tmp_path_factory):
                                   "--baseline", str(baseline)], unused_port())
             exporters[name] = ex
             ex.wait_ready(timeout=60)
-        prom_port = unused_port()
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump({
+        prom = Prometheus(tmp, {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(rules)],
             "scrape_configs": [{"job_name": "collbench", "static_configs": [
                 {"targets": [f"127.0.0.1:{ex.port}" for ex in exporters.values()]}]}],
-        }))
-        prom_log = open(tmp / "prometheus.log", "w")
-        prom = subprocess.Popen([prometheus, f"--config.file={tmp / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={tmp / 'prom-data'}",
-                                 f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
-                                stdout=prom_log, stderr=subprocess.STDOUT, start_new_session=True)
-        env = {"prom": f"http://127.0.0.1:{prom_port}", "proc": prom, "log": tmp / "prometheus.log",
+        }, unused_port())
+        env = {"prom": prom.url, "prometheus": prom,
                "instances": {name: f"127.0.0.1:{ex.port}" for name, ex in exporters.items()},
                "results": results, "start": time.time()}
         yield env
     finally:
         if prom is not None:
-            stop_process(prom, timeout=15)
-        if prom_log is not None:
-            prom_log.close()
+            prom.stop()
         for ex in exporters.values():
             ex.stop()
 
 
-def query(env, expr):
-    url = env["prom"] + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    with urllib.request.urlopen(url, timeout=10) as r:
-        body = json.loads(r.read().decode())
-    assert body["status"] == "success", body
-    return body["data"]["result"]
-
-
 def try_query(env, expr):
-    if env["proc"].poll() is not None:
-        raise AssertionError(f"prometheus exited {env['proc'].returncode}: {env['log'].read_text()[-3000:]}")
-    try:
-        return query(env, expr)
-    except OSError:
-        return None
+    return env["prometheus"].try_query(expr)
 
 
 def by_instance(samples):

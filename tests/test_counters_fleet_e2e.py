@@ -21,8 +21,9 @@ import urllib.request
 import pytest
 import yaml
 
-from conftest import FIXTURES, REPO, is_root, require_tool, stop_process, unused_port, wait_for
+from conftest import FIXTURES, REPO, is_root, unused_port, wait_for
 from lab import testbed
+from prometheus_helpers import Prometheus
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
@@ -39,14 +40,6 @@ def collbench(*args, timeout=120):
     assert res.returncode == 0, f"collbench {' '.join(args)}: {res.stdout}{res.stderr}"
     return res
 
-
-
-def query(prom, expr):
-    url = f"{prom}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    with urllib.request.urlopen(url, timeout=10) as r:
-        body = json.loads(r.read().decode())
-    assert body["status"] == "success", body
-    return body["data"]["result"]
 
 
 def per_host_row_queries():
@@ -100,7 +93,6 @@ class Bumper:
 
 def test_counters_exporters_on_every_testbed_host_scraped_by_prometheus(tmp_path):
     assert is_root(), "the testbed needs root"
-    prometheus = require_tool("prometheus")
     sysfs = tmp_path / "sysfs"
     shutil.copytree(FIXTURES / "sysfs-mlx5", sysfs, symlinks=True)
     ethtool_dir = tmp_path / "ethtool"
@@ -139,28 +131,17 @@ def test_counters_exporters_on_every_testbed_host_scraped_by_prometheus(tmp_path
         job = yaml.safe_load(collbench("scrape-config", "--format", "job", "--targets-path", str(targets)).stdout)
         rules = tmp_path / "rules.yml"
         collbench("rules", "--config", cfg, "-o", str(rules))
-        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
-            "global": {"scrape_interval": SCRAPE, "evaluation_interval": SCRAPE},
-            "rule_files": [str(rules)], "scrape_configs": job}))
-        prom_port = unused_port()
-        prom_url = f"http://127.0.0.1:{prom_port}"
         bumper = Bumper(sysfs, ethtool_dir)
-        prom = subprocess.Popen([prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={tmp_path / 'prom-data'}",
-                                 f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
-                                stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "wb"),
-                                start_new_session=True)
+        prom = Prometheus(tmp_path, {"global": {"scrape_interval": SCRAPE, "evaluation_interval": SCRAPE},
+                                     "rule_files": [str(rules)], "scrape_configs": job}, unused_port())
+        query, prom_url = prom.query, prom.url
 
         def all_up():
-            assert prom.poll() is None, (tmp_path / "prometheus.log").read_text()[-2000:]
-            try:
-                up = query(prom_url, 'up{job="collbench-counters"}')
-            except OSError:
-                return None
-            return up if sorted((u["metric"].get("host"), u["value"][1]) for u in up) == \
+            up = prom.try_query('up{job="collbench-counters"}')
+            return up if up is not None and sorted((u["metric"].get("host"), u["value"][1]) for u in up) == \
                 sorted((a, "1") for a in addrs) else None
         up = wait_for(all_up, 40, interval=0.5)
-        assert up, query(prom_url, "up") if prom.poll() is None else "prometheus exited"
+        assert up, query("up")
         for u in up:
             assert u["metric"]["instance"] == f"{u['metric']['host']}:{PORT}"
 
@@ -176,7 +157,7 @@ def test_counters_exporters_on_every_testbed_host_scraped_by_prometheus(tmp_path
             missing = []
             for title, expr in queries:
                 expr = expr.replace("$host", host_var["allValue"]).replace("$__rate_interval", RATE)
-                result = query(prom_url, expr)
+                result = query(expr)
                 hosts = {r["metric"].get("host") for r in result}
                 if hosts != set(addrs):
                     missing.append(f"{title}: {expr} -> hosts {sorted(h for h in hosts if h)}")
@@ -187,22 +168,22 @@ def test_counters_exporters_on_every_testbed_host_scraped_by_prometheus(tmp_path
         # the lost link time rules see the driven counters: ~40 % blocked (xmit_wait on mlx5_0),
         # ~20 % paused on rx priority 3 (ens1f0np0), on every host; idle ports at 0
         def lost_time():
-            xw = query(prom_url, 'collbench:xmit_wait_lost_link_time:ratio{device="mlx5_0"}')
-            pz = query(prom_url, 'collbench:pause_lost_link_time:ratio{netdev="ens1f0np0",priority="3",direction="rx"}')
+            xw = query('collbench:xmit_wait_lost_link_time:ratio{device="mlx5_0"}')
+            pz = query('collbench:pause_lost_link_time:ratio{netdev="ens1f0np0",priority="3",direction="rx"}')
             ok = (len(xw) == len(pz) == 4 and all(0.2 < float(r["value"][1]) <= 0.6 for r in xw)
                   and all(0.05 < float(r["value"][1]) <= 0.4 for r in pz))
             return (xw, pz) if ok else None
         got = wait_for(lost_time, 20, interval=0.5)
-        assert got, (query(prom_url, "collbench:xmit_wait_lost_link_time:ratio"),
-                     query(prom_url, 'collbench:pause_lost_link_time:ratio{priority="3"}'))
+        assert got, (query("collbench:xmit_wait_lost_link_time:ratio"),
+                     query('collbench:pause_lost_link_time:ratio{priority="3"}'))
         assert {r["metric"]["host"] for r in got[0]} == set(addrs)
-        idle = query(prom_url, 'collbench:xmit_wait_lost_link_time:ratio{device="mlx5_1"}')
+        idle = query('collbench:xmit_wait_lost_link_time:ratio{device="mlx5_1"}')
         assert len(idle) == 4 and all(float(r["value"][1]) == 0 for r in idle)
     finally:
         if bumper is not None:
             bumper.close()
         if prom is not None:
-            stop_process(prom)
+            prom.stop()
         testbed.down(bed["dir"])
     # nothing left: the exporters died with their namespaces
     left = subprocess.run(["pgrep", "-af", str(tmp_path)], capture_output=True, text=True).stdout

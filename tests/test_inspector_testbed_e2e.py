@@ -20,15 +20,14 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.parse
-import urllib.request
 
 import pytest
 import yaml
 
-from conftest import REPO, namespace_testbed, require_tool, stop_process, wait_for
+from conftest import REPO, namespace_testbed, stop_process, wait_for
 from lab import testbed
 from lab.inspector_writer import InspectorWriter
+from prometheus_helpers import Prometheus
 
 pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
 
@@ -76,12 +75,6 @@ def ns(host, *cmd, **kw):
     return subprocess.run(["ip", "netns", "exec", host["netns"], *cmd], **kw)
 
 
-def query(prom, expr):
-    url = f"{prom}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.loads(r.read().decode())["data"]["result"]
-
-
 class StandIn:
     """The Inspector plugin of every rank: each rank's calls (the program's CBI lines) recorded
     and dumped every 0.5 s into its host's directory, as the plugin's dump thread does."""
@@ -125,7 +118,6 @@ def bed(tmp_path_factory):
 
 
 def test_diagnose_inspector_with_prometheus_names_the_congested_host(bed, tmp_path, free_port):
-    prometheus = require_tool("prometheus")
     mpicc = shutil.which("mpicc")
     assert mpicc, "mpicc (Open MPI) is needed"
     hosts = bed["hosts"]
@@ -149,24 +141,16 @@ def test_diagnose_inspector_with_prometheus_names_the_congested_host(bed, tmp_pa
                  "--inspector-dir", str(dump_root / h["name"])],
                 cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"exporter-{h['alias']}.log", "wb"),
                 start_new_session=True))
-        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
+        prom = Prometheus(tmp_path, {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "scrape_configs": [{"job_name": "collbench-counters", "static_configs": [
-                {"targets": [f"{h['addr']}:{PORT}"], "labels": {"host": h["name"]}} for h in hosts]}]}))
-        prom_url = f"http://127.0.0.1:{free_port}"
-        prom = subprocess.Popen([prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={tmp_path / 'prom-data'}",
-                                 f"--web.listen-address={prom_url[len('http://'):]}", "--log.level=warn"],
-                                stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "wb"),
-                                start_new_session=True)
+                {"targets": [f"{h['addr']}:{PORT}"], "labels": {"host": h["name"]}} for h in hosts]}]}, free_port)
+        prom_url = prom.url
 
         def all_up():
-            try:
-                up = query(prom_url, 'up{job="collbench-counters"}')
-            except OSError:
-                return False
-            return sorted(u["value"][1] for u in up) == ["1"] * 4
-        assert wait_for(all_up, 40, interval=0.5), (tmp_path / "prometheus.log").read_text()[-2000:]
+            up = prom.try_query('up{job="collbench-counters"}')
+            return up is not None and sorted(u["value"][1] for u in up) == ["1"] * 4
+        assert wait_for(all_up, 40, interval=0.5), prom.log_tail(2000)
 
         cfg = yaml.safe_load(open(bed["config"]))
         stand_in = StandIn(str(dump_root), hosts)
@@ -197,7 +181,7 @@ def test_diagnose_inspector_with_prometheus_names_the_congested_host(bed, tmp_pa
         time.sleep(3)       # the last intervals scraped
 
         # each host's exporter followed its own Inspector directory, and Prometheus has it
-        ops = query(prom_url, "collbench_inspector_records_total")
+        ops = prom.query("collbench_inspector_records_total")
         assert sorted(r["metric"]["host"] for r in ops if float(r["value"][1]) > 0) == \
             sorted(h["name"] for h in hosts), ops
 
@@ -218,6 +202,6 @@ def test_diagnose_inspector_with_prometheus_names_the_congested_host(bed, tmp_pa
         if mpirun is not None and mpirun.poll() is None:
             stop_process(mpirun, timeout=10)
         if prom is not None:
-            stop_process(prom, timeout=10)
+            prom.stop()
         for p in exporters:
             stop_process(p, timeout=10)
