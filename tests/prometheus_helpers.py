@@ -15,6 +15,8 @@ class Prometheus:
     """Prometheus on 127.0.0.1:`port` with `config` (a dict, written as prometheus.yml), its TSDB and
     log in `directory`; `flags` are extra command-line flags. stop() ends it (also as a context)."""
 
+    name = "prometheus"
+
     def __init__(self, directory, config, port, *flags):
         binary = require_tool("prometheus")
         self.log_path = directory / "prometheus.log"
@@ -28,6 +30,8 @@ class Prometheus:
 
     def log_tail(self, chars=3000):
         return self.log_path.read_text(errors="replace")[-chars:]
+
+    tail = log_tail          # as the tests' other services (exporters, Alertmanager) name it
 
     def check_alive(self):
         if self.proc.poll() is not None:

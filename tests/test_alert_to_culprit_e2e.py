@@ -50,6 +50,7 @@ import yaml
 
 from conftest import REPO, is_root, require_tool, stop_process, unused_port, wait_for
 from lab import testbed
+from prometheus_helpers import Prometheus
 
 pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
 
@@ -188,7 +189,6 @@ def _stop_daemon(cfg, state):
 @pytest.fixture
 def stack(tmp_path):
     assert is_root(), "the testbed needs root"
-    prometheus = require_tool("prometheus")
     alertmanager = require_tool("prometheus-alertmanager")
     tmp = str(tmp_path)
     bed = testbed.up(HOSTS, os.path.join(tmp, "tb"), python=sys.executable)
@@ -229,18 +229,13 @@ def stack(tmp_path):
             alertmanager, f"--config.file={tmp}/alertmanager.yml", f"--storage.path={tmp}/am-data",
             f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address=", "--log.level=warn"],
             os.path.join(tmp, "alertmanager.log")))
-        with open(os.path.join(tmp, "prometheus.yml"), "w") as f:
-            yaml.safe_dump({
-                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                "rule_files": [rules],
-                "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
-                "scrape_configs": [{"job_name": "collbench", "static_configs": [
-                    {"targets": [f"127.0.0.1:{ex_port}"]}]}] + counters_job}, f)
         # resend-delay 1s: an alert sent before Prometheus found Alertmanager is resent in 1 s, not 1 min
-        st.services.append(Service("prometheus", [
-            prometheus, f"--config.file={tmp}/prometheus.yml", f"--storage.tsdb.path={tmp}/prom-data",
-            f"--web.listen-address=127.0.0.1:{prom_port}", "--rules.alert.resend-delay=1s", "--log.level=warn"],
-            os.path.join(tmp, "prometheus.log")))
+        st.services.append(Prometheus(tmp_path, {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [rules],
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
+            "scrape_configs": [{"job_name": "collbench", "static_configs": [
+                {"targets": [f"127.0.0.1:{ex_port}"]}]}] + counters_job}, prom_port, "--rules.alert.resend-delay=1s"))
         st.prom, st.am = f"http://127.0.0.1:{prom_port}", f"http://127.0.0.1:{am_port}"
 
         def all_up():

@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from conftest import FIXTURES, REPO, require_tool, stop_process, unused_port, wait_for
+from prometheus_helpers import Prometheus
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -175,7 +176,6 @@ def collbench(*args, timeout=120):
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    prometheus = require_tool("prometheus")
     alertmanager = require_tool("prometheus-alertmanager")
     tmp = tmp_path_factory.mktemp("monitoring")
     state = tmp / "state"
@@ -199,7 +199,6 @@ def stack(tmp_path_factory):
     prom_cfg["rule_files"] = [str(rules)]
     prom_cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{am_port}"]
     prom_cfg["scrape_configs"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{exporter_port}"]
-    (tmp / "prometheus.yml").write_text(yaml.safe_dump(prom_cfg))
 
     services = []
     try:
@@ -213,10 +212,7 @@ def stack(tmp_path_factory):
 
         # resend-delay 1s: alerts that fire before Prometheus has discovered Alertmanager (its
         # discovery updates every 5 s) are dropped, and would otherwise wait a minute for a resend.
-        services.append(Service("prometheus", [
-            prometheus, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'prom-data'}",
-            f"--web.listen-address=127.0.0.1:{prom_port}", "--rules.alert.resend-delay=1s", "--log.level=warn"],
-            tmp / "prometheus.log"))
+        services.append(Prometheus(tmp, prom_cfg, prom_port, "--rules.alert.resend-delay=1s"))
         env = {"prom": f"http://127.0.0.1:{prom_port}", "am": f"http://127.0.0.1:{am_port}",
                "receiver": receiver, "rules": rules, "cfg": cfg, "cfg_low": cfg_low, "services": services,
                "prometheus": services[-1]}
