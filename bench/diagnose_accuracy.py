@@ -16,9 +16,14 @@ and a baseline saved from --baseline-runs quiet `once` runs spread over --baseli
     cpu          the host's rank held to QUOTA of a CPU (cgroup) -> slow_host, the host
   quiet runs (--quiet): no fault -> no suspect named; a `no regression` verdict counted apart
 
+  fixture classes (--fixture-classes; RDMA and ethtool counters exist here only as fixture trees):
+    pfc          real mpirun ranks on 4 emulated hosts (tests/fixture_hosts.py: shm, each rank one
+                 host), every rank CPU-starved (the regression), and one host's ethtool
+                 tx_prio3_pause driven up by STEP every 2 ms -> pfc, the host
+    link_errors  the same with one host's port symbol_error driven up -> link_errors, the host
+
 Mode `once` (the only one built so far): each trial is `once` runs (--runs-per-trial) with the
-fault on, then `diagnose --baseline`. The stress loop with the shift test, and PFC storms and link
-errors from fixture trees under real mpirun, are not in this campaign yet.
+fault on, then `diagnose --baseline`. The stress loop with the shift test is not in this campaign yet.
 
 Per class it prints trials, right (host or link and cause), one end (lossy_link: the sender's
 link named, not the link: what host counters alone can say), wrong (a named suspect that is not
@@ -50,6 +55,8 @@ LINK_OPS = ["--ops", "alltoall", "--sizes", "256KB,512KB,1MB", "--iterations", "
 STRENGTHS = {"ecn": ["1mbytes", "2mbytes", "4mbytes"], "lossy_host": [10, 30, 50], "lossy_link": [10, 30, 50],
              "shaped": ["50mbit", "100mbit"], "cpu": [1000, 2500]}     # cpu: quota us per 50 ms
 CLASSES = tuple(STRENGTHS)
+FIXTURE_STRENGTHS = {"pfc": [1, 3, 10], "link_errors": [1, 3]}    # counts added every 2 ms
+FIXTURE_PLAN = ["--ops", "allreduce,allgather,alltoall", "--sizes", "1MB,2MB", "--iterations", "10"]
 QUEUE_RATE = "400mbit"          # the marking port's queue (a port marks because its queue builds)
 LINK_RUNS = 3                   # lossy_link: alltoall's 3 steps a run; a counter needs 3 slow steps
 
@@ -196,10 +203,55 @@ def campaign(args):
     return rows, quiet_rows
 
 
+def fixture_campaign(args):
+    """The PFC and link-error classes on emulated hosts (no testbed): rows as campaign()'s."""
+    from pathlib import Path
+
+    import fixture_hosts
+    rng = random.Random(args.seed + 1)
+    root = Path(tempfile.mkdtemp(prefix="diag-accuracy-fixtures-"))
+    cfg, hosts = fixture_hosts.make_hosts(root)
+    base = root / "baseline.jsonl"
+    for i in range(args.baseline_runs):
+        fixture_hosts.once(cfg, base, FIXTURE_PLAN)
+        print(f"fixture baseline run {i + 1}/{args.baseline_runs}", file=sys.stderr, flush=True)
+    r = collbench(None, "baseline", "save", "quiet", "--from", str(base), "--config", str(cfg), netns=False)
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr)
+    plan = [c for c in args.fixture_classes for _ in range(args.trials)]
+    rng.shuffle(plan)
+    rows, started = [], time.monotonic()
+    for n, cls in enumerate(plan):
+        host, strength = rng.choice(fixture_hosts.HOSTS), rng.choice(FIXTURE_STRENGTHS[cls])
+        if cls == "pfc":
+            driver = fixture_hosts.Driver(fixture_hosts.ethtool_file(hosts, host), "tx_prio3_pause", step=strength)
+        else:
+            driver = fixture_hosts.Driver(fixture_hosts.hw_counter(hosts, host, "symbol_error", kind="counters"),
+                                          step=strength)
+        results, load, t0 = root / f"trial-{n}.jsonl", os.getloadavg()[0], time.monotonic()
+        fixture_hosts.once(cfg, results, FIXTURE_PLAN, throttle_ranks=(0, 1, 2, 3), driver=driver)
+        r = collbench(None, "diagnose", str(results), "--baseline", "quiet", "--config", str(cfg), "--format",
+                      "json", netns=False, timeout=120)
+        if r.returncode not in (0, 1):
+            raise RuntimeError(f"diagnose failed: {r.stderr[-500:]}")
+        doc = json.loads(r.stdout)
+        outcome = judge(doc, (cls, host, None))
+        top = doc["suspects"][0] if doc["suspects"] else {}
+        rows.append({"class": cls, "strength": strength, "outcome": outcome, "seconds": time.monotonic() - t0,
+                     "load": load, "host": host, "peer": None,
+                     "ratio": max((x["ratio"] for x in doc["regressions"]), default=1.0),
+                     "top": [top.get("cause"), top.get("host"), top.get("link"), top.get("p_value")],
+                     "lacking": (top.get("evidence") or {}).get("lacking", [])[:3]})
+        left = (time.monotonic() - started) / (n + 1) * (len(plan) - n - 1)
+        print(f"[fixtures {n + 1}/{len(plan)}] {cls}: {outcome} (load {load:.1f}; ~{left:.0f} s left)",
+              file=sys.stderr, flush=True)
+    return rows
+
+
 def report(rows, quiet_rows):
     print(f"{'class':<12} {'trials':>6} {'right':>6} {'1 end':>6} {'wrong':>6} {'unexpl':>7} {'no-reg':>7} "
           f"{'median s':>9} {'ratio (min-max)':>16}  strengths right/tried")
-    for cls in CLASSES:
+    for cls in CLASSES + tuple(FIXTURE_STRENGTHS):
         rs = [r for r in rows if r["class"] == cls]
         if not rs:
             continue
@@ -228,6 +280,9 @@ def main(argv=None):
     p.add_argument("--trials", type=int, default=20, help="trials per fault class (default 20)")
     p.add_argument("--quiet", type=int, default=40, help="quiet runs (default 40)")
     p.add_argument("--classes", default=",".join(CLASSES), help=f"fault classes (default {','.join(CLASSES)})")
+    p.add_argument("--fixture-classes", default=",".join(FIXTURE_STRENGTHS),
+                   help=f"classes on emulated hosts with fixture counters (default {','.join(FIXTURE_STRENGTHS)}; "
+                        "'' for none)")
     p.add_argument("--baseline-runs", type=int, default=8)
     p.add_argument("--baseline-spread-s", type=float, default=120.0,
                    help="seconds the baseline's runs are spread over (default 120)")
@@ -238,12 +293,18 @@ def main(argv=None):
     p.add_argument("--json", metavar="FILE", help="write every trial's row there too")
     args = p.parse_args(argv)
     args.classes = [c for c in args.classes.split(",") if c]
+    args.fixture_classes = [c for c in args.fixture_classes.split(",") if c]
+    unknown = set(args.fixture_classes) - set(FIXTURE_STRENGTHS)
+    if unknown:
+        p.error(f"unknown fixture classes {', '.join(sorted(unknown))} (known: {', '.join(FIXTURE_STRENGTHS)})")
     unknown = set(args.classes) - set(CLASSES)
     if unknown:
         p.error(f"unknown classes {', '.join(sorted(unknown))} (known: {', '.join(CLASSES)})")
     if os.geteuid() != 0:
         p.error("the testbed needs root")
-    rows, quiet_rows = campaign(args)
+    rows, quiet_rows = campaign(args) if args.classes or args.quiet else ([], [])
+    if args.fixture_classes:
+        rows += fixture_campaign(args)
     report(rows, quiet_rows)
     if args.json:
         with open(args.json, "w") as f:
