@@ -63,7 +63,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 # baselines on the 6-host testbed, issue 28); `baseline save` says when it has fewer
 MIN_RUNS = 5
 # ... and over how long: on the 2-core testbed quiet runs fall into slow spells of ~10 s (every
-# series 1.8-3.3x slower at once); baselines of 8 runs spread over 2 minutes of runs let 15 % of
+# series 1.8-3.3x slower at once); baselines of 8 runs spread over 40 runs (~50 s) let 15 % of
 # 3-run verdicts page for nothing, 8 consecutive runs (~10 s) 37 % (bench/quiet_false_alarms.py,
 # docs/DIAGNOSIS.md). `baseline save` says when its runs span less than this
 MIN_SPAN_S = 600.0
