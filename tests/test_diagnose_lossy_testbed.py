@@ -24,7 +24,7 @@ import pytest
 
 from conftest import namespace_testbed
 from testbed_runs import collbench, diagnose
-from testbed_runs import once as testbed_once
+from testbed_runs import once as run_once
 
 pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
 
@@ -39,7 +39,7 @@ LINK_ITERATIONS = "50"             # a 256KB alltoall step lost 0-2 packets towa
 
 
 def once(bed, results, ops=OPS, sizes=SIZES):
-    return testbed_once(bed, results, *ops, *sizes)
+    return run_once(bed, results, *ops, *sizes)
 
 
 def named(doc):

@@ -18,7 +18,7 @@ from collbench.baselines.baseline_file import MIN_RUNS
 from conftest import namespace_testbed
 from cgroup_helpers import Cgroup
 from testbed_runs import collbench, diagnose, host_throttler
-from testbed_runs import once as testbed_once
+from testbed_runs import once as run_once
 
 pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
 
@@ -31,7 +31,7 @@ THROTTLED = 3          # h4
 
 
 def once(bed, results):
-    return testbed_once(bed, results, *ARGS)
+    return run_once(bed, results, *ARGS)
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ import pytest
 
 from conftest import namespace_testbed
 from testbed_runs import collbench, diagnose
-from testbed_runs import once as testbed_once
+from testbed_runs import once as run_once
 from lab import testbed
 
 pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
@@ -79,7 +79,7 @@ def alternate(bed, name, fault=None):
 
 
 def once(bed, results):
-    return testbed_once(bed, results, *ARGS)
+    return run_once(bed, results, *ARGS)
 
 
 def test_real_ecn_marking_on_one_host_names_its_outgoing_path(bed):

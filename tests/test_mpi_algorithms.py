@@ -318,6 +318,7 @@ def test_hydra_command_line(tmp_path):
     assert argv[argv.index("-hosts") + 1] == "a:2,b:2" and argv[argv.index("-ppn") + 1] == "2"
     genv = {argv[i + 1]: argv[i + 2] for i, a in enumerate(argv) if a == "-genv"}
     assert genv == {"FOO": "1", "UCX_TLS": "tcp,sm,self", "MPIR_CVAR_ALLGATHER_INTRA_ALGORITHM": "ring",
-                    "MPIR_CVAR_DEVICE_COLLECTIVES": "none", "MPIR_CVAR_COLLECTIVE_FALLBACK": "error"}
+                    "MPIR_CVAR_DEVICE_COLLECTIVES": "none", "MPIR_CVAR_COLLECTIVE_FALLBACK": "error",
+                    "COLLBENCH_ENGINE_STOP_GRACE": "5"}
     assert env["MPIR_CVAR_ALLGATHER_INTRA_ALGORITHM"] == "ring"
     assert launcher.mpi_version(cfg).startswith("MPICH ")
