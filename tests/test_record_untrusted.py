@@ -33,7 +33,7 @@ from collbench.exporter.results_state import ResultsState, series_from_record
 from collbench.exporter.server import ExporterHTTPServer
 from collbench.results.record_parser import MAX_LINE_BYTES, ParseError, parse_record
 from collbench.results.results_log import ResultsLog
-from conftest import REPO, stop_process, wait_for
+from conftest import REPO, wait_for
 from exporter_helpers import ExporterProcess, sample
 
 SEED = int(os.environ.get("COLLBENCH_FUZZ_SEED", "20261123"))
@@ -567,6 +567,19 @@ def _health(url):
         return None, {}
 
 
+def _exporter_in_process(tmp_path, log, poll_interval):
+    """(Exporter, its HTTP server serving on a free loopback port, the URL): results only, a 1 s
+    stall limit (10 s in a real exporter); the caller starts the exporter and shuts both down."""
+    settings = SimpleNamespace(results_log=str(log), state_dir=str(tmp_path), max_age=900.0,
+                               poll_interval=poll_interval, legacy_metrics=False, collectors=["results"],
+                               sysfs_root="/sys", procfs_root="/proc", ethtool="ethtool", netdevs=None,
+                               device_include=None, device_exclude=None, stall_seconds=1.0)
+    ex = Exporter(settings)
+    server = ExporterHTTPServer(("127.0.0.1", 0), ex)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+    return ex, server, f"http://127.0.0.1:{server.port}"
+
+
 @pytest.mark.slow
 def test_health_reports_a_poller_that_cannot_read_and_recovers(tmp_path, caplog):
     """A FIFO put in place of the log (it used to block the poller in open(2) for good): polls
@@ -576,14 +589,7 @@ def test_health_reports_a_poller_that_cannot_read_and_recovers(tmp_path, caplog)
     from exporter_helpers import parse_exposition
     log = tmp_path / "results.jsonl"
     log.write_text(records.dumps(dict(base("event"), seq=1)) + "\n")
-    settings = SimpleNamespace(results_log=str(log), state_dir=str(tmp_path), max_age=900.0, poll_interval=0.2,
-                               legacy_metrics=False, collectors=["results"], sysfs_root="/sys",
-                               procfs_root="/proc", ethtool="ethtool", netdevs=None, device_include=None,
-                               device_exclude=None, stall_seconds=1.0)
-    ex = Exporter(settings)
-    server = ExporterHTTPServer(("127.0.0.1", 0), ex)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
-    url = f"http://127.0.0.1:{server.port}"
+    ex, server, url = _exporter_in_process(tmp_path, log, poll_interval=0.2)
 
     def metrics():
         with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
@@ -617,14 +623,7 @@ def test_health_reports_a_stalled_poller_then_its_recovery(tmp_path):
     filesystem would block a read): /health turns 503 with the reason, and back to 200."""
     log = tmp_path / "results.jsonl"
     log.write_text(records.dumps(dict(base("result"), seq=1)) + "\n")
-    settings = SimpleNamespace(results_log=str(log), state_dir=str(tmp_path), max_age=900.0, poll_interval=0.05,
-                               legacy_metrics=False, collectors=["results"], sysfs_root="/sys",
-                               procfs_root="/proc", ethtool="ethtool", netdevs=None, device_include=None,
-                               device_exclude=None, stall_seconds=1.0)
-    ex = Exporter(settings)
-    server = ExporterHTTPServer(("127.0.0.1", 0), ex)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
-    url = f"http://127.0.0.1:{server.port}"
+    ex, server, url = _exporter_in_process(tmp_path, log, poll_interval=0.05)
     try:
         ex.start()
         assert wait_for(lambda: _health(url)[0] == 200, timeout=10)
