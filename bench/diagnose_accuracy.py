@@ -40,7 +40,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,6 +48,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 
 from lab import testbed  # noqa: E402
+from testbed_runs import collbench  # noqa: E402
 
 OPS = ["--ops", "allreduce,allgather,alltoall,bcast", "--sizes", "256KB,512KB,1MB", "--iterations", "20"]
 LINK_OPS = ["--ops", "alltoall", "--sizes", "256KB,512KB,1MB", "--iterations", "20"]
@@ -61,21 +61,16 @@ QUEUE_RATE = "400mbit"          # the marking port's queue (a port marks because
 LINK_RUNS = 3                   # lossy_link: alltoall's 3 steps a run; a counter needs 3 slow steps
 
 
-def collbench(bed, *args, netns=True, timeout=300):
-    pre = ["ip", "netns", "exec", bed["hosts"][0]["netns"]] if netns else []
-    return subprocess.run(pre + [sys.executable, "-m", "collbench", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO)
-
-
 def once(bed, results, ops):
-    r = collbench(bed, "once", "--config", bed["config"], "--results", results, "--quiet", *ops)
+    r = collbench("once", "--config", bed["config"], "--results", results, "--quiet", *ops,
+                  netns=bed["hosts"][0]["netns"], timeout=300)
     if r.returncode not in (0, 1):
         raise RuntimeError(f"once failed: {r.stderr[-500:]}")
 
 
 def diagnose(bed, results):
-    r = collbench(bed, "diagnose", results, "--baseline", "quiet", "--config", bed["config"], "--format", "json",
-                  netns=False, timeout=120)
+    r = collbench("diagnose", results, "--baseline", "quiet", "--config", bed["config"], "--format", "json",
+                  timeout=120)
     if r.returncode not in (0, 1):
         raise RuntimeError(f"diagnose failed: {r.stderr[-500:]}")
     return json.loads(r.stdout)
@@ -162,7 +157,7 @@ def campaign(args):
             time.sleep(max(0.0, t0 + i * args.baseline_spread_s / max(1, args.baseline_runs - 1) - time.monotonic()))
             once(bed, base, OPS)
             print(f"baseline run {i + 1}/{args.baseline_runs}", file=sys.stderr, flush=True)
-        r = collbench(bed, "baseline", "save", "quiet", "--from", base, "--config", bed["config"], netns=False)
+        r = collbench("baseline", "save", "quiet", "--from", base, "--config", bed["config"])
         if r.returncode != 0:
             raise RuntimeError(r.stderr)
         plan = [c for c in args.classes for _ in range(args.trials)] + ["quiet"] * args.quiet
@@ -215,7 +210,7 @@ def fixture_campaign(args):
     for i in range(args.baseline_runs):
         fixture_hosts.once(cfg, base, FIXTURE_PLAN)
         print(f"fixture baseline run {i + 1}/{args.baseline_runs}", file=sys.stderr, flush=True)
-    r = collbench(None, "baseline", "save", "quiet", "--from", str(base), "--config", str(cfg), netns=False)
+    r = collbench("baseline", "save", "quiet", "--from", str(base), "--config", str(cfg))
     if r.returncode != 0:
         raise RuntimeError(r.stderr)
     plan = [c for c in args.fixture_classes for _ in range(args.trials)]
@@ -230,8 +225,8 @@ def fixture_campaign(args):
                                           step=strength)
         results, load, t0 = root / f"trial-{n}.jsonl", os.getloadavg()[0], time.monotonic()
         fixture_hosts.once(cfg, results, FIXTURE_PLAN, throttle_ranks=(0, 1, 2, 3), driver=driver)
-        r = collbench(None, "diagnose", str(results), "--baseline", "quiet", "--config", str(cfg), "--format",
-                      "json", netns=False, timeout=120)
+        r = collbench("diagnose", str(results), "--baseline", "quiet", "--config", str(cfg), "--format",
+                      "json", timeout=120)
         if r.returncode not in (0, 1):
             raise RuntimeError(f"diagnose failed: {r.stderr[-500:]}")
         doc = json.loads(r.stdout)

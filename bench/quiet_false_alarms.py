@@ -22,22 +22,16 @@ import glob
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [REPO]
+sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 
 from lab import testbed  # noqa: E402
+from testbed_runs import collbench  # noqa: E402
 
 OPS = ["--ops", "allreduce,allgather,alltoall,bcast", "--sizes", "256KB,512KB,1MB", "--iterations", "20"]
-
-
-def collbench(args, netns=None, timeout=300):
-    pre = ["ip", "netns", "exec", netns] if netns else []
-    return subprocess.run(pre + [sys.executable, "-m", "collbench", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO)
 
 
 def collect(args):
@@ -53,8 +47,8 @@ def collect(args):
         for i in range(args.runs):
             path = os.path.join(args.data, f"run-{i:03d}.jsonl")
             load = os.getloadavg()[0]
-            r = collbench(["once", "--config", bed["config"], "--results", path, "--quiet", *OPS],
-                          netns=bed["hosts"][0]["netns"])
+            r = collbench("once", "--config", bed["config"], "--results", path, "--quiet", *OPS,
+                          netns=bed["hosts"][0]["netns"], timeout=300)
             if r.returncode not in (0, 1):
                 raise RuntimeError(f"once failed: {r.stderr[-500:]}")
             with open(os.path.join(args.data, "loads.jsonl"), "a") as f:
@@ -86,8 +80,8 @@ def evaluate(args):
             if chosen[-1] >= len(runs):
                 break
             base = os.path.join(args.data, f"baseline-{args.layout}-{b}-{first}.json")
-            r = collbench(["baseline", "save", base, "--from", *[runs[i] for i in chosen], "--force",
-                           "--format", "json"])
+            r = collbench("baseline", "save", base, "--from", *[runs[i] for i in chosen], "--force",
+                          "--format", "json")
             if r.returncode != 0:
                 raise RuntimeError(r.stderr)
             rest = [run for i, run in enumerate(runs) if i not in chosen]
@@ -95,8 +89,8 @@ def evaluate(args):
                 alarms = culprits = n = 0
                 worst = 1.0
                 for g in range(0, len(rest) - per + 1, per):
-                    d = collbench(["diagnose", *rest[g:g + per], "--baseline", base, "--config", config,
-                                   "--format", "json"], timeout=120)
+                    d = collbench("diagnose", *rest[g:g + per], "--baseline", base, "--config", config,
+                                  "--format", "json", timeout=120)
                     if d.returncode not in (0, 1):
                         raise RuntimeError(d.stderr)
                     doc = json.loads(d.stdout)

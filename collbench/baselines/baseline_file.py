@@ -40,6 +40,7 @@ from datetime import datetime, timezone
 
 from collbench import __version__
 from collbench.atomic_file import write_output
+from collbench.baselines.comparison import regression_bound_us
 from collbench.bounded_file import UntrustedFileError, read_limited
 from collbench.bounded_repr import bounded_repr
 from collbench.congestion import normal as counter_normal_mod
@@ -145,7 +146,6 @@ class Entry:
 
     def regression_bound_us(self, threshold, k):
         """comparison.regression_bound_us of this entry: its median, sigma and slowest run."""
-        from collbench.baselines.comparison import regression_bound_us
         return regression_bound_us(self.median_us, self.sigma_us, threshold, k, self.slowest_us)
 
     def as_dict(self):
