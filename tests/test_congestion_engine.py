@@ -5,9 +5,9 @@ host's counters before and after each step's timed loop.
 Two hosts are emulated on this machine (the engine's COLLBENCH_ENGINE_HOST_OF_RANK hook names
 ranks 0-1 "hA" and 2-3 "hB"), each reading its own fixture tree (congestion.hosts): RDMA sysfs
 and mlx5 `ethtool -S` output cannot exist here. A background thread drives hB's PFC pause and
-ECN-mark counters upward and injects faults into hA's (a counter that goes backwards, one that
-holds garbage) while the ranks run; a second one, woken by the engine's own reads (inotify),
-deletes an hA counter between a step's two snapshots so that it vanishes. The netstat test runs real TCP over
+ECN-mark counters upward and makes one of hA's go backwards while the ranks run; a second one,
+woken by the engine's own reads (inotify), deletes an hA counter between a step's two snapshots so
+that it vanishes and flips another between garbage and its value once per snapshot. The netstat test runs real TCP over
 loopback and reads the kernel's own /proc/net/netstat.
 """
 
@@ -48,8 +48,7 @@ def _fixture_host(root, name):
 
 class Driver(threading.Thread):
     """Every ~2 ms: hB's ECN marks (mlx5_1 port 1) and priority-3 pauses (ens1f0np0, rx) go up;
-    hA's rp_cnp_handled goes down by one, its out_of_sequence flips between garbage and its
-    (unchanged) value."""
+    hA's rp_cnp_handled goes down by one."""
 
     def __init__(self, hosts):
         super().__init__(daemon=True)
@@ -58,7 +57,7 @@ class Driver(threading.Thread):
         self.ecn = sys_b / "class/infiniband/mlx5_1/ports/1/hw_counters" / ECN
         self.eth = eth_b / "ens1f0np0"
         hw_a = sys_a / "class/infiniband/mlx5_0/ports/1/hw_counters"
-        self.backwards, self.garbage = hw_a / "rp_cnp_handled", hw_a / "out_of_sequence"
+        self.backwards = hw_a / "rp_cnp_handled"
         self.driven = {"ecn": 0, "pause": 0, "duration_us": 0}
         self.ticks = 0
 
@@ -75,7 +74,6 @@ class Driver(threading.Thread):
     def run(self):
         ecn = int(self.ecn.read_text())
         back = int(self.backwards.read_text())
-        saved_seq = self.garbage.read_text()
         while not self.stop.is_set():
             ecn += 7
             _replace(self.ecn, f"{ecn}\n")
@@ -83,7 +81,6 @@ class Driver(threading.Thread):
             self.driven["ecn"] += 7
             self.driven["pause"] += 3
             self.driven["duration_us"] += 500
-            _replace(self.garbage, "N/A (no PMA)\n" if self.ticks % 2 else saved_seq)
             back -= 1
             _replace(self.backwards, f"{back}\n")
             self.ticks += 1
@@ -96,7 +93,10 @@ class Vanisher(threading.Thread):
     snapshot reads it untouched. The cycle is three snapshots long, so the deletions fall on before-
     and after-step snapshots in turn: every second one makes the counter vanish within a step (read
     before, absent after) however long the steps take. Timing-driven toggling missed that in about
-    a third of runs."""
+    a third of runs.
+    hA's out_of_sequence flips between garbage and its (unchanged) value each time a snapshot reads
+    hA's ethtool file (once per snapshot), so about half the snapshots find it garbage. Flipping it
+    on a 2 ms timer let a loaded machine's slow ticks miss all seven snapshots of a run (a CI failure)."""
 
     def __init__(self, hosts):
         super().__init__(daemon=True)
@@ -110,6 +110,8 @@ class Vanisher(threading.Thread):
     def run(self):
         counter = self.hw / "np_cnp_sent"
         text = counter.read_text()
+        flipping = self.hw / "out_of_sequence"
+        value, flips = flipping.read_text(), 0
         state, eth_reads = "armed", 0
         with OpenWatch([self.hw, self.eth]) as watch:
             self.ready.set()
@@ -125,7 +127,11 @@ class Vanisher(threading.Thread):
                         state, eth_reads = "deleted", 0
                     elif state == "skip":
                         state = "armed"
-                elif where == self.eth and name == "ens1f0np0" and state == "deleted":
+                elif where == self.eth and name == "ens1f0np0":
+                    flips += 1
+                    _replace(flipping, "N/A (no PMA)\n" if flips % 2 else value)
+                    if state != "deleted":
+                        continue
                     eth_reads += 1
                     if eth_reads == 2:         # the snapshot after the deleting one found it absent
                         _replace(counter, text)
