@@ -52,7 +52,7 @@ from conftest import REPO, is_root, require_tool, stop_process, unused_port, wai
 from lab import testbed
 from prometheus_helpers import Prometheus
 
-pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
+pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow, pytest.mark.alone]
 
 HOSTS = 8
 CONGESTED = 2                     # index of h3

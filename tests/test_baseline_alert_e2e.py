@@ -24,7 +24,7 @@ from conftest import REPO, unused_port, wait_for
 from exporter_helpers import ExporterProcess
 from prometheus_helpers import Prometheus
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.alone]
 
 OPS, SIZES = ("allreduce", "bcast"), ("1KB", "64KB")
 KEYS = {(op, size) for op in OPS for size in SIZES}

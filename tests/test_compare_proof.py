@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from algorithm_helpers import mpich_engine  # noqa: F401
@@ -48,6 +49,7 @@ def arm_samples(cfg, steps, rounds):
     return out
 
 
+@pytest.mark.alone     # measures the written file against its controls
 def test_written_file_is_never_slower_beyond_the_controls_noise(tmp_path, engine_bin):
     rules = tmp_path / "tuned.conf"
     cfg_file = tmp_path / "compare.yaml"

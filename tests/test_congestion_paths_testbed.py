@@ -20,7 +20,7 @@ import pytest
 from collbench.congestion import record_field
 from conftest import REPO, namespace_testbed
 
-pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
+pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow, pytest.mark.alone]
 
 ARGS = ["--ops", "alltoall,allreduce", "--sizes", "256KB,1MB", "--iterations", "20"]
 LOSS_TABLE = "cbtest_loss"

@@ -18,7 +18,7 @@ from conftest import REPO, namespace_testbed, wait_for
 from exporter_helpers import ExporterProcess
 from lab import testbed
 
-pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
+pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow, pytest.mark.alone]
 
 MB = 1 << 20
 CE = ("TCPDeliveredCE", "InCEPkts")

@@ -26,7 +26,7 @@ from conftest import namespace_testbed
 from testbed_runs import collbench, diagnose
 from testbed_runs import once as run_once
 
-pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
+pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow, pytest.mark.alone]
 
 OPS = ["--ops", "allreduce,allgather,alltoall,bcast"]
 SIZES = ["--sizes", "256KB,512KB,1MB", "--iterations", "20"]

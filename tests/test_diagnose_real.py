@@ -23,6 +23,8 @@ import pytest
 import fixture_hosts
 from fixture_hosts import Driver, ethtool_file, hw_counter, make_hosts
 
+pytestmark = pytest.mark.alone   # a regression measured against a baseline
+
 PLAN = ["--ops", "allreduce,allgather,alltoall", "--sizes", "1MB,2MB", "--iterations", "10"]
 
 

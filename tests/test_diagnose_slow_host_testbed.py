@@ -20,7 +20,7 @@ from cgroup_helpers import Cgroup
 from testbed_runs import collbench, diagnose, host_throttler
 from testbed_runs import once as run_once
 
-pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
+pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow, pytest.mark.alone]
 
 ARGS = ["--ops", "allreduce,allgather,alltoall,bcast", "--sizes", "64KB,1MB", "--iterations", "20"]
 # 2 % of a CPU: well below a rank's share of this 2-core box even when other tests load it (at

@@ -28,7 +28,7 @@ from testbed_runs import collbench, diagnose
 from testbed_runs import once as run_once
 from lab import testbed
 
-pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
+pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow, pytest.mark.alone]
 
 ARGS = ["--ops", "alltoall,allreduce,allgather", "--sizes", "1MB", "--iterations", "10"]
 

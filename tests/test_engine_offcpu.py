@@ -5,6 +5,8 @@ still make records, without them; values out of range are left out."""
 
 import json
 
+import pytest
+
 from collbench.config import Step
 from collbench.engines import builtin as builtin_engine, launcher
 from collbench.results import records
@@ -39,6 +41,7 @@ def test_every_record_carries_the_off_cpu_rank(tmp_path, engine_bin):  # noqa: F
         assert 0.0 <= r["offcpu_share_avg"] <= r["offcpu_share_max"] <= 1.0, r
 
 
+@pytest.mark.alone     # the throttled rank must be the one the others wait for
 def test_a_cpu_throttled_rank_is_the_off_cpu_rank(tmp_path, engine_bin):  # noqa: F811
     cfg = engine_cfg(tmp_path, engine_bin, ranks=RANKS)
     # 5 % of a CPU in 20 ms periods: a step's loop spans many periods, so no step runs on one

@@ -29,7 +29,7 @@ from lab import testbed
 from lab.inspector_writer import InspectorWriter
 from prometheus_helpers import Prometheus
 
-pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
+pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow, pytest.mark.alone]
 
 QUIET_S, CONGESTED_S = 10.0, 10.0
 SIZE = 1 << 20

@@ -17,7 +17,7 @@ import pytest
 from conftest import REPO, namespace_testbed, wait_for
 from lab import testbed
 
-pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
+pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow, pytest.mark.alone]
 
 SHAPE = "100mbit"
 

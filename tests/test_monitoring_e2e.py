@@ -29,7 +29,7 @@ import yaml
 from conftest import FIXTURES, REPO, require_tool, stop_process, unused_port, wait_for
 from prometheus_helpers import Prometheus
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.alone]
 
 SCRAPE = "1s"
 # What Grafana would put for its built-in variables (a 1 s scrape interval, a short time range);

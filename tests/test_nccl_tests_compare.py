@@ -90,6 +90,7 @@ def test_candidates_come_from_nccls_tuner(tmp_path):
     assert rows["Ring/LL"]["avg_us"] == pytest.approx(rows["default"]["avg_us"] * 0.5, rel=0.02)
 
 
+@pytest.mark.alone     # the choice is proven by timing
 def test_proven_choice_written_and_checked_refused_name_explained(tmp_path):
     out = tmp_path / "nccl.env"
     res = tmp_path / "r.jsonl"

@@ -148,3 +148,10 @@ def test_stderr_reason_picks_the_telling_line():
     assert stderr_reason(f"{box}\nmpirun was unable to launch\nmore\n\nsecond paragraph\n{box}") == \
         "mpirun was unable to launch more"
     assert stderr_reason("") == ""
+    # ssh's failure, not Open MPI's warning of a setpgid race that healthy jobs print too (seen on a
+    # loaded machine: the warning's "Permission denied" had been taken for ssh's)
+    unreachable = ("[vm:25102] plm:rsh: Warning: setpgid(25112,25112) failed in parent with errno=Permission denied(13)\n"
+                   "ssh: Could not resolve hostname badhost1.invalid: Name or service not known\n"
+                   f"{box}\nORTE was unable to reliably start one or more daemons.\n{box}")
+    assert stderr_reason(unreachable) == "ssh: Could not resolve hostname badhost1.invalid: Name or service not known"
+    assert stderr_reason(unreachable.splitlines()[0]) == ""

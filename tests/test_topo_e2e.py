@@ -15,7 +15,7 @@ from collbench.results.record_parser import is_record, parse_record
 from collbench.pair_matrix import load_matrices
 from conftest import REPO, is_root
 
-pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow]
+pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow, pytest.mark.alone]
 
 PREFIX = "cbte13"    # this file's namespaces (other testbeds use other prefixes)
 

@@ -306,6 +306,7 @@ def slow_host_bed(tmp_path):
 @pytest.mark.netns
 @pytest.mark.mpi
 @pytest.mark.slow
+@pytest.mark.alone     # the slow link is found by timing
 def test_measure_names_the_host_whose_link_is_slow(slow_host_bed, tmp_path):
     bed = slow_host_bed
     slow = next(h["addr"] for h in bed["hosts"] if h["alias"] == "h4")

@@ -115,7 +115,7 @@ class MpiJob:
         """The last n lines of stderr, after the launcher's first lines on a host it could not
         reach (ssh: Could not resolve hostname ...) when Open MPI's banners pushed them out."""
         kept = list(self._stderr)
-        cause = [ln for ln in kept[:-n] if _LAUNCH_FAILED.search(ln.strip())][:2]
+        cause = [ln for ln in kept[:-n] if _LAUNCH_FAILED.search(ln.strip()) and not _NOT_A_CAUSE.search(ln)][:2]
         return "\n".join(cause + kept[-n:])
 
     def descendants(self):
@@ -193,6 +193,10 @@ _RANK_DIED = re.compile(r"noticed that process rank \d+ .*(exited|signal)|exited
 _LAUNCH_FAILED = re.compile(r"^(?:ssh|rsh)\b.*:|^srun: error:|Could not resolve hostname|Permission denied"
                             r"|Host key verification failed|Connection (?:refused|timed out|closed)"
                             r"|No route to host|Name or service not known|command not found", re.I)
+# Open MPI's warnings that are true of healthy jobs too, never a failure's cause: plm rsh's
+# setpgid in the parent fails (EACCES) when the child has already exec'd ssh, a race a loaded
+# machine wins now and then; its "Permission denied" must not pass for ssh's
+_NOT_A_CAUSE = re.compile(r"plm:\w+: Warning: setpgid\(")
 # Open MPI's note that it aggregated its help messages: true of every failure, says nothing
 _BOILERPLATE = re.compile(r'Set MCA parameter "?orte_base_help_aggregate|more process(?:es)? ha(?:s|ve) sent help message')
 # the lines of an Open MPI box that name the host concerned ("target node:  n2", "Node: n2")
@@ -237,11 +241,12 @@ def stderr_reason(stderr_tail, program_prefix="collbench-engine:"):
 
     mpirun's note of a rank that died wins; then the program's own last message (lines
     starting with program_prefix; None for programs without one, such as OSU); then what the
-    launcher said of a host it could not reach (ssh: Could not resolve hostname ...); then the
+    launcher said of a host it could not reach (ssh: Could not resolve hostname ...), never a
+    warning that healthy jobs print too (plm rsh's setpgid); then the
     last line outside mpirun's ----- boxes; then the first paragraph of the first whole box
     (Open MPI's banners end in boilerplate such as "We apologize for the problem": never that).
     """
-    lines = [ln.strip() for ln in (stderr_tail or "").splitlines()]
+    lines = [ln.strip() for ln in (stderr_tail or "").splitlines() if not _NOT_A_CAUSE.search(ln)]
     for ln in lines:
         if _RANK_DIED.search(ln):
             return ln
