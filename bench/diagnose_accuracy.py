@@ -22,8 +22,18 @@ and a baseline saved from --baseline-runs quiet `once` runs spread over --baseli
                  tx_prio3_pause driven up by STEP every 2 ms -> pfc, the host
     link_errors  the same with one host's port symbol_error driven up -> link_errors, the host
 
-Mode `once` (the only one built so far): each trial is `once` runs (--runs-per-trial) with the
-fault on, then `diagnose --baseline`. The stress loop with the shift test is not in this campaign yet.
+--mode once: each trial is `once` runs (--runs-per-trial) with the fault on, then `diagnose
+--baseline`.
+--mode loop: the stress daemon runs on the testbed the whole campaign (one long-lived engine job,
+allreduce and alltoall 1MB steps, every host's counters read around each step), and the shift
+test (change_point.ShiftDetector, as the exporter's latency_shift collector runs it, with
+--shift-ratio) is fed its results as they are written. Each trial: LOOP_LOOKBACK_S of quiet steps,
+then the fault until the shift has held for --for-s (the alert's `for:`) or LOOP_FAULT_S passed
+(LOOP_QUIET_S for a quiet trial),
+then `diagnose` on that window of the daemon's log (no baseline: the window's own quiet steps are
+the normal), then the fault cleared and the test back in control. A quiet trial is the same window
+with no fault: an alert in it is a false alarm, a named suspect a false culprit. The fixture classes
+run in once mode only.
 
 Per class it prints trials, right (host or link and cause), one end (lossy_link: the sender's
 link named, not the link: what host counters alone can say), wrong (a named suspect that is not
@@ -33,6 +43,7 @@ with the machine's load average. Figures are one campaign's: repeat it (--seed) 
 
     .venv/bin/python bench/diagnose_accuracy.py --trials 20 --quiet 40      # the issue's campaign
     .venv/bin/python bench/diagnose_accuracy.py --trials 2 --quiet 4         # a smoke run
+    .venv/bin/python bench/diagnose_accuracy.py --mode loop --fixture-classes '' --trials 5 --quiet 12
 """
 
 import argparse
@@ -59,6 +70,16 @@ FIXTURE_STRENGTHS = {"pfc": [1, 3, 10], "link_errors": [1, 3]}    # counts added
 FIXTURE_PLAN = ["--ops", "allreduce,allgather,alltoall", "--sizes", "1MB,2MB", "--iterations", "10"]
 QUEUE_RATE = "400mbit"          # the marking port's queue (a port marks because its queue builds)
 LINK_RUNS = 3                   # lossy_link: alltoall's 3 steps a run; a counter needs 3 slow steps
+# loop mode: two series (alltoall pairs every two hosts, for lossy_link), so that each sees a step
+# every second or so and the shift test fires within seconds of a fault
+LOOP_PLAN = ("stress:\n  stop_grace: 5\n  plan:\n"
+             "    - {op: allreduce, sizes: [1MB], iterations: 10, warmup: 1}\n"
+             "    - {op: alltoall, sizes: [1MB], iterations: 10, warmup: 1}\n")
+LOOP_LOOKBACK_S = 20            # quiet steps before the fault in the verdict's window (diagnose's normal:
+                                # ~30 steps of each series)
+LOOP_FAULT_S = 60               # the longest a fault stays on waiting for the alert
+LOOP_QUIET_S = 20               # a quiet trial's second phase: about a fault's time to its alert
+LOOP_RECOVER_S = 90             # the longest the shift test may take to come back in control
 
 
 def once(bed, results, ops):
@@ -120,7 +141,63 @@ class Fault:
         elif self.cls == "cpu":
             self.mover.stop.set()
             self.mover.join()
-            self.cgroup.remove()
+            self.cgroup.remove()      # the stress loop's ranks outlive the fault: moved back out first
+
+
+class ShiftWatch:
+    """The shift test fed with the daemon's results as they are written, per op, size and rank
+    count, as the exporter's latency_shift collector feeds it; `alerted()` is the alert: some
+    series' flag on for for_s (the rule's `for:`)."""
+
+    def __init__(self, log, min_ratio, for_s):
+        from collbench.change_point import ShiftDetector
+        self.log, self.min_ratio, self.for_s = log, min_ratio, for_s
+        self.detectors, self.pos, self.seq, self.since = {}, 0, 0, None
+        self.new = ShiftDetector
+
+    def poll(self):
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(self.pos)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        end = data.rfind(b"\n") + 1
+        self.pos += end
+        for line in data[:end].splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("type") != "result" or not isinstance(rec.get("latency_avg_us"), (int, float)):
+                continue
+            self.seq = max(self.seq, rec.get("seq", 0))
+            key = (rec.get("op"), rec.get("size"), rec.get("ranks"))
+            det = self.detectors.setdefault(key, self.new(self.min_ratio))
+            det.add(rec["latency_avg_us"])
+        shifted = any(d.shift for d in self.detectors.values())
+        self.since = (self.since or time.monotonic()) if shifted else None
+
+    def alerted(self):
+        return self.since is not None and time.monotonic() - self.since >= self.for_s
+
+    def in_control(self):
+        from collbench.change_point import H
+        return bool(self.detectors) and all(d.ready and not d.shift and d.statistic < H / 2
+                                            for d in self.detectors.values())
+
+
+def window(log, first_seq, last_seq, path):
+    """The daemon's lines of seq first..last, unchanged, as a file of their own."""
+    with open(log, "rb") as src, open(path, "wb") as out:
+        for line in src:
+            try:
+                seq = json.loads(line).get("seq", 0)
+            except ValueError:
+                continue
+            if first_seq <= seq <= last_seq:
+                out.write(line)
+    return path
 
 
 def judge(doc, expected):
@@ -198,6 +275,94 @@ def campaign(args):
     return rows, quiet_rows
 
 
+def loop_campaign(args):
+    """Mode loop: rows as campaign()'s, plus whether and when the alert fired."""
+    rng = random.Random(args.seed)
+    root = tempfile.mkdtemp(prefix="diag-accuracy-loop-")
+    bed = testbed.up(args.hosts, os.path.join(root, "tb"), python=sys.executable)
+    log = os.path.join(bed["dir"], "state", "results.jsonl")     # the testbed config's state_dir
+    os.makedirs(os.path.dirname(log), exist_ok=True)
+    rows, quiet_rows = [], []
+    try:
+        with open(bed["config"], "a") as f:
+            f.write("step_timeout: 60s\ncongestion:\n  enabled: true\n" + LOOP_PLAN)
+        r = collbench("stress", "start", "--config", bed["config"], netns=bed["hosts"][0]["netns"])
+        if r.returncode != 0:
+            raise RuntimeError(f"stress start failed: {r.stderr[-500:]}")
+        watch = ShiftWatch(log, args.shift_ratio, args.for_s)
+
+        def settle(deadline_s):
+            """Polls until the test is in control (or deadline_s); whether it is."""
+            t_end = time.monotonic() + deadline_s
+            while time.monotonic() < t_end:
+                watch.poll()
+                if watch.in_control():
+                    return True
+                time.sleep(0.5)
+            return False
+
+        if not settle(120):
+            raise RuntimeError(f"the shift test never came in control: {len(watch.detectors)} series in {log}")
+        plan = [c for c in args.classes for _ in range(args.trials)] + ["quiet"] * args.quiet
+        rng.shuffle(plan)
+        started = time.monotonic()
+        for n, cls in enumerate(plan):
+            in_control = settle(LOOP_RECOVER_S)
+            first = watch.seq + 1
+            time.sleep(LOOP_LOOKBACK_S)
+            load = os.getloadavg()[0]
+            fault = None
+            if cls != "quiet":
+                host, peer = rng.sample(bed["hosts"], 2)
+                strength = rng.choice(STRENGTHS[cls])
+                fault = Fault(bed, cls, host, peer, strength)
+                fault.__enter__()
+            t0, alert_s = time.monotonic(), None
+            try:
+                while time.monotonic() - t0 < (LOOP_FAULT_S if fault else LOOP_QUIET_S):
+                    watch.poll()
+                    if watch.alerted():
+                        alert_s = time.monotonic() - t0
+                        break
+                    time.sleep(0.5)
+                watch.poll()
+                path = window(log, first, watch.seq, os.path.join(root, f"trial-{n}.jsonl"))
+                r = collbench("diagnose", path, "--config", bed["config"], "--format", "json", timeout=120)
+                if r.returncode not in (0, 1):
+                    raise RuntimeError(f"diagnose failed: {r.stderr[-500:]}")
+                doc = json.loads(r.stdout)
+            finally:
+                if fault is not None:
+                    fault.__exit__(None, None, None)
+            named = [s for s in doc["suspects"] if s["host"] or s["link"]]
+            if fault is None:
+                quiet_rows.append({"verdict": doc["verdict"], "named": len(named), "load": load,
+                                   "ratios": [x["ratio"] for x in doc["regressions"]], "alerted": alert_s is not None,
+                                   "in_control_before": in_control})
+                outcome = "false culprit" if named else doc["verdict"]
+            else:
+                outcome = judge(doc, fault.expected())
+                top = doc["suspects"][0] if doc["suspects"] else {}
+                rows.append({"class": cls, "strength": strength, "outcome": outcome,
+                             "seconds": time.monotonic() - t0, "alert_s": alert_s, "load": load,
+                             "host": host["alias"], "peer": peer["alias"], "in_control_before": in_control,
+                             "ratio": max((x["ratio"] for x in doc["regressions"]), default=1.0),
+                             "top": [top.get("cause"), top.get("host"), top.get("link"), top.get("p_value")],
+                             "lacking": (top.get("evidence") or {}).get("lacking", [])[:3]})
+            left = (time.monotonic() - started) / (n + 1) * (len(plan) - n - 1)
+            print(f"[loop {n + 1}/{len(plan)}] {cls}: {outcome}, alert "
+                  f"{'none' if alert_s is None else f'after {alert_s:.0f} s'} (load {load:.1f}; ~{left:.0f} s left)",
+                  file=sys.stderr, flush=True)
+    finally:
+        try:
+            stop = collbench("stress", "stop", "--config", bed["config"], timeout=60)
+            if stop.returncode != 0:
+                print(f"stress stop: {stop.stderr[-300:]}", file=sys.stderr)
+        finally:
+            testbed.down(bed["dir"])
+    return rows, quiet_rows
+
+
 def fixture_campaign(args):
     """The PFC and link-error classes on emulated hosts (no testbed): rows as campaign()'s."""
     from pathlib import Path
@@ -244,6 +409,13 @@ def fixture_campaign(args):
 
 
 def report(rows, quiet_rows):
+    alerts = [r for r in rows if "alert_s" in r]
+    if alerts:
+        print("loop mode: alerts fired in "
+              + ", ".join(f"{cls} {sum(r['alert_s'] is not None for r in rs)}/{len(rs)}"
+                          for cls in CLASSES for rs in [[r for r in alerts if r["class"] == cls]] if rs)
+              + (f"; median fault to alert {statistics.median(a):.0f} s"
+                 if (a := [r["alert_s"] for r in alerts if r["alert_s"] is not None]) else ""))
     print(f"{'class':<12} {'trials':>6} {'right':>6} {'1 end':>6} {'wrong':>6} {'unexpl':>7} {'no-reg':>7} "
           f"{'median s':>9} {'ratio (min-max)':>16}  strengths right/tried")
     for cls in CLASSES + tuple(FIXTURE_STRENGTHS):
@@ -266,11 +438,18 @@ def report(rows, quiet_rows):
         loads = [q["load"] for q in quiet_rows]
         print(f"quiet runs: {len(quiet_rows)}; false culprits {sum(q['named'] > 0 for q in quiet_rows)}; "
               f"false alarms (a regression found) {sum(q['verdict'] != 'no regression' for q in quiet_rows)}; "
-              f"load average {min(loads):.1f}-{max(loads):.1f}")
+              + (f"alerts fired {sum(q['alerted'] for q in quiet_rows)}; " if "alerted" in quiet_rows[0] else "")
+              + f"load average {min(loads):.1f}-{max(loads):.1f}")
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=("once", "loop"), default="once",
+                   help="once runs against a baseline, or the stress loop with the shift test (default once)")
+    p.add_argument("--shift-ratio", type=float, default=1.5,
+                   help="loop mode: alerts.shift_ratio (default 1.5: quiet steps here wander to 1.24x, "
+                        "tests/test_alert_to_culprit_e2e.py)")
+    p.add_argument("--for-s", type=float, default=10.0, help="loop mode: the alert's `for:` in seconds (default 10)")
     p.add_argument("--hosts", type=int, default=4)
     p.add_argument("--trials", type=int, default=20, help="trials per fault class (default 20)")
     p.add_argument("--quiet", type=int, default=40, help="quiet runs (default 40)")
@@ -297,7 +476,8 @@ def main(argv=None):
         p.error(f"unknown classes {', '.join(sorted(unknown))} (known: {', '.join(CLASSES)})")
     if os.geteuid() != 0:
         p.error("the testbed needs root")
-    rows, quiet_rows = campaign(args) if args.classes or args.quiet else ([], [])
+    run = loop_campaign if args.mode == "loop" else campaign
+    rows, quiet_rows = run(args) if args.classes or args.quiet else ([], [])
     if args.fixture_classes:
         rows += fixture_campaign(args)
     report(rows, quiet_rows)

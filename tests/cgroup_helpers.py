@@ -27,7 +27,17 @@ class Cgroup:
     def add(self, pid):
         (self.dir / "cgroup.procs").write_text(f"{pid}\n")
 
+    def release(self):
+        """Move every process still in the cgroup back to its parent (a long-lived job's ranks:
+        the stress loop's outlive the fault), so that it can be removed."""
+        for pid in (self.dir / "cgroup.procs").read_text().split():
+            try:
+                (self.dir.parent / "cgroup.procs").write_text(f"{pid}\n")
+            except OSError:      # it ended meanwhile
+                pass
+
     def remove(self):
+        self.release()
         for _ in range(100):     # its processes have ended, but the kernel may not have let go yet
             try:
                 self.dir.rmdir()
