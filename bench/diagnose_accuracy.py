@@ -147,13 +147,17 @@ class Fault:
 class ShiftWatch:
     """The shift test fed with the daemon's results as they are written, per op, size and rank
     count, as the exporter's latency_shift collector feeds it; `alerted()` is the alert: some
-    series' flag on for for_s (the rule's `for:`)."""
+    series' flag on for for_s (the rule's `for:`); `longest` the longest such spell since reset()
+    (what a longer `for:` would have let through)."""
 
     def __init__(self, log, min_ratio, for_s):
         from collbench.change_point import ShiftDetector
         self.log, self.min_ratio, self.for_s = log, min_ratio, for_s
-        self.detectors, self.pos, self.seq, self.since = {}, 0, 0, None
+        self.detectors, self.pos, self.seq, self.since, self.longest = {}, 0, 0, None, 0.0
         self.new = ShiftDetector
+
+    def reset(self):
+        self.longest = 0.0
 
     def poll(self):
         try:
@@ -177,6 +181,8 @@ class ShiftWatch:
             det.add(rec["latency_avg_us"])
         shifted = any(d.shift for d in self.detectors.values())
         self.since = (self.since or time.monotonic()) if shifted else None
+        if self.since is not None:
+            self.longest = max(self.longest, time.monotonic() - self.since)
 
     def alerted(self):
         return self.since is not None and time.monotonic() - self.since >= self.for_s
@@ -285,7 +291,9 @@ def loop_campaign(args):
     rows, quiet_rows = [], []
     try:
         with open(bed["config"], "a") as f:
-            f.write("step_timeout: 60s\ncongestion:\n  enabled: true\n" + LOOP_PLAN)
+            # alerts.shift_ratio: diagnose's shift gate is the alert's (docs/DIAGNOSIS.md, "What regressed")
+            f.write(f"step_timeout: 60s\ncongestion:\n  enabled: true\nalerts:\n  shift_ratio: {args.shift_ratio}\n"
+                    + LOOP_PLAN)
         r = collbench("stress", "start", "--config", bed["config"], netns=bed["hosts"][0]["netns"])
         if r.returncode != 0:
             raise RuntimeError(f"stress start failed: {r.stderr[-500:]}")
@@ -310,6 +318,8 @@ def loop_campaign(args):
             in_control = settle(LOOP_RECOVER_S)
             first = watch.seq + 1
             time.sleep(LOOP_LOOKBACK_S)
+            watch.poll()
+            watch.reset()
             load = os.getloadavg()[0]
             fault = None
             if cls != "quiet":
@@ -338,7 +348,7 @@ def loop_campaign(args):
             if fault is None:
                 quiet_rows.append({"verdict": doc["verdict"], "named": len(named), "load": load,
                                    "ratios": [x["ratio"] for x in doc["regressions"]], "alerted": alert_s is not None,
-                                   "in_control_before": in_control})
+                                   "shift_spell_s": round(watch.longest, 1), "in_control_before": in_control})
                 outcome = "false culprit" if named else doc["verdict"]
             else:
                 outcome = judge(doc, fault.expected())

@@ -28,10 +28,8 @@ import tempfile
 import time
 
 from collbench import signals
+from collbench.bounded_file import FIFO_POLL_S, FIFO_WAIT_S
 from collbench.errors import UserError
-
-FIFO_WAIT_S = 5.0  # how long a FIFO without a reader is waited for before giving up
-_FIFO_POLL_S = 0.05
 
 
 class OutputError(UserError):
@@ -141,7 +139,7 @@ def _open_through(real, kind, fifo_wait_s=None):
                 raise
             if time.monotonic() >= deadline:
                 raise OSError(errno.ENXIO, f"FIFO has no reader (waited {wait:g} s)", real) from None
-            time.sleep(_FIFO_POLL_S)
+            time.sleep(FIFO_POLL_S)
     flags = fcntl.fcntl(fd, fcntl.F_GETFL)
     fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)  # a reader is there: ordinary writes
     return fd

@@ -25,6 +25,11 @@ import threading
 
 from collbench.errors import UserError
 
+# how long a FIFO's other end is waited for, then refused with a clear error: a reader for one
+# that is written (atomic_file), a writer for one that is read (nccl.log_input)
+FIFO_WAIT_S = 5.0
+FIFO_POLL_S = 0.05
+
 
 class UntrustedFileError(Exception):
     """A file that could not be read within its bounds; str() says why, without the path (the

@@ -1,5 +1,6 @@
 """A real Prometheus (the Debian package) that a test starts, queries and stops: the one place the
-e2e tests write its config, start it and read its query API."""
+e2e tests write its config, start it and read its query API; and the other daemons the monitoring
+tests start beside it (exporters, Alertmanager) as a Service."""
 
 import json
 import subprocess
@@ -9,6 +10,31 @@ import urllib.request
 import yaml
 
 from conftest import require_tool, stop_process
+
+
+class Service:
+    """A daemon a test starts in its own session (in a network namespace when `netns` is given),
+    its output in log_path; stopped by its pid."""
+
+    def __init__(self, name, argv, log_path, cwd=None, netns=None):
+        self.name, self.log_path = name, log_path
+        self.log = open(log_path, "w")
+        pre = ["ip", "netns", "exec", netns] if netns else []
+        self.proc = subprocess.Popen(pre + argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=cwd,
+                                     start_new_session=True)
+
+    def check_alive(self):
+        if self.proc.poll() is not None:
+            raise AssertionError(f"{self.name} exited {self.proc.returncode}:\n{self.tail()}")
+
+    def tail(self):
+        self.log.flush()
+        with open(self.log_path) as f:
+            return "".join(f.readlines()[-30:])
+
+    def stop(self):
+        stop_process(self.proc, timeout=15)
+        self.log.close()
 
 
 class Prometheus:

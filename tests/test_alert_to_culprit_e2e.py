@@ -48,9 +48,9 @@ import urllib.request
 import pytest
 import yaml
 
-from conftest import REPO, is_root, require_tool, stop_process, unused_port, wait_for
+from conftest import REPO, is_root, require_tool, unused_port, wait_for
 from lab import testbed
-from prometheus_helpers import Prometheus
+from prometheus_helpers import Prometheus, Service
 
 pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow, pytest.mark.alone]
 
@@ -103,26 +103,6 @@ def _results(path, after=0):
     except FileNotFoundError:
         return []
     return [r for r in recs if r.get("type") == "result" and r.get("seq", 0) > after]
-
-
-class Service:
-    """A daemon this test starts in its own session (optionally in a namespace); stopped by its pid."""
-
-    def __init__(self, name, argv, log_path, netns=None):
-        self.name, self.log_path = name, log_path
-        self.log = open(log_path, "w")
-        pre = ["ip", "netns", "exec", netns] if netns else []
-        self.proc = subprocess.Popen(pre + argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO,
-                                     start_new_session=True)
-
-    def check_alive(self):
-        if self.proc.poll() is not None:
-            self.log.flush()
-            raise AssertionError(f"{self.name} exited {self.proc.returncode}: {open(self.log_path).read()[-3000:]}")
-
-    def stop(self):
-        stop_process(self.proc, timeout=10)
-        self.log.close()
 
 
 class Stack:
@@ -213,13 +193,13 @@ def stack(tmp_path):
             st.services.append(Service(f"counters exporter {h['alias']}", [
                 sys.executable, "-m", "collbench", "exporter", "--counters-only", "--config", bed["config"],
                 "--listen", f"{h['addr']}:{COUNTERS_PORT}"], os.path.join(tmp, f"counters-{h['alias']}.log"),
-                netns=h["netns"]))
+                cwd=REPO, netns=h["netns"]))
         # the master's exporter: the daemon's results, the shift test and the top congested host
         ex_port, prom_port, am_port = unused_port(), unused_port(), unused_port()
         st.services.append(Service("exporter", [
             sys.executable, "-m", "collbench", "exporter", "--config", bed["config"], "--results-log", st.log,
             "--state-dir", st.state, "--poll-interval", "0.2", "--listen", f"127.0.0.1:{ex_port}",
-            "--collectors", "results,congestion_top,latency_shift"], os.path.join(tmp, "exporter.log")))
+            "--collectors", "results,congestion_top,latency_shift"], os.path.join(tmp, "exporter.log"), cwd=REPO))
 
         with open(os.path.join(tmp, "alertmanager.yml"), "w") as f:
             yaml.safe_dump({"route": {"receiver": "null", "group_by": ["alertname"], "group_wait": "1s",
@@ -228,7 +208,7 @@ def stack(tmp_path):
         st.services.append(Service("alertmanager", [
             alertmanager, f"--config.file={tmp}/alertmanager.yml", f"--storage.path={tmp}/am-data",
             f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address=", "--log.level=warn"],
-            os.path.join(tmp, "alertmanager.log")))
+            os.path.join(tmp, "alertmanager.log"), cwd=REPO))
         # resend-delay 1s: an alert sent before Prometheus found Alertmanager is resent in 1 s, not 1 min
         st.services.append(Prometheus(tmp_path, {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},

@@ -192,6 +192,22 @@ def test_a_quiet_series_and_a_spike_are_no_regression(tmp_path):
     assert p.returncode == 0 and p.stdout.startswith("no regression")
 
 
+def test_without_a_baseline_the_shift_gate_is_the_alerts_shift_ratio(tmp_path):
+    """The shift test's size gate is the config's alerts.shift_ratio, the gate of the alert that sent
+    the operator here: a lasting 1.35x rise is a regression at the default (1.2) and none where the
+    alert asks for 1.5x; a 1.6x rise is one under both."""
+    mild = write(tmp_path / "mild.jsonl", series(factor=1.35))
+    strong = write(tmp_path / "strong.jsonl", series(factor=1.6))
+    cfg = tmp_path / "collbench.yaml"
+    cfg.write_text("alerts:\n  shift_ratio: 1.5\n")
+    rc, doc, err = diagnose(mild)
+    assert rc == 1 and doc["regressions"] and doc["regressions"][0]["method"] == "shift", err
+    rc, doc, err = diagnose(mild, "--config", cfg)
+    assert rc == 0 and doc["verdict"] == "no regression", (err, doc["regressions"])
+    rc, doc, err = diagnose(strong, "--config", cfg)
+    assert rc == 1 and 1.4 < doc["regressions"][0]["ratio"] < 1.8, err
+
+
 def test_against_a_baseline_the_slow_steps_are_those_above_its_bound(tmp_path):
     quiet = write(tmp_path / "quiet.jsonl", series(n=20, factor=1.0))
     p = subprocess.run([sys.executable, "-m", "collbench", "baseline", "save", "b1", "--from", quiet, "--state-dir",

@@ -26,8 +26,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 
-from conftest import FIXTURES, REPO, require_tool, stop_process, unused_port, wait_for
-from prometheus_helpers import Prometheus
+from conftest import FIXTURES, REPO, require_tool, unused_port, wait_for
+from prometheus_helpers import Prometheus, Service
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.alone]
 
@@ -54,30 +54,6 @@ def wait_until(predicate, timeout, what):
     if not value:
         raise AssertionError(f"timed out after {timeout}s waiting for {what}")
     return value
-
-
-class Service:
-    """A daemon this test starts, in its own session; stopped by its pid at teardown."""
-
-    def __init__(self, name, argv, log_path, cwd=None):
-        self.name = name
-        self.log_path = log_path
-        self.log = open(log_path, "w")
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=cwd,
-                                     start_new_session=True)
-
-    def check_alive(self):
-        if self.proc.poll() is not None:
-            raise AssertionError(f"{self.name} exited {self.proc.returncode}:\n{self.tail()}")
-
-    def tail(self):
-        self.log.flush()
-        with open(self.log_path) as f:
-            return "".join(f.readlines()[-30:])
-
-    def stop(self):
-        stop_process(self.proc, timeout=15)
-        self.log.close()
 
 
 class WebhookReceiver:

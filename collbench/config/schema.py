@@ -24,6 +24,11 @@ STRESS_SCHEMA = {
     "results_log": (PATH, None),              # default <state_dir>/results.jsonl
     "stop_grace": (POS_SECONDS, 10.0),       # SIGTERM -> SIGKILL grace, seconds
 }
+
+# the collectors that read only this host's counters, no results log: what the per-host counters
+# exporter (--counters-only) serves and its unit (ctl deploy --counters-exporter) may select; each
+# collector's own registration says the same (counters=True), tests/test_exporter_collectors.py
+COUNTERS_COLLECTORS = ("rdma_sysfs", "ethtool", "netstat")
 EXPORTER_SCHEMA = {
     "listen": (STR, "0.0.0.0:9105"),
     "results_log": (PATH, None),              # default: the daemon's log in state_dir

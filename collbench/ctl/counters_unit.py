@@ -12,12 +12,12 @@ import posixpath
 import re
 
 from collbench.config import EXPORTER_SCHEMA
+from collbench.config.schema import COUNTERS_COLLECTORS
 from collbench.errors import UserError
 
 UNIT = "collbench-counters.service"
 UNIT_DIR = "/etc/systemd/system"
 PORT = 9106                          # collbench/exporter/cli.py COUNTERS_LISTEN, scrape_config.COUNTERS_PORT
-COUNTERS_COLLECTORS = ("rdma_sysfs", "ethtool", "netstat")
 HEALTH_WAIT_S = 20.0
 _PLAIN = re.compile(r"^[A-Za-z0-9_./@:+,=-]+$")
 

@@ -54,15 +54,16 @@ def register(subparsers):
     p.set_defaults(func=cmd_diagnose)
 
 
-def _state_dir(args):
+def _state_dir(args, cfg):
     if args.state_dir:
         return os.path.abspath(os.path.expanduser(args.state_dir))
-    from collbench.config import load_config
-    return os.path.abspath(os.path.expanduser(load_config(args.config).state_dir))
+    return os.path.abspath(os.path.expanduser(cfg.state_dir))
 
 
-def diagnose(paths, baseline=None, since=None):
-    """(Diagnosis, ResultsInput) of the results files (the verb without its flags and output)."""
+def diagnose(paths, baseline=None, since=None, shift_ratio=None):
+    """(Diagnosis, ResultsInput) of the results files (the verb without its flags and output).
+    shift_ratio: the shift test's size gate without a baseline (the config's alerts.shift_ratio, the
+    gate of the alert that sent the operator here; None: its default)."""
     from collbench.diagnose import regression
     from collbench.diagnose.load import load
     source = ResultsInput(paths, since=since)
@@ -75,7 +76,7 @@ def diagnose(paths, baseline=None, since=None):
     notes = []
     if baseline is not None:
         _check_same_cluster(baseline, loaded)
-    regs, det_notes = regression.detect(loaded.series, baseline)
+    regs, det_notes = regression.detect(loaded.series, baseline, shift_ratio=shift_ratio)
     notes += det_notes
     if len(loaded.clusters) > 1:
         shapes = ", ".join(f"{n} nodes/{r} ranks/{t}" for (n, r, t) in sorted(loaded.clusters, key=str)[:4])
@@ -110,10 +111,12 @@ def _check_same_cluster(baseline, loaded):
 def cmd_diagnose(args):
     from collbench.atomic_file import write_output
     from collbench.diagnose import output
+    from collbench.config import load_config
     since = parse_since(args.since, time.time()) if args.since is not None else None
     paths = args.results
+    cfg = load_config(args.config)
     need_state = (not paths and not args.inspector) or args.baseline
-    state = _state_dir(args) if need_state else None
+    state = _state_dir(args, cfg) if need_state else None
     if not paths and not args.inspector:
         if not os.path.isfile(os.path.join(state, "results.jsonl")):
             raise UserError(f"no RESULTS given and the state directory {state} has no results.jsonl "
@@ -128,10 +131,10 @@ def cmd_diagnose(args):
         if not 0.5 <= args.step <= 3600:
             raise UserError(f"--step: expected 0.5 to 3600 seconds, got {args.step:g}")
         d, summary = diagnose_inspector(args.inspector + list(args.results or []), args.prometheus,
-                                        args.counters_from, baseline, args.step)
+                                        args.counters_from, baseline, args.step, cfg.alerts.shift_ratio)
         print(f"collbench: {summary}", file=sys.stderr)
     else:
-        d, source = diagnose(paths, baseline, since)
+        d, source = diagnose(paths, baseline, since, cfg.alerts.shift_ratio)
         print(f"collbench: {source.summary_line()}", file=sys.stderr)
     if args.format == "json":
         text = output.json_text(d)

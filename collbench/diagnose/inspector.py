@@ -131,7 +131,8 @@ def attach_counters(records, prometheus=None, counters_from=None, step_s=DEFAULT
     return n
 
 
-def diagnose_inspector(paths, prometheus=None, counters_from=None, baseline=None, step_s=DEFAULT_STEP_S):
+def diagnose_inspector(paths, prometheus=None, counters_from=None, baseline=None, step_s=DEFAULT_STEP_S,
+                       shift_ratio=None):
     """(Diagnosis, summary line) of a job's Inspector records."""
     from collbench.diagnose import regression
     from collbench.diagnose.load import Loaded
@@ -150,7 +151,7 @@ def diagnose_inspector(paths, prometheus=None, counters_from=None, baseline=None
         loaded.add(rec)
     loaded.finish()
     notes = []
-    regs, det_notes = regression.detect(loaded.series, baseline)
+    regs, det_notes = regression.detect(loaded.series, baseline, shift_ratio=shift_ratio)
     notes += det_notes
     suspects = explain(loaded, regs, baseline.counter_normal if baseline is not None else None)
     where = f"Prometheus {prometheus} (increase per {step_s:g} s)" if prometheus else f"the stress log {counters_from}"

@@ -111,9 +111,11 @@ def _upper_level(indices, latencies, threshold):
     return sorted(indices[j] for j in order[best_k:])
 
 
-def detect(series, baseline=None, threshold=DEFAULT_THRESHOLD, k=DEFAULT_K):
+def detect(series, baseline=None, threshold=DEFAULT_THRESHOLD, k=DEFAULT_K, shift_ratio=None):
     """(regressions, notes): every series checked against the baseline (a key it lacks is noted),
-    or for a shift when there is none (a series too short for one is noted)."""
+    or for a shift when there is none (a series too short for one is noted). shift_ratio: the
+    shift test's size gate (the config's alerts.shift_ratio: the gate of the alert that sent the
+    operator here); None: threshold."""
     found, short, unmatched = [], 0, 0
     for key in sorted(series, key=lambda k: k.sort_key()):
         steps = series[key]
@@ -127,7 +129,7 @@ def detect(series, baseline=None, threshold=DEFAULT_THRESHOLD, k=DEFAULT_K):
             short += 1
             continue
         else:
-            r = shift(key, steps, threshold)
+            r = shift(key, steps, shift_ratio or threshold)
         if r is not None:
             found.append(r)
     notes = []

@@ -221,8 +221,7 @@ log = logging.getLogger(__name__)
 # Under srun, Open MPI 4.1 and Slurm's PMIx plugin race in MPI_Init: a rank on a loaded node may
 # get a peer's first message before its TCP handler is set, and segfault (1 step in ~30 here;
 # docs/TROUBLESHOOTING.md). A job that died by a signal before every rank finished MPI_Init ran
-# nothing of the plan: it is launched once more, and the retry said on stderr.
-START_RETRIES = 1
+# nothing of the plan: it is launched once more (once per job), and the retry said on stderr.
 
 
 def _died_in_start_up(cfg, end, in_batch):
@@ -314,7 +313,7 @@ class BuiltinEngine(Engine):
         steps = list(steps)
         total = len(steps)
         done = 0  # steps that have a record
-        retries = {}   # done -> start-up retries of the job beginning there
+        retried_at = None   # `done` where a job was last relaunched after dying in its start-up
         with _PlanFile(plan_path) as path:
             while done < total:
                 batch = algorithms.same_job_prefix(steps[done:])   # one job per forced algorithm
@@ -346,8 +345,8 @@ class BuiltinEngine(Engine):
                 if error is None:
                     done += in_batch
                     continue
-                if _died_in_start_up(cfg, end, in_batch) and retries.get(done, 0) < START_RETRIES:
-                    retries[done] = retries.get(done, 0) + 1
+                if _died_in_start_up(cfg, end, in_batch) and retried_at != done:
+                    retried_at = done
                     log.warning("%s: %s before every rank finished MPI_Init (nothing of the plan ran): "
                                 "launching it once more (srun and Open MPI's start-up race, docs/TROUBLESHOOTING.md)",
                                 step_label(batch[0]), error)

@@ -18,6 +18,7 @@ import tempfile
 import time
 import zlib
 
+from collbench.bounded_file import FIFO_POLL_S, FIFO_WAIT_S
 from collbench.errors import UserError
 from collbench.nccl.log_parser import join_wrapped, wrapped_tail
 
@@ -25,8 +26,6 @@ BLOCK = 1 << 20             # bytes per read, processed as one unit (bigger bloc
 MAX_LINE = 64 << 10         # longer lines are cut here (the rest of the line is dropped and counted)
 SNIFF = 8192                # NUL bytes in the first SNIFF bytes mean a binary file
 GZIP_MAGIC = b"\x1f\x8b"
-FIFO_WAIT_S = 5.0           # how long a FIFO input waits for a process to open it for writing
-_FIFO_POLL_S = 0.05
 
 
 class LogInputError(UserError):
@@ -164,7 +163,7 @@ def open_stream(path, name=None):
                 if time.monotonic() >= deadline:
                     raise LogInputError(f"{name}: no process wrote to this FIFO within {FIFO_WAIT_S:g} s "
                                         f"(nothing to read; start the writer first, e.g. <(zcat log.gz))")
-                time.sleep(_FIFO_POLL_S)
+                time.sleep(FIFO_POLL_S)
         elif not stat.S_ISCHR(mode) and not stat.S_ISREG(mode):
             raise LogInputError(f"{name}: not a file, pipe or directory")
         os.set_blocking(fd, True)
