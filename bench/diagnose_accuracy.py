@@ -50,6 +50,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -153,7 +154,7 @@ class ShiftWatch:
     def __init__(self, log, min_ratio, for_s):
         from collbench.change_point import ShiftDetector
         self.log, self.min_ratio, self.for_s = log, min_ratio, for_s
-        self.detectors, self.pos, self.seq, self.since, self.longest = {}, 0, 0, None, 0.0
+        self.detectors, self.pos, self.inode, self.seq, self.since, self.longest = {}, 0, None, 0, None, 0.0
         self.new = ShiftDetector
 
     def reset(self):
@@ -162,6 +163,11 @@ class ShiftWatch:
     def poll(self):
         try:
             with open(self.log, "rb") as f:
+                st = os.fstat(f.fileno())
+                if st.st_ino != self.inode or st.st_size < self.pos:
+                    # rotated (stress.rotate_bytes: ~6 KB a step, 100 MB in ~15 min here): the new file
+                    # from its start (the old one's last lines are lost to the test, as to a tailer)
+                    self.inode, self.pos = st.st_ino, 0
                 f.seek(self.pos)
                 data = f.read()
         except FileNotFoundError:
@@ -194,16 +200,25 @@ class ShiftWatch:
 
 
 def window(log, first_seq, last_seq, path):
-    """The daemon's lines of seq first..last, unchanged, as a file of their own."""
-    with open(log, "rb") as src, open(path, "wb") as out:
-        for line in src:
+    """The daemon's lines of seq first..last, unchanged, as a file of their own (from the rotated
+    log too: a window may straddle a rotation); its number of lines."""
+    n = 0
+    with open(path, "wb") as out:
+        for name in (log + ".1", log):
             try:
-                seq = json.loads(line).get("seq", 0)
-            except ValueError:
+                src = open(name, "rb")
+            except FileNotFoundError:
                 continue
-            if first_seq <= seq <= last_seq:
-                out.write(line)
-    return path
+            with src:
+                for line in src:
+                    try:
+                        seq = json.loads(line).get("seq", 0)
+                    except ValueError:
+                        continue
+                    if first_seq <= seq <= last_seq:
+                        out.write(line)
+                        n += 1
+    return n
 
 
 def judge(doc, expected):
@@ -336,11 +351,15 @@ def loop_campaign(args):
                         break
                     time.sleep(0.5)
                 watch.poll()
-                path = window(log, first, watch.seq, os.path.join(root, f"trial-{n}.jsonl"))
-                r = collbench("diagnose", path, "--config", bed["config"], "--format", "json", timeout=120)
-                if r.returncode not in (0, 1):
-                    raise RuntimeError(f"diagnose failed: {r.stderr[-500:]}")
-                doc = json.loads(r.stdout)
+                path = os.path.join(root, f"trial-{n}.jsonl")
+                if window(log, first, watch.seq, path) == 0:
+                    # no step ended in the window (a job relaunched, a rotation missed): said, not judged
+                    doc = {"verdict": "no steps", "suspects": [], "regressions": []}
+                else:
+                    r = collbench("diagnose", path, "--config", bed["config"], "--format", "json", timeout=120)
+                    if r.returncode not in (0, 1):
+                        raise RuntimeError(f"diagnose failed: {r.stderr[-500:]}")
+                    doc = json.loads(r.stdout)
             finally:
                 if fault is not None:
                     fault.__exit__(None, None, None)
@@ -350,6 +369,11 @@ def loop_campaign(args):
                                    "ratios": [x["ratio"] for x in doc["regressions"]], "alerted": alert_s is not None,
                                    "shift_spell_s": round(watch.longest, 1), "in_control_before": in_control})
                 outcome = "false culprit" if named else doc["verdict"]
+            elif doc["verdict"] == "no steps":
+                outcome = "no steps"
+                rows.append({"class": cls, "strength": strength, "outcome": outcome, "seconds": time.monotonic() - t0,
+                             "alert_s": alert_s, "load": load, "host": host["alias"], "peer": peer["alias"],
+                             "in_control_before": in_control, "ratio": 1.0, "top": [None] * 4, "lacking": []})
             else:
                 outcome = judge(doc, fault.expected())
                 top = doc["suspects"][0] if doc["suspects"] else {}
@@ -368,6 +392,9 @@ def loop_campaign(args):
             stop = collbench("stress", "stop", "--config", bed["config"], timeout=60)
             if stop.returncode != 0:
                 print(f"stress stop: {stop.stderr[-300:]}", file=sys.stderr)
+            daemon_log = os.path.join(os.path.dirname(log), "daemon.log")
+            if os.path.exists(daemon_log):      # kept for a post-mortem: the testbed's directory goes
+                shutil.copy(daemon_log, root)
         finally:
             testbed.down(bed["dir"])
     return rows, quiet_rows
