@@ -346,9 +346,10 @@ def loop_campaign(args):
             try:
                 while time.monotonic() - t0 < (LOOP_FAULT_S if fault else LOOP_QUIET_S):
                     watch.poll()
-                    if watch.alerted():
+                    if watch.alerted() and alert_s is None:
                         alert_s = time.monotonic() - t0
-                        break
+                        if fault is not None:
+                            break       # a quiet trial runs on: its longest shift spell says which `for:` would hold
                     time.sleep(0.5)
                 watch.poll()
                 path = os.path.join(root, f"trial-{n}.jsonl")
@@ -452,7 +453,9 @@ def report(rows, quiet_rows):
               + ", ".join(f"{cls} {sum(r['alert_s'] is not None for r in rs)}/{len(rs)}"
                           for cls in CLASSES for rs in [[r for r in alerts if r["class"] == cls]] if rs)
               + (f"; median fault to alert {statistics.median(a):.0f} s"
-                 if (a := [r["alert_s"] for r in alerts if r["alert_s"] is not None]) else ""))
+                 if (a := [r["alert_s"] for r in alerts if r["alert_s"] is not None]) else "")
+              + f"; trials begun with the shift test not back in control within {LOOP_RECOVER_S} s: "
+              f"{sum(not r['in_control_before'] for r in alerts + quiet_rows)}")
     print(f"{'class':<12} {'trials':>6} {'right':>6} {'1 end':>6} {'wrong':>6} {'unexpl':>7} {'no-reg':>7} "
           f"{'median s':>9} {'ratio (min-max)':>16}  strengths right/tried")
     for cls in CLASSES + tuple(FIXTURE_STRENGTHS):
