@@ -147,14 +147,15 @@ class Fault:
 
 class ShiftWatch:
     """The shift test fed with the daemon's results as they are written, per op, size and rank
-    count, as the exporter's latency_shift collector feeds it; `alerted()` is the alert: some
-    series' flag on for for_s (the rule's `for:`); `longest` the longest such spell since reset()
-    (what a longer `for:` would have let through)."""
+    count, as the exporter's latency_shift collector feeds it; `alerted()` is the alert: a series'
+    flag on for for_s (the rule's `for:`, per series as Prometheus keeps it); `longest` the longest
+    such spell since reset() (what a longer `for:` would have let through)."""
 
     def __init__(self, log, min_ratio, for_s):
         from collbench.change_point import ShiftDetector
         self.log, self.min_ratio, self.for_s = log, min_ratio, for_s
-        self.detectors, self.pos, self.inode, self.seq, self.since, self.longest = {}, 0, None, 0, None, 0.0
+        self.detectors, self.pos, self.inode, self.seq, self.longest = {}, 0, None, 0, 0.0
+        self.since = {}        # series -> when its flag came on (while it stays on)
         self.new = ShiftDetector
 
     def reset(self):
@@ -185,13 +186,13 @@ class ShiftWatch:
             key = (rec.get("op"), rec.get("size"), rec.get("ranks"))
             det = self.detectors.setdefault(key, self.new(self.min_ratio))
             det.add(rec["latency_avg_us"])
-        shifted = any(d.shift for d in self.detectors.values())
-        self.since = (self.since or time.monotonic()) if shifted else None
-        if self.since is not None:
-            self.longest = max(self.longest, time.monotonic() - self.since)
+        now = time.monotonic()
+        self.since = {key: self.since.get(key, now) for key, d in self.detectors.items() if d.shift}
+        self.longest = max([self.longest] + [now - t for t in self.since.values()])
 
     def alerted(self):
-        return self.since is not None and time.monotonic() - self.since >= self.for_s
+        now = time.monotonic()
+        return any(now - t >= self.for_s for t in self.since.values())
 
     def in_control(self):
         from collbench.change_point import H
@@ -370,13 +371,8 @@ def loop_campaign(args):
                                    "ratios": [x["ratio"] for x in doc["regressions"]], "alerted": alert_s is not None,
                                    "shift_spell_s": round(watch.longest, 1), "in_control_before": in_control})
                 outcome = "false culprit" if named else doc["verdict"]
-            elif doc["verdict"] == "no steps":
-                outcome = "no steps"
-                rows.append({"class": cls, "strength": strength, "outcome": outcome, "seconds": time.monotonic() - t0,
-                             "alert_s": alert_s, "load": load, "host": host["alias"], "peer": peer["alias"],
-                             "in_control_before": in_control, "ratio": 1.0, "top": [None] * 4, "lacking": []})
             else:
-                outcome = judge(doc, fault.expected())
+                outcome = "no steps" if doc["verdict"] == "no steps" else judge(doc, fault.expected())
                 top = doc["suspects"][0] if doc["suspects"] else {}
                 rows.append({"class": cls, "strength": strength, "outcome": outcome,
                              "seconds": time.monotonic() - t0, "alert_s": alert_s, "load": load,
