@@ -60,7 +60,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 
 from lab import testbed  # noqa: E402
-from testbed_runs import collbench  # noqa: E402
+from testbed_runs import collbench, seq_window  # noqa: E402
 
 OPS = ["--ops", "allreduce,allgather,alltoall,bcast", "--sizes", "256KB,512KB,1MB", "--iterations", "20"]
 LINK_OPS = ["--ops", "alltoall", "--sizes", "256KB,512KB,1MB", "--iterations", "20"]
@@ -200,28 +200,6 @@ class ShiftWatch:
                                             for d in self.detectors.values())
 
 
-def window(log, first_seq, last_seq, path):
-    """The daemon's lines of seq first..last, unchanged, as a file of their own (from the rotated
-    log too: a window may straddle a rotation); its number of lines."""
-    n = 0
-    with open(path, "wb") as out:
-        for name in (log + ".1", log):
-            try:
-                src = open(name, "rb")
-            except FileNotFoundError:
-                continue
-            with src:
-                for line in src:
-                    try:
-                        seq = json.loads(line).get("seq", 0)
-                    except ValueError:
-                        continue
-                    if first_seq <= seq <= last_seq:
-                        out.write(line)
-                        n += 1
-    return n
-
-
 def judge(doc, expected):
     """right / one end / wrong / unexplained / no regression of one diagnosis against what was planted."""
     cause, host, link = expected
@@ -354,7 +332,7 @@ def loop_campaign(args):
                     time.sleep(0.5)
                 watch.poll()
                 path = os.path.join(root, f"trial-{n}.jsonl")
-                if window(log, first, watch.seq, path) == 0:
+                if seq_window(log, first, watch.seq, path) == 0:
                     # no step ended in the window (a job relaunched, a rotation missed): said, not judged
                     doc = {"verdict": "no steps", "suspects": [], "regressions": []}
                 else:

@@ -51,6 +51,7 @@ import yaml
 from conftest import REPO, is_root, require_tool, unused_port, wait_for
 from lab import testbed
 from prometheus_helpers import Prometheus, Service
+from testbed_runs import seq_window
 
 pytestmark = [pytest.mark.netns, pytest.mark.mpi, pytest.mark.slow, pytest.mark.alone]
 
@@ -144,14 +145,7 @@ class Stack:
     def window(self, first_seq, last_seq, name):
         """The results of seq first..last as a file of their own (the daemon's lines, unchanged)."""
         path = os.path.join(self.tmp, name)
-        with open(self.log) as src, open(path, "w") as out:
-            for line in src:
-                try:
-                    seq = json.loads(line).get("seq", 0)
-                except ValueError:
-                    continue
-                if first_seq <= seq <= last_seq:
-                    out.write(line)
+        seq_window(self.log, first_seq, last_seq, path)
         return path
 
 

@@ -1,6 +1,7 @@
 """collbench's verbs run on a namespace testbed, as the diagnose tests and
 bench/diagnose_accuracy.py run them: `once` from the first host's namespace, `diagnose` against a
-saved baseline, and the engine ranks of one host moved into a CPU-quota cgroup."""
+saved baseline, the engine ranks of one host moved into a CPU-quota cgroup, and a window of the
+stress daemon's log cut out by seq."""
 
 import json
 import os
@@ -42,3 +43,25 @@ def host_throttler(cgroup, netns):
     inode = os.stat(f"/run/netns/{netns}").st_ino
     return RankMover(cgroup, lambda proc: b"collbench-engine" in (proc / "cmdline").read_bytes()
                      and os.stat(proc / "ns" / "net").st_ino == inode)
+
+
+def seq_window(log, first_seq, last_seq, path):
+    """The stress daemon's lines of seq first..last, unchanged, as a file of their own (from the
+    rotated log.1 too: a window may straddle a rotation); its number of lines."""
+    n = 0
+    with open(path, "wb") as out:
+        for name in (log + ".1", log):
+            try:
+                src = open(name, "rb")
+            except FileNotFoundError:
+                continue
+            with src:
+                for line in src:
+                    try:
+                        seq = json.loads(line).get("seq", 0)
+                    except ValueError:
+                        continue
+                    if first_seq <= seq <= last_seq:
+                        out.write(line)
+                        n += 1
+    return n
