@@ -12,7 +12,9 @@ and a baseline saved from --baseline-runs quiet `once` runs spread over --baseli
     lossy_link   PERMILLE of the host's packets toward one peer dropped -> link_errors, the link
                  (both ends); run with alltoall only (on 4 ranks the only op pairing every two hosts)
     shaped       the host's link shaped (tbf), no marking: no counter moves -> `unexplained` is
-                 the right answer for diagnose (`collbench locate` finds it by measuring)
+                 the right answer for diagnose (`collbench locate` finds it by measuring); when the
+                 shaper's queue overflows and drops (the stress loop), link_errors naming the host
+                 is right too, a link through it one end
     cpu          the host's rank held to QUOTA of a CPU (cgroup) -> slow_host, the host
   quiet runs (--quiet): no fault -> no suspect named; a `no regression` verdict counted apart
 
@@ -28,8 +30,8 @@ and a baseline saved from --baseline-runs quiet `once` runs spread over --baseli
 allreduce and alltoall 1MB steps, every host's counters read around each step), and the shift
 test (change_point.ShiftDetector, as the exporter's latency_shift collector runs it, with
 --shift-ratio) is fed its results as they are written. Each trial: LOOP_LOOKBACK_S of quiet steps,
-then the fault until the shift has held for --for-s (the alert's `for:`) or LOOP_FAULT_S passed
-(LOOP_QUIET_S for a quiet trial),
+then the fault until the shift has held for --for-s (the alert's `for:`) or --for-s + LOOP_FAULT_S
+passed (a quiet trial: --for-s + LOOP_QUIET_S, so that its alert could fire),
 then `diagnose` on that window of the daemon's log (no baseline: the window's own quiet steps are
 the normal), then the fault cleared and the test back in control. A quiet trial is the same window
 with no fault: an alert in it is a false alarm, a named suspect a false culprit. The fixture classes
@@ -38,8 +40,10 @@ run in once mode only.
 Per class it prints trials, right (host or link and cause), one end (lossy_link: the sender's
 link named, not the link: what host counters alone can say), wrong (a named suspect that is not
 the planted one), unexplained, no regression, and the median seconds from the fault applied to
-the verdict; over the quiet runs the false culprits and the false alarms (a regression found),
-with the machine's load average. Figures are one campaign's: repeat it (--seed) for their spread.
+the verdict, the slowdown (a series' median latency with the fault over its normal, measured
+apart from diagnose: the baseline's runs, or the loop window's steps before the fault) and the
+right answers among the trials slowed SLOWED (1.3x) or more, the issue's bar; over the quiet runs
+the false culprits and the false alarms (a regression found), with the machine's load average. Figures are one campaign's: repeat it (--seed) for their spread.
 
     .venv/bin/python bench/diagnose_accuracy.py --trials 20 --quiet 40      # the issue's campaign
     .venv/bin/python bench/diagnose_accuracy.py --trials 2 --quiet 4         # a smoke run
@@ -47,6 +51,7 @@ with the machine's load average. Figures are one campaign's: repeat it (--seed) 
 """
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -76,10 +81,11 @@ LINK_RUNS = 3                   # lossy_link: alltoall's 3 steps a run; a counte
 LOOP_PLAN = ("stress:\n  stop_grace: 5\n  plan:\n"
              "    - {op: allreduce, sizes: [1MB], iterations: 10, warmup: 1}\n"
              "    - {op: alltoall, sizes: [1MB], iterations: 10, warmup: 1}\n")
+SLOWED = 1.3                    # the issue's bar: >= 95 % right where a collective slowed this much
 LOOP_LOOKBACK_S = 20            # quiet steps before the fault in the verdict's window (diagnose's normal:
                                 # ~30 steps of each series)
-LOOP_FAULT_S = 60               # the longest a fault stays on waiting for the alert
-LOOP_QUIET_S = 20               # a quiet trial's second phase: about a fault's time to its alert
+LOOP_FAULT_S = 50               # the longest a fault stays on waiting for the alert, past its `for:`
+LOOP_QUIET_S = 20               # a quiet trial's second phase, past the `for:`: a fault's time to its alert
 LOOP_RECOVER_S = 90             # the longest the shift test may take to come back in control
 
 
@@ -90,12 +96,53 @@ def once(bed, results, ops):
         raise RuntimeError(f"once failed: {r.stderr[-500:]}")
 
 
+def verdict_runs(bed, results, ops, args, runs_each=1):
+    """The `once` runs one verdict judges: --runs-per-trial groups of runs_each runs, the groups
+    --run-spacing-s apart (a slow spell of the machine lasts ~10 s: runs spread past it are not
+    all in it)."""
+    for i in range(args.runs_per_trial):
+        if i:
+            time.sleep(args.run_spacing_s)
+        for _ in range(runs_each):
+            once(bed, results, ops)
+
+
 def diagnose(bed, results):
     r = collbench("diagnose", results, "--baseline", "quiet", "--config", bed["config"], "--format", "json",
                   timeout=120)
     if r.returncode not in (0, 1):
         raise RuntimeError(f"diagnose failed: {r.stderr[-500:]}")
     return json.loads(r.stdout)
+
+
+def latencies(path, since_ts=None, before_ts=None):
+    """{(op, size, ranks): [latency_avg_us, ...]} of the result records in a JSONL file, those whose
+    ts falls in [since_ts, before_ts) when given."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(rec, dict):
+                continue
+            lat, ts = rec.get("latency_avg_us"), rec.get("ts", 0)
+            if rec.get("type") != "result" or not isinstance(lat, (int, float)) or not isinstance(ts, (int, float)):
+                continue
+            if (since_ts is not None and ts < since_ts) or (before_ts is not None and ts >= before_ts):
+                continue
+            out.setdefault((rec.get("op"), rec.get("size"), rec.get("ranks")), []).append(lat)
+    return out
+
+
+def slowdown(normal, judged):
+    """The fault's slowdown, measured apart from diagnose: the largest ratio of a series' median
+    latency in the judged steps to its median in the normal ones (1.0 when none is in both). The
+    issue's target holds at the strengths that slow a collective by SLOWED or more."""
+    ratios = [statistics.median(judged[k]) / statistics.median(normal[k]) for k in judged
+              if normal.get(k) and statistics.median(normal[k]) > 0]
+    return round(max(ratios, default=1.0), 3)
 
 
 class Fault:
@@ -108,7 +155,7 @@ class Fault:
     def expected(self):
         a, b = self.host["addr"], self.peer["addr"]
         return {"ecn": ("congestion", a, None), "lossy_host": ("link_errors", a, None),
-                "lossy_link": ("link_errors", None, [a, b]), "shaped": ("unexplained", None, None),
+                "lossy_link": ("link_errors", None, [a, b]), "shaped": ("unexplained", a, None),
                 "cpu": ("slow_host", a, None)}[self.cls]
 
     def __enter__(self):
@@ -206,13 +253,22 @@ def judge(doc, expected):
     named = [s for s in doc["suspects"] if s["host"] or s["link"]]
     if doc["verdict"] == "no regression":
         return "no regression"
+    top = named[0] if named else None
+    others = [s for s in named[1:] if host not in ([s["host"]] + (s["link"] or [])) and s["link"] != link]
     if cause == "unexplained":
-        return "right" if not named else "wrong"
+        if not named:
+            return "right"
+        # a shaped link whose queue overflowed (the stress loop's load does it): its drops are
+        # real loss on that host's link, and naming the host for it sends the engineer to it
+        if top["cause"] == "link_errors" and not others:
+            if top["host"] == host:
+                return "right"
+            if host in (top["link"] or []):
+                return "one end"
+        return "wrong"
     if not named:
         return "unexplained"
-    top = named[0]
     ok = top["cause"] == cause and (top["link"] == link if link else top["host"] == host)
-    others = [s for s in named[1:] if host not in ([s["host"]] + (s["link"] or [])) and s["link"] != link]
     if link and not others and top["cause"] == cause and top["host"] == link[0]:
         return "one end"     # the lossy link's sender named, not the link (host counters alone)
     return "right" if ok and not others else "wrong"
@@ -237,6 +293,7 @@ def campaign(args):
         r = collbench("baseline", "save", "quiet", "--from", base, "--config", bed["config"])
         if r.returncode != 0:
             raise RuntimeError(r.stderr)
+        normal = latencies(base)
         plan = [c for c in args.classes for _ in range(args.trials)] + ["quiet"] * args.quiet
         rng.shuffle(plan)
         started = time.monotonic()
@@ -244,12 +301,12 @@ def campaign(args):
             results = os.path.join(root, f"trial-{n}.jsonl")
             load = os.getloadavg()[0]
             if cls == "quiet":
-                for _ in range(args.runs_per_trial):
-                    once(bed, results, OPS)
+                verdict_runs(bed, results, OPS, args)
                 doc = diagnose(bed, results)
                 named = [s for s in doc["suspects"] if s["host"] or s["link"]]
                 quiet_rows.append({"verdict": doc["verdict"], "named": len(named), "load": load,
-                                   "ratios": [r["ratio"] for r in doc["regressions"]]})
+                                   "ratios": [r["ratio"] for r in doc["regressions"]],
+                                   "slowdown": slowdown(normal, latencies(results))})
                 outcome = "false culprit" if named else doc["verdict"]
             else:
                 host, peer = rng.sample(bed["hosts"], 2)
@@ -257,14 +314,15 @@ def campaign(args):
                 fault = Fault(bed, cls, host, peer, strength)
                 t0 = time.monotonic()
                 with fault:
-                    for _ in range(args.runs_per_trial * (LINK_RUNS if cls == "lossy_link" else 1)):
-                        once(bed, results, LINK_OPS if cls == "lossy_link" else OPS)
+                    verdict_runs(bed, results, LINK_OPS if cls == "lossy_link" else OPS, args,
+                                 LINK_RUNS if cls == "lossy_link" else 1)
                 doc = diagnose(bed, results)
                 outcome = judge(doc, fault.expected())
                 top = doc["suspects"][0] if doc["suspects"] else {}
                 rows.append({"class": cls, "strength": strength, "outcome": outcome,
                              "seconds": time.monotonic() - t0, "load": load, "host": host["alias"],
                              "peer": peer["alias"], "ratio": max((r["ratio"] for r in doc["regressions"]), default=1.0),
+                             "slowdown": slowdown(normal, latencies(results)),
                              "top": [top.get("cause"), top.get("host"), top.get("link"), top.get("p_value")],
                              "lacking": (top.get("evidence") or {}).get("lacking", [])[:3]})
             left = (time.monotonic() - started) / (n + 1) * (len(plan) - n - 1)
@@ -320,10 +378,10 @@ def loop_campaign(args):
                 host, peer = rng.sample(bed["hosts"], 2)
                 strength = rng.choice(STRENGTHS[cls])
                 fault = Fault(bed, cls, host, peer, strength)
-                fault.__enter__()
-            t0, alert_s = time.monotonic(), None
-            try:
-                while time.monotonic() - t0 < (LOOP_FAULT_S if fault else LOOP_QUIET_S):
+            t_fault = time.time()         # the window's steps before it are its normal
+            with fault or contextlib.nullcontext():
+                t0, alert_s = time.monotonic(), None
+                while time.monotonic() - t0 < args.for_s + (LOOP_FAULT_S if fault else LOOP_QUIET_S):
                     watch.poll()
                     if watch.alerted() and alert_s is None:
                         alert_s = time.monotonic() - t0
@@ -340,14 +398,13 @@ def loop_campaign(args):
                     if r.returncode not in (0, 1):
                         raise RuntimeError(f"diagnose failed: {r.stderr[-500:]}")
                     doc = json.loads(r.stdout)
-            finally:
-                if fault is not None:
-                    fault.__exit__(None, None, None)
+            slowed = slowdown(latencies(path, before_ts=t_fault), latencies(path, since_ts=t_fault))
             named = [s for s in doc["suspects"] if s["host"] or s["link"]]
             if fault is None:
                 quiet_rows.append({"verdict": doc["verdict"], "named": len(named), "load": load,
                                    "ratios": [x["ratio"] for x in doc["regressions"]], "alerted": alert_s is not None,
-                                   "shift_spell_s": round(watch.longest, 1), "in_control_before": in_control})
+                                   "shift_spell_s": round(watch.longest, 1), "in_control_before": in_control,
+                                   "slowdown": slowed})
                 outcome = "false culprit" if named else doc["verdict"]
             else:
                 outcome = "no steps" if doc["verdict"] == "no steps" else judge(doc, fault.expected())
@@ -356,6 +413,7 @@ def loop_campaign(args):
                              "seconds": time.monotonic() - t0, "alert_s": alert_s, "load": load,
                              "host": host["alias"], "peer": peer["alias"], "in_control_before": in_control,
                              "ratio": max((x["ratio"] for x in doc["regressions"]), default=1.0),
+                             "slowdown": slowed,
                              "top": [top.get("cause"), top.get("host"), top.get("link"), top.get("p_value")],
                              "lacking": (top.get("evidence") or {}).get("lacking", [])[:3]})
             left = (time.monotonic() - started) / (n + 1) * (len(plan) - n - 1)
@@ -390,6 +448,7 @@ def fixture_campaign(args):
     r = collbench("baseline", "save", "quiet", "--from", str(base), "--config", str(cfg))
     if r.returncode != 0:
         raise RuntimeError(r.stderr)
+    normal = latencies(str(base))
     plan = [c for c in args.fixture_classes for _ in range(args.trials)]
     rng.shuffle(plan)
     rows, started = [], time.monotonic()
@@ -412,6 +471,7 @@ def fixture_campaign(args):
         rows.append({"class": cls, "strength": strength, "outcome": outcome, "seconds": time.monotonic() - t0,
                      "load": load, "host": host, "peer": None,
                      "ratio": max((x["ratio"] for x in doc["regressions"]), default=1.0),
+                     "slowdown": slowdown(normal, latencies(str(results))),
                      "top": [top.get("cause"), top.get("host"), top.get("link"), top.get("p_value")],
                      "lacking": (top.get("evidence") or {}).get("lacking", [])[:3]})
         left = (time.monotonic() - started) / (n + 1) * (len(plan) - n - 1)
@@ -431,7 +491,7 @@ def report(rows, quiet_rows):
               + f"; trials begun with the shift test not back in control within {LOOP_RECOVER_S} s: "
               f"{sum(not r['in_control_before'] for r in alerts + quiet_rows)}")
     print(f"{'class':<12} {'trials':>6} {'right':>6} {'1 end':>6} {'wrong':>6} {'unexpl':>7} {'no-reg':>7} "
-          f"{'median s':>9} {'ratio (min-max)':>16}  strengths right/tried")
+          f"{'median s':>9} {'slowdown':>13} {f'right if >={SLOWED}x':>15}  strengths right/tried")
     for cls in CLASSES + tuple(FIXTURE_STRENGTHS):
         rs = [r for r in rows if r["class"] == cls]
         if not rs:
@@ -442,15 +502,18 @@ def report(rows, quiet_rows):
         for r in rs:
             ok, n = by_strength.get(r["strength"], (0, 0))
             by_strength[r["strength"]] = (ok + (r["outcome"] == "right"), n + 1)
-        ratios = [r["ratio"] for r in rs]
+        slowed = [r["slowdown"] for r in rs]
+        bar = [r for r in rs if r["slowdown"] >= SLOWED]
+        bar_right = f"{sum(r['outcome'] == 'right' for r in bar)}/{len(bar)}"
         print(f"{cls:<12} {len(rs):>6} {count['right']:>6} {count['one end']:>6} {count['wrong']:>6} "
               f"{count['unexplained']:>7} "
               f"{count['no regression']:>7} {statistics.median(r['seconds'] for r in rs):>9.1f} "
-              f"{min(ratios):>7.2f}-{max(ratios):<7.2f}  "
+              f"{min(slowed):>6.2f}-{max(slowed):<6.2f} {bar_right:>15}  "
               + ", ".join(f"{s}: {ok}/{n}" for s, (ok, n) in sorted(by_strength.items(), key=str)))
     if quiet_rows:
         loads = [q["load"] for q in quiet_rows]
         print(f"quiet runs: {len(quiet_rows)}; false culprits {sum(q['named'] > 0 for q in quiet_rows)}; "
+              f"slowdown {min(q['slowdown'] for q in quiet_rows):.2f}-{max(q['slowdown'] for q in quiet_rows):.2f}; "
               f"false alarms (a regression found) {sum(q['verdict'] != 'no regression' for q in quiet_rows)}; "
               + (f"alerts fired {sum(q['alerted'] for q in quiet_rows)}; " if "alerted" in quiet_rows[0] else "")
               + f"load average {min(loads):.1f}-{max(loads):.1f}")
@@ -477,6 +540,8 @@ def main(argv=None):
     p.add_argument("--runs-per-trial", type=int, default=1, help="once runs with the fault on, or quiet, per "
                                                                    f"verdict (lossy_link: {LINK_RUNS}x as many, "
                                                                    "alltoall's 3 steps each)")
+    p.add_argument("--run-spacing-s", type=float, default=0.0,
+                   help="seconds between the runs of one verdict (default 0: back to back)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", metavar="FILE", help="write every trial's row there too")
     args = p.parse_args(argv)
