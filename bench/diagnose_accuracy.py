@@ -38,12 +38,13 @@ with no fault: an alert in it is a false alarm, a named suspect a false culprit.
 run in once mode only.
 
 Per class it prints trials, right (host or link and cause), one end (lossy_link: the sender's
-link named, not the link: what host counters alone can say), wrong (a named suspect that is not
+link named, not the link: what host counters alone can say; shaped: a link through the host), wrong (a named suspect that is not
 the planted one), unexplained, no regression, and the median seconds from the fault applied to
 the verdict, the slowdown (a series' median latency with the fault over its normal, measured
 apart from diagnose: the baseline's runs, or the loop window's steps before the fault) and the
 right answers among the trials slowed SLOWED (1.3x) or more, the issue's bar; over the quiet runs
-the false culprits and the false alarms (a regression found), with the machine's load average. Figures are one campaign's: repeat it (--seed) for their spread.
+the false culprits and the false alarms (a regression found), with the machine's load average.
+Figures are one campaign's: repeat it (--seed) for their spread.
 
     .venv/bin/python bench/diagnose_accuracy.py --trials 20 --quiet 40      # the issue's campaign
     .venv/bin/python bench/diagnose_accuracy.py --trials 2 --quiet 4         # a smoke run
@@ -237,9 +238,11 @@ class ShiftWatch:
         self.since = {key: self.since.get(key, now) for key, d in self.detectors.items() if d.shift}
         self.longest = max([self.longest] + [now - t for t in self.since.values()])
 
-    def alerted(self):
+    def alerted(self, since=None):
+        """Whether a series' flag has held for_s; with `since`, only a flag that came on at or
+        after it (a fault's own alert: one already on before the fault is no answer to it)."""
         now = time.monotonic()
-        return any(now - t >= self.for_s for t in self.since.values())
+        return any(now - t >= self.for_s for t in self.since.values() if since is None or t >= since)
 
     def in_control(self):
         from collbench.change_point import H
@@ -383,7 +386,7 @@ def loop_campaign(args):
                 t0, alert_s = time.monotonic(), None
                 while time.monotonic() - t0 < args.for_s + (LOOP_FAULT_S if fault else LOOP_QUIET_S):
                     watch.poll()
-                    if watch.alerted() and alert_s is None:
+                    if watch.alerted(since=t0 if fault else None) and alert_s is None:
                         alert_s = time.monotonic() - t0
                         if fault is not None:
                             break       # a quiet trial runs on: its longest shift spell says which `for:` would hold
