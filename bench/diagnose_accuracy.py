@@ -48,7 +48,7 @@ Figures are one campaign's: repeat it (--seed) for their spread.
 
     .venv/bin/python bench/diagnose_accuracy.py --trials 20 --quiet 40      # the issue's campaign
     .venv/bin/python bench/diagnose_accuracy.py --trials 2 --quiet 4         # a smoke run
-    .venv/bin/python bench/diagnose_accuracy.py --mode loop --fixture-classes '' --trials 5 --quiet 12
+    .venv/bin/python bench/diagnose_accuracy.py --mode loop --fixture-classes '' --trials 3 --quiet 10
 """
 
 import argparse
@@ -526,10 +526,10 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=("once", "loop"), default="once",
                    help="once runs against a baseline, or the stress loop with the shift test (default once)")
-    p.add_argument("--shift-ratio", type=float, default=1.5,
-                   help="loop mode: alerts.shift_ratio (default 1.5: quiet steps here wander to 1.24x, "
-                        "tests/test_alert_to_culprit_e2e.py)")
-    p.add_argument("--for-s", type=float, default=10.0, help="loop mode: the alert's `for:` in seconds (default 10)")
+    p.add_argument("--shift-ratio", type=float, default=2.0,
+                   help="loop mode: alerts.shift_ratio (default 2.0: the loop's quiet steps here change level "
+                        "1.6-2.7x for 20-60 s, docs/DIAGNOSIS.md)")
+    p.add_argument("--for-s", type=float, default=30.0, help="loop mode: the alert's `for:` in seconds (default 30)")
     p.add_argument("--hosts", type=int, default=4)
     p.add_argument("--trials", type=int, default=20, help="trials per fault class (default 20)")
     p.add_argument("--quiet", type=int, default=40, help="quiet runs (default 40)")
