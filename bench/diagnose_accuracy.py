@@ -30,10 +30,10 @@ and a baseline saved from --baseline-runs quiet `once` runs spread over --baseli
 allreduce and alltoall 1MB steps, every host's counters read around each step), and the shift
 test (change_point.ShiftDetector, as the exporter's latency_shift collector runs it, with
 --shift-ratio) is fed its results as they are written. Each trial: LOOP_LOOKBACK_S of quiet steps,
-then the fault until the shift has held for --for-s (the alert's `for:`) or --for-s + LOOP_FAULT_S
-passed (a quiet trial: --for-s + LOOP_QUIET_S, so that its alert could fire),
-then `diagnose` on that window of the daemon's log (no baseline: the window's own quiet steps are
-the normal), then the fault cleared and the test back in control. A quiet trial is the same window
+then the fault until a shift that began after it has held for --for-s (the alert's `for:`) or
+--for-s + LOOP_FAULT_S passed (a quiet trial: --for-s + LOOP_QUIET_S, so that its alert could
+fire), then `diagnose` on that window of the daemon's log (no baseline: the window's own quiet
+steps are the normal), then the fault cleared and the test back in control. A quiet trial is the same window
 with no fault: an alert in it is a false alarm, a named suspect a false culprit. The fixture classes
 run in once mode only.
 
