@@ -68,6 +68,9 @@ sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 from lab import testbed  # noqa: E402
 from testbed_runs import collbench, seq_window  # noqa: E402
 
+from collbench.results.follower import LogFollower  # noqa: E402
+from collbench.results.record_parser import is_record, parse_record  # noqa: E402
+
 OPS = ["--ops", "allreduce,allgather,alltoall,bcast", "--sizes", "256KB,512KB,1MB", "--iterations", "20"]
 LINK_OPS = ["--ops", "alltoall", "--sizes", "256KB,512KB,1MB", "--iterations", "20"]
 STRENGTHS = {"ecn": ["1mbytes", "2mbytes", "4mbytes"], "lossy_host": [10, 30, 50], "lossy_link": [10, 30, 50],
@@ -116,24 +119,18 @@ def diagnose(bed, results):
     return json.loads(r.stdout)
 
 
-def latencies(path, since_ts=None, before_ts=None):
-    """{(op, size, ranks): [latency_avg_us, ...]} of the result records in a JSONL file, those whose
-    ts falls in [since_ts, before_ts) when given."""
+def result_records(path):
+    """The result records with a latency of a results file, validated as collbench reads them."""
+    with open(path, "rb") as f:
+        recs = [parse_record(line) for line in f]
+    return [r for r in recs if is_record(r) and r.get("type") == "result" and "latency_avg_us" in r]
+
+
+def latencies(recs):
+    """{(op, size, ranks): [latency_avg_us, ...]} of result records."""
     out = {}
-    with open(path) as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(rec, dict):
-                continue
-            lat, ts = rec.get("latency_avg_us"), rec.get("ts", 0)
-            if rec.get("type") != "result" or not isinstance(lat, (int, float)) or not isinstance(ts, (int, float)):
-                continue
-            if (since_ts is not None and ts < since_ts) or (before_ts is not None and ts >= before_ts):
-                continue
-            out.setdefault((rec.get("op"), rec.get("size"), rec.get("ranks")), []).append(lat)
+    for r in recs:
+        out.setdefault((r.get("op"), r.get("size"), r.get("ranks")), []).append(r["latency_avg_us"])
     return out
 
 
@@ -201,8 +198,10 @@ class ShiftWatch:
 
     def __init__(self, log, min_ratio, for_s):
         from collbench.change_point import ShiftDetector
-        self.log, self.min_ratio, self.for_s = log, min_ratio, for_s
-        self.detectors, self.pos, self.inode, self.seq, self.longest = {}, 0, None, 0, 0.0
+        self.min_ratio, self.for_s = min_ratio, for_s
+        # the log from its start, across its rotations (stress.rotate_bytes: ~6 KB a step here)
+        self.follower = LogFollower(log, from_start=True)
+        self.detectors, self.seq, self.longest = {}, 0, 0.0
         self.since = {}        # series -> when its flag came on (while it stays on)
         self.new = ShiftDetector
 
@@ -210,25 +209,8 @@ class ShiftWatch:
         self.longest = 0.0
 
     def poll(self):
-        try:
-            with open(self.log, "rb") as f:
-                st = os.fstat(f.fileno())
-                if st.st_ino != self.inode or st.st_size < self.pos:
-                    # rotated (stress.rotate_bytes: ~6 KB a step, 100 MB in ~15 min here): the new file
-                    # from its start (the old one's last lines are lost to the test, as to a tailer)
-                    self.inode, self.pos = st.st_ino, 0
-                f.seek(self.pos)
-                data = f.read()
-        except FileNotFoundError:
-            return
-        end = data.rfind(b"\n") + 1
-        self.pos += end
-        for line in data[:end].splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if rec.get("type") != "result" or not isinstance(rec.get("latency_avg_us"), (int, float)):
+        for rec in self.follower.poll():
+            if rec.get("type") != "result" or "latency_avg_us" not in rec:
                 continue
             self.seq = max(self.seq, rec.get("seq", 0))
             key = (rec.get("op"), rec.get("size"), rec.get("ranks"))
@@ -250,16 +232,35 @@ class ShiftWatch:
                                             for d in self.detectors.values())
 
 
+def named(doc):
+    """The suspects of a diagnosis that name a host or link."""
+    return [s for s in doc["suspects"] if s["host"] or s["link"]]
+
+
+def trial_row(doc, slowed, cls, **fields):
+    """One fault trial's row: its class, `fields`, its slowdown and what the diagnosis said."""
+    top = doc["suspects"][0] if doc["suspects"] else {}
+    return {"class": cls, **fields, "ratio": max((x["ratio"] for x in doc["regressions"]), default=1.0), "slowdown": slowed,
+            "top": [top.get("cause"), top.get("host"), top.get("link"), top.get("p_value")],
+            "lacking": (top.get("evidence") or {}).get("lacking", [])[:3]}
+
+
+def quiet_row(doc, slowed, **fields):
+    """One quiet trial's row: `fields`, its slowdown and what the diagnosis said."""
+    return {"verdict": doc["verdict"], "named": len(named(doc)), "ratios": [x["ratio"] for x in doc["regressions"]],
+            "slowdown": slowed, **fields}
+
+
 def judge(doc, expected):
     """right / one end / wrong / unexplained / no regression of one diagnosis against what was planted."""
     cause, host, link = expected
-    named = [s for s in doc["suspects"] if s["host"] or s["link"]]
+    named_ = named(doc)
     if doc["verdict"] == "no regression":
         return "no regression"
-    top = named[0] if named else None
-    others = [s for s in named[1:] if host not in ([s["host"]] + (s["link"] or [])) and s["link"] != link]
+    top = named_[0] if named_ else None
+    others = [s for s in named_[1:] if host not in ([s["host"]] + (s["link"] or [])) and s["link"] != link]
     if cause == "unexplained":
-        if not named:
+        if not named_:
             return "right"
         # a shaped link whose queue overflowed (the stress loop's load does it): its drops are
         # real loss on that host's link, and naming the host for it sends the engineer to it
@@ -269,7 +270,7 @@ def judge(doc, expected):
             if host in (top["link"] or []):
                 return "one end"
         return "wrong"
-    if not named:
+    if not named_:
         return "unexplained"
     ok = top["cause"] == cause and (top["link"] == link if link else top["host"] == host)
     if link and not others and top["cause"] == cause and top["host"] == link[0]:
@@ -296,7 +297,7 @@ def campaign(args):
         r = collbench("baseline", "save", "quiet", "--from", base, "--config", bed["config"])
         if r.returncode != 0:
             raise RuntimeError(r.stderr)
-        normal = latencies(base)
+        normal = latencies(result_records(base))
         plan = [c for c in args.classes for _ in range(args.trials)] + ["quiet"] * args.quiet
         rng.shuffle(plan)
         started = time.monotonic()
@@ -306,11 +307,8 @@ def campaign(args):
             if cls == "quiet":
                 verdict_runs(bed, results, OPS, args)
                 doc = diagnose(bed, results)
-                named = [s for s in doc["suspects"] if s["host"] or s["link"]]
-                quiet_rows.append({"verdict": doc["verdict"], "named": len(named), "load": load,
-                                   "ratios": [r["ratio"] for r in doc["regressions"]],
-                                   "slowdown": slowdown(normal, latencies(results))})
-                outcome = "false culprit" if named else doc["verdict"]
+                quiet_rows.append(quiet_row(doc, slowdown(normal, latencies(result_records(results))), load=load))
+                outcome = "false culprit" if named(doc) else doc["verdict"]
             else:
                 host, peer = rng.sample(bed["hosts"], 2)
                 strength = rng.choice(STRENGTHS[cls])
@@ -321,13 +319,9 @@ def campaign(args):
                                  LINK_RUNS if cls == "lossy_link" else 1)
                 doc = diagnose(bed, results)
                 outcome = judge(doc, fault.expected())
-                top = doc["suspects"][0] if doc["suspects"] else {}
-                rows.append({"class": cls, "strength": strength, "outcome": outcome,
-                             "seconds": time.monotonic() - t0, "load": load, "host": host["alias"],
-                             "peer": peer["alias"], "ratio": max((r["ratio"] for r in doc["regressions"]), default=1.0),
-                             "slowdown": slowdown(normal, latencies(results)),
-                             "top": [top.get("cause"), top.get("host"), top.get("link"), top.get("p_value")],
-                             "lacking": (top.get("evidence") or {}).get("lacking", [])[:3]})
+                rows.append(trial_row(doc, slowdown(normal, latencies(result_records(results))), cls,
+                                      strength=strength, outcome=outcome, seconds=time.monotonic() - t0, load=load,
+                                      host=host["alias"], peer=peer["alias"]))
             left = (time.monotonic() - started) / (n + 1) * (len(plan) - n - 1)
             print(f"[{n + 1}/{len(plan)}] {cls}: {outcome} (load {load:.1f}; ~{left:.0f} s left)",
                   file=sys.stderr, flush=True)
@@ -401,24 +395,18 @@ def loop_campaign(args):
                     if r.returncode not in (0, 1):
                         raise RuntimeError(f"diagnose failed: {r.stderr[-500:]}")
                     doc = json.loads(r.stdout)
-            slowed = slowdown(latencies(path, before_ts=t_fault), latencies(path, since_ts=t_fault))
-            named = [s for s in doc["suspects"] if s["host"] or s["link"]]
+            window = result_records(path)
+            slowed = slowdown(latencies(r for r in window if r["ts"] < t_fault),
+                              latencies(r for r in window if r["ts"] >= t_fault))
             if fault is None:
-                quiet_rows.append({"verdict": doc["verdict"], "named": len(named), "load": load,
-                                   "ratios": [x["ratio"] for x in doc["regressions"]], "alerted": alert_s is not None,
-                                   "shift_spell_s": round(watch.longest, 1), "in_control_before": in_control,
-                                   "slowdown": slowed})
-                outcome = "false culprit" if named else doc["verdict"]
+                quiet_rows.append(quiet_row(doc, slowed, load=load, alerted=alert_s is not None,
+                                            shift_spell_s=round(watch.longest, 1), in_control_before=in_control))
+                outcome = "false culprit" if named(doc) else doc["verdict"]
             else:
                 outcome = "no steps" if doc["verdict"] == "no steps" else judge(doc, fault.expected())
-                top = doc["suspects"][0] if doc["suspects"] else {}
-                rows.append({"class": cls, "strength": strength, "outcome": outcome,
-                             "seconds": time.monotonic() - t0, "alert_s": alert_s, "load": load,
-                             "host": host["alias"], "peer": peer["alias"], "in_control_before": in_control,
-                             "ratio": max((x["ratio"] for x in doc["regressions"]), default=1.0),
-                             "slowdown": slowed,
-                             "top": [top.get("cause"), top.get("host"), top.get("link"), top.get("p_value")],
-                             "lacking": (top.get("evidence") or {}).get("lacking", [])[:3]})
+                rows.append(trial_row(doc, slowed, cls, strength=strength, outcome=outcome,
+                                      seconds=time.monotonic() - t0, alert_s=alert_s, load=load, host=host["alias"],
+                                      peer=peer["alias"], in_control_before=in_control))
             left = (time.monotonic() - started) / (n + 1) * (len(plan) - n - 1)
             print(f"[loop {n + 1}/{len(plan)}] {cls}: {outcome}, alert "
                   f"{'none' if alert_s is None else f'after {alert_s:.0f} s'} (load {load:.1f}; ~{left:.0f} s left)",
@@ -451,7 +439,7 @@ def fixture_campaign(args):
     r = collbench("baseline", "save", "quiet", "--from", str(base), "--config", str(cfg))
     if r.returncode != 0:
         raise RuntimeError(r.stderr)
-    normal = latencies(str(base))
+    normal = latencies(result_records(base))
     plan = [c for c in args.fixture_classes for _ in range(args.trials)]
     rng.shuffle(plan)
     rows, started = [], time.monotonic()
@@ -470,13 +458,9 @@ def fixture_campaign(args):
             raise RuntimeError(f"diagnose failed: {r.stderr[-500:]}")
         doc = json.loads(r.stdout)
         outcome = judge(doc, (cls, host, None))
-        top = doc["suspects"][0] if doc["suspects"] else {}
-        rows.append({"class": cls, "strength": strength, "outcome": outcome, "seconds": time.monotonic() - t0,
-                     "load": load, "host": host, "peer": None,
-                     "ratio": max((x["ratio"] for x in doc["regressions"]), default=1.0),
-                     "slowdown": slowdown(normal, latencies(str(results))),
-                     "top": [top.get("cause"), top.get("host"), top.get("link"), top.get("p_value")],
-                     "lacking": (top.get("evidence") or {}).get("lacking", [])[:3]})
+        rows.append(trial_row(doc, slowdown(normal, latencies(result_records(results))), cls,
+                              strength=strength, outcome=outcome, seconds=time.monotonic() - t0, load=load,
+                              host=host, peer=None))
         left = (time.monotonic() - started) / (n + 1) * (len(plan) - n - 1)
         print(f"[fixtures {n + 1}/{len(plan)}] {cls}: {outcome} (load {load:.1f}; ~{left:.0f} s left)",
               file=sys.stderr, flush=True)
