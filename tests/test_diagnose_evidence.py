@@ -289,6 +289,26 @@ def test_paths_from_the_good_steps_of_a_shifted_series(tmp_path):
     assert top["evidence"]["paths"][0]["reference"] == "good steps"
 
 
+def test_a_shift_weighs_its_counters_against_the_steps_before_its_onset(tmp_path):
+    """The stress loop's lossy link (seed 62 of bench/diagnose_accuracy.py): a fault slows only
+    some of the steps it touches (retransmission timeouts), and the good steps after the onset
+    carry its loss too. Weighed against every good step the path read as 0.4x normal and only the
+    sender was named; against the steps before the onset it names the link."""
+    recs = td.series(n=120, onset=60, factor=1.0, hosts=HOSTS4, ranks=4, transport="ob1-tcp")
+    for i, r in enumerate(recs):
+        fault = i >= 60
+        if fault and (i - 60) % 12 < 4:       # a third of its steps slowed, in spells
+            r["latency_avg_us"] *= 3.0
+        r["congestion"]["paths"] = paths_of({("h2", "h4"): 90} if fault else {})(i)
+    rc, doc, err = td.diagnose(td.write(tmp_path / "r.jsonl", recs))
+    (reg,) = doc["regressions"]
+    assert rc == 1 and reg["slow_steps"] == 20 and reg["normal_steps"] == 60, (err, doc["regressions"])
+    top = doc["suspects"][0]
+    assert top["link"] == ["h2", "h4"] and top["cause"] == "link_errors", json.dumps(doc["suspects"])
+    (ev,) = [p for p in top["evidence"]["paths"] if p["counter"] == "tcp_retrans_segs"]
+    assert ev["reference"] == "good steps" and ev["expected"] < 1, ev
+
+
 @pytest.mark.parametrize("paths", ["not an object", {"h1|tcp_lost": 3}, {"h1>h1|tcp_lost": 3}, {"h1>h2|tcp_lost": -4},
                                    {"h1>h2|tcp_lost": "7"}, {"h1>h2>h3|tcp_lost": 1}, {"h1>h2|TCP Lost": 1}])
 def test_a_malformed_paths_field_is_a_counted_bad_line_never_a_crash(tmp_path, paths):

@@ -5,7 +5,7 @@ stable JSON document:
      "method": "baseline" | "shift", "baseline": NAME | null,
      "regressions": [{"op", "size", "size_bytes", "ranks", "nodes", "transport", "engine", "algorithm",
                       "variant", "method", "reference_us", "current_us", "ratio", "bound_us", "steps",
-                      "slow_steps", "good_steps", "first_slow_ts"}],
+                      "slow_steps", "good_steps", "normal_steps", "first_slow_ts"}],
      "suspects": [{"rank", "host", "link", "port", "priority", "cause", "score", "p_value", "detail",
                    "evidence": {"counters": [...], "paths": [...], "off_cpu": {...} | null, "lacking": [...]},
                    "regressions": ["allreduce 4MB", ...]}],
@@ -43,7 +43,8 @@ def regression_dict(r):
             "transport": k.transport, "engine": k.engine, "algorithm": k.algorithm, "variant": k.variant,
             "method": r.method, "reference_us": _num(r.reference_us, 3), "current_us": _num(r.current_us, 3),
             "ratio": _num(r.ratio), "bound_us": _num(r.bound_us, 3), "steps": r.steps,
-            "slow_steps": len(r.slow), "good_steps": len(r.good), "first_slow_ts": r.first_slow_ts}
+            "slow_steps": len(r.slow), "good_steps": len(r.good), "normal_steps": len(r.normal_steps),
+            "first_slow_ts": r.first_slow_ts}
 
 
 def suspect_dict(i, s):

@@ -10,6 +10,11 @@ ones those of the fired excursions -- their upper level when they hold two (_upp
 milder change of level in a long log, on its own or running into the shift, never dilutes a real
 shift's evidence. The slow steps' median must be at least
 `threshold` times the good steps'.
+
+The counters' normal of a shift (Regression.normal) is its good steps before the onset: a fault
+does not slow every step it touches (a lossy link slowed 86 of 482 steps of the stress loop's
+allreduce here, through retransmission timeouts), and the good steps after the onset carry its
+counters too -- taken as the normal they made the lossy path's own loss read as 0.44x normal.
 """
 
 import math
@@ -21,6 +26,8 @@ from collbench.stats import median
 
 SHIFT_STEPS = 4                   # a shift shows in four steps at least (change_point)
 MIN_SHIFT_STEPS = WARMUP + SHIFT_STEPS   # ... after the warm-up
+MIN_NORMAL_STEPS = WARMUP         # good steps before the onset a counter normal needs (as many as the
+                                  # shift test's own reference); fewer: every good step is the normal
 
 
 @dataclass
@@ -35,6 +42,11 @@ class Regression:
     steps: int
     first_slow_ts: float = None
     notes: list = field(default_factory=list)
+    normal: list = None            # indices of the steps the counters are weighed against (None: good)
+
+    @property
+    def normal_steps(self):
+        return self.good if self.normal is None else self.normal
 
     @property
     def ratio(self):
@@ -80,8 +92,9 @@ def shift(key, steps, threshold=DEFAULT_THRESHOLD):
     cur = median(steps[i].latency_us for i in slow)
     if cur < threshold * ref:
         return None
+    before = [i for i in good if i < slow[0]]
     return Regression(key, "shift", ref, cur, min(steps[i].latency_us for i in slow), slow, good, len(steps),
-                      steps[slow[0]].ts)
+                      steps[slow[0]].ts, normal=before if len(before) >= MIN_NORMAL_STEPS else None)
 
 
 def _upper_level(indices, latencies, threshold):

@@ -27,7 +27,7 @@ def explain(loaded, regs, normal=None):
     # steps of several series say more than one series' (a `once` run's single step)
     per = _pooled(loaded, regs, normal)
     for r in regs:
-        ev = evidence.gather(loaded.series[r.key], r.slow, r.good, r.key.nodes, normal)
+        ev = evidence.gather(loaded.series[r.key], r.slow, r.normal_steps, r.key.nodes, normal)
         per.append(([label(r.key)], ranking.suspects_of(ev, r.key.nodes)))
     return ranking.rank(per)
 
@@ -35,8 +35,10 @@ def explain(loaded, regs, normal=None):
 def _pooled(loaded, regs, normal):
     """Suspects from the slow steps of every regression of one cluster shape taken together (a
     `once` run against a baseline has one step per series: alone, none shows a pattern); the
-    good steps are the regressed series' others and every step of the series that did not regress.
-    The counters and the off-CPU rank are the host's, not the op's, so they pool over ops."""
+    good steps are the regressed series' normal steps and every step of the series that did not
+    regress -- before the group's first onset when every shift's normal is its steps before its
+    onset (a fault touches the series it did not slow too). The counters and the off-CPU rank are
+    the host's, not the op's, so they pool over ops."""
     out = []
     shapes = {}
     for r in regs:
@@ -46,14 +48,15 @@ def _pooled(loaded, regs, normal):
             continue
         steps, slow, good = [], [], []
         regressed = {r.key for r in group}
+        onset = min(r.first_slow_ts for r in group) if all(r.normal is not None for r in group) else None
         for r in group:
             base = len(steps)
             steps += loaded.series[r.key]
             slow += [base + i for i in r.slow]
-            good += [base + i for i in r.good]
+            good += [base + i for i in r.normal_steps]
         for key, series in loaded.series.items():
             if key not in regressed and (key.nodes, key.ranks) == (nodes, ranks):
-                good += range(len(steps), len(steps) + len(series))
+                good += [len(steps) + i for i, s in enumerate(series) if onset is None or s.ts < onset]
                 steps += series
         ev = evidence.gather(steps, slow, good, nodes, normal)
         out.append(([label(r.key) for r in group], ranking.suspects_of(ev, nodes)))
