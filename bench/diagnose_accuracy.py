@@ -68,6 +68,7 @@ sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 from lab import testbed  # noqa: E402
 from testbed_runs import collbench, seq_window  # noqa: E402
 
+from collbench import signals  # noqa: E402
 from collbench.results.follower import LogFollower  # noqa: E402
 from collbench.results.record_parser import is_record, parse_record  # noqa: E402
 
@@ -542,6 +543,8 @@ def main(argv=None):
         p.error(f"unknown classes {', '.join(sorted(unknown))} (known: {', '.join(CLASSES)})")
     if os.geteuid() != 0:
         p.error("the testbed needs root")
+    # SIGTERM unwinds like Ctrl-C: the campaign's `finally` stops the daemon and takes the testbed down
+    signals.install(signals.VERB, signals.raise_terminated)
     run = loop_campaign if args.mode == "loop" else campaign
     rows, quiet_rows = run(args) if args.classes or args.quiet else ([], [])
     if args.fixture_classes:
@@ -554,4 +557,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except signals.Terminated:
+        print("diagnose_accuracy: terminated (the daemon stopped, the testbed down)", file=sys.stderr)
+        sys.exit(143)

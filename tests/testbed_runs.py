@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 from cgroup_helpers import RankMover
+from collbench.results.record_parser import is_record, parse_record
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -57,11 +58,9 @@ def seq_window(log, first_seq, last_seq, path):
                 continue
             with src:
                 for line in src:
-                    try:
-                        seq = json.loads(line).get("seq", 0)
-                    except ValueError:
-                        continue
-                    if first_seq <= seq <= last_seq:
+                    rec = parse_record(line)       # the project's one validator: any line, never a raise
+                    seq = rec.get("seq") if is_record(rec) else None
+                    if isinstance(seq, int) and first_seq <= seq <= last_seq:
                         out.write(line)
                         n += 1
     return n
