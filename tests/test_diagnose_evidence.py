@@ -309,6 +309,39 @@ def test_a_shift_weighs_its_counters_against_the_steps_before_its_onset(tmp_path
     assert ev["reference"] == "good steps" and ev["expected"] < 1, ev
 
 
+def test_a_path_moving_in_every_slow_step_against_one_burst_in_its_good_steps_names_the_link(tmp_path):
+    """The steps view of the count test (congestion/normal.py): one burst of 400 retransmissions in
+    60 good steps makes the events view cautious (p 0.02), but moving in 20 of 20 slow steps
+    against 1 of 60 is proof. A good step whose per-peer counter read 0 once counted as one it
+    moved in, so the path seemed to move in every step of its normal and only the events view was left."""
+    recs = td.series(n=80, onset=60, factor=3.0, hosts=HOSTS4, ranks=4, transport="ob1-tcp")
+    for i, r in enumerate(recs):
+        r["congestion"]["paths"] = paths_of({("h2", "h4"): 90 if i >= 60 else (400 if i == 30 else 0)})(i)
+    rc, doc, err = td.diagnose(td.write(tmp_path / "r.jsonl", recs))
+    top = doc["suspects"][0]
+    assert rc == 1 and top["link"] == ["h2", "h4"], (err, json.dumps(doc["suspects"]))
+    (ev,) = [p for p in top["evidence"]["paths"] if p["counter"] == "tcp_retrans_segs"]
+    assert ev["p_value"] < 1e-3 and ev["reference"] == "good steps", ev
+
+
+def test_a_lossy_hosts_ring_link_is_folded_into_the_host(tmp_path):
+    """The stress loop's lossy host (seed 64, trial 0): its ring allreduce sends to one neighbour,
+    so that regression alone sees one lossy path and names the link; its alltoall sees every path
+    of the host. The link is one of the host's lossy paths: the host is the answer, the link goes."""
+    ring = {("h3", "h4"): 90}
+    every = {("h3", p): 60 for p in ("h1", "h2", "h4")} | {(p, "h3"): 40 for p in ("h1", "h2", "h4")} | {("h1", "h2"): 40}
+    recs = []
+    for op, lossy in (("allreduce", ring), ("alltoall", every)):
+        series = td.series(n=80, onset=60, factor=3.0, hosts=HOSTS4, ranks=4, transport="ob1-tcp", op=op)
+        for i, r in enumerate(series):
+            r["congestion"]["paths"] = paths_of(lossy if i >= 60 else {})(i)
+        recs += series
+    rc, doc, err = td.diagnose(td.write(tmp_path / "r.jsonl", recs))
+    found = [(s["host"], s["link"], s["cause"]) for s in named(doc)]
+    assert rc == 1 and found == [("h3", None, "link_errors")], (err, found)
+    assert doc["suspects"][0]["regressions"] == ["allreduce 4MB 4 ranks ob1-tcp", "alltoall 4MB 4 ranks ob1-tcp"]
+
+
 @pytest.mark.parametrize("paths", ["not an object", {"h1|tcp_lost": 3}, {"h1>h1|tcp_lost": 3}, {"h1>h2|tcp_lost": -4},
                                    {"h1>h2|tcp_lost": "7"}, {"h1>h2>h3|tcp_lost": 1}, {"h1>h2|TCP Lost": 1}])
 def test_a_malformed_paths_field_is_a_counted_bad_line_never_a_crash(tmp_path, paths):

@@ -45,7 +45,7 @@ from collbench.bounded_file import UntrustedFileError, read_limited
 from collbench.bounded_repr import bounded_repr
 from collbench.congestion import normal as counter_normal_mod
 from collbench.congestion.attribution import flagged_signal_items
-from collbench.congestion.counters import PATH_GAUGES, TRAFFIC, family, path_row
+from collbench.congestion.counters import TRAFFIC, family, weighed_path_counter
 from collbench.congestion.record_field import path_loss_items
 from collbench.errors import UserError
 from collbench.ops import OPS, get_op
@@ -235,8 +235,7 @@ class Collector:
         if "paths" in field:
             self.normal.add_exposure("path", seconds)
             for host, peer, name, v in path_loss_items(field):   # net of DSACKed
-                row = path_row(name)
-                if row is not None and row.family != TRAFFIC and name not in PATH_GAUGES and v > 0:
+                if weighed_path_counter(name):
                     self.normal.add(f"{host}>{peer}", name, int(round(v)), seconds)
 
     def merge(self, other):

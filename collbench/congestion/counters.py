@@ -238,3 +238,10 @@ PATH_GAUGES = frozenset({"tcp_lost", "tcp_rtt_us_max"})
 def path_row(name):
     """The Counter row of a per-path counter name (tcp_*, qp_<hw counter>), or None."""
     return PATH_BY_NAME.get(name)
+
+
+def weighed_path_counter(name):
+    """Whether a per-path counter is weighed as evidence and kept in a normal: a loss or marking
+    counter, not traffic and not a gauge (a value at the snapshot, not a movement)."""
+    row = PATH_BY_NAME.get(name)
+    return row is not None and row.family != TRAFFIC and name not in PATH_GAUGES

@@ -56,6 +56,10 @@ class Tally:
         e[2] += seconds * seconds
 
     def add(self, subject, key, delta, seconds):
+        if delta <= 0:
+            # a step it did not move in adds nothing (its exposure is counted apart): counted as
+            # "moved", every read of a per-peer counter made the steps view see it move always
+            return
         c = self.counts.get((subject, key))
         if c is None:
             if len(self.counts) >= MAX_SUBJECTS:

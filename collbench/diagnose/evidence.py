@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from collbench.congestion import counters
 from collbench.congestion.attribution import ROUTINE_RETRANS_SHARE
-from collbench.congestion.counters import LINK_ERRORS, PFC, TRAFFIC
+from collbench.congestion.counters import LINK_ERRORS, PFC, TRAFFIC, weighed_path_counter
 from collbench.congestion.keys import priority, split
 from collbench.congestion.normal import Tally, steps_upper_tail, upper_tail
 
@@ -245,7 +245,8 @@ def gather(steps, slow, good, nodes, normal=None):
                 if s.paths is not None:
                     good_tally.add_exposure("path", s.window_s)
                     for host, peer, name, v in s.paths:
-                        good_tally.add(f"{host}>{peer}", name, v, s.window_s)
+                        if weighed_path_counter(name):
+                            good_tally.add(f"{host}>{peer}", name, v, s.window_s)
                 continue
             ev.slow_with_counters += 1
             ev.slow_sources[s.source] += 1
@@ -340,9 +341,9 @@ def _add_paths(path_acc, paths):
     for host, peer, name, v in paths:
         step[(host, peer, name)] = v
     for (host, peer, name), v in step.items():
-        row = counters.path_row(name)
-        if row is None or row.family == TRAFFIC or name in counters.PATH_GAUGES:
+        if not weighed_path_counter(name):
             continue
+        row = counters.path_row(name)
         p = path_acc.get((host, peer, name))
         if p is None:
             p = path_acc[(host, peer, name)] = PathEvidence(host, peer, name, row.family, row.side)
