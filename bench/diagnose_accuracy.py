@@ -46,9 +46,17 @@ right answers among the trials slowed SLOWED (1.3x) or more, the issue's bar; ov
 the false culprits and the false alarms (a regression found), with the machine's load average.
 Figures are one campaign's: repeat it (--seed) for their spread.
 
+A campaign keeps its windows (each trial's records), the baseline's runs and campaign.json (the
+rows, with what each trial planted) in the directory it prints at its end. --rejudge DIR
+diagnoses those windows again with this tree's code, judges them as the campaign did and prints
+the same report, with each changed verdict: a change to diagnose measured on the same records
+in seconds, not on a new campaign in hours (the alerts, the slowdowns and the load stay the
+campaign's).
+
     .venv/bin/python bench/diagnose_accuracy.py --trials 20 --quiet 40      # the issue's campaign
     .venv/bin/python bench/diagnose_accuracy.py --trials 2 --quiet 4         # a smoke run
     .venv/bin/python bench/diagnose_accuracy.py --mode loop --fixture-classes '' --trials 3 --quiet 10
+    .venv/bin/python bench/diagnose_accuracy.py --rejudge /tmp/diag-accuracy-loop-XXXX  # after a change
 """
 
 import argparse
@@ -308,7 +316,8 @@ def campaign(args):
             if cls == "quiet":
                 verdict_runs(bed, results, OPS, args)
                 doc = diagnose(bed, results)
-                quiet_rows.append(quiet_row(doc, slowdown(normal, latencies(result_records(results))), load=load))
+                quiet_rows.append(quiet_row(doc, slowdown(normal, latencies(result_records(results))), load=load,
+                                            window=os.path.basename(results)))
                 outcome = "false culprit" if named(doc) else doc["verdict"]
             else:
                 host, peer = rng.sample(bed["hosts"], 2)
@@ -322,12 +331,14 @@ def campaign(args):
                 outcome = judge(doc, fault.expected())
                 rows.append(trial_row(doc, slowdown(normal, latencies(result_records(results))), cls,
                                       strength=strength, outcome=outcome, seconds=time.monotonic() - t0, load=load,
-                                      host=host["alias"], peer=peer["alias"]))
+                                      host=host["alias"], peer=peer["alias"], expected=fault.expected(),
+                                      window=os.path.basename(results)))
             left = (time.monotonic() - started) / (n + 1) * (len(plan) - n - 1)
             print(f"[{n + 1}/{len(plan)}] {cls}: {outcome} (load {load:.1f}; ~{left:.0f} s left)",
                   file=sys.stderr, flush=True)
     finally:
         testbed.down(bed["dir"])
+        keep(root, "once", args, rows, quiet_rows)
     return rows, quiet_rows
 
 
@@ -400,14 +411,15 @@ def loop_campaign(args):
             slowed = slowdown(latencies(r for r in window if r["ts"] < t_fault),
                               latencies(r for r in window if r["ts"] >= t_fault))
             if fault is None:
-                quiet_rows.append(quiet_row(doc, slowed, load=load, alerted=alert_s is not None,
+                quiet_rows.append(quiet_row(doc, slowed, load=load, alerted=alert_s is not None, window=os.path.basename(path),
                                             shift_spell_s=round(watch.longest, 1), in_control_before=in_control))
                 outcome = "false culprit" if named(doc) else doc["verdict"]
             else:
                 outcome = "no steps" if doc["verdict"] == "no steps" else judge(doc, fault.expected())
                 rows.append(trial_row(doc, slowed, cls, strength=strength, outcome=outcome,
                                       seconds=time.monotonic() - t0, alert_s=alert_s, load=load, host=host["alias"],
-                                      peer=peer["alias"], in_control_before=in_control))
+                                      peer=peer["alias"], in_control_before=in_control, expected=fault.expected(),
+                                      window=os.path.basename(path)))
             left = (time.monotonic() - started) / (n + 1) * (len(plan) - n - 1)
             print(f"[loop {n + 1}/{len(plan)}] {cls}: {outcome}, alert "
                   f"{'none' if alert_s is None else f'after {alert_s:.0f} s'} (load {load:.1f}; ~{left:.0f} s left)",
@@ -422,6 +434,7 @@ def loop_campaign(args):
                 shutil.copy(daemon_log, root)
         finally:
             testbed.down(bed["dir"])
+            keep(root, "loop", args, rows, quiet_rows)
     return rows, quiet_rows
 
 
@@ -461,11 +474,72 @@ def fixture_campaign(args):
         outcome = judge(doc, (cls, host, None))
         rows.append(trial_row(doc, slowdown(normal, latencies(result_records(results))), cls,
                               strength=strength, outcome=outcome, seconds=time.monotonic() - t0, load=load,
-                              host=host, peer=None))
+                              host=host, peer=None, expected=(cls, host, None), window=results.name))
         left = (time.monotonic() - started) / (n + 1) * (len(plan) - n - 1)
         print(f"[fixtures {n + 1}/{len(plan)}] {cls}: {outcome} (load {load:.1f}; ~{left:.0f} s left)",
               file=sys.stderr, flush=True)
+    keep(str(root), "fixtures", args, rows, [], config=str(cfg))
     return rows
+
+
+def keep(root, mode, args, rows, quiet_rows, config=None):
+    """ROOT/campaign.json: what --rejudge needs to diagnose the campaign's windows again (they stay
+    in ROOT, with the baseline's runs: baseline.jsonl)."""
+    with open(os.path.join(root, "campaign.json"), "w") as f:
+        json.dump({"mode": mode, "shift_ratio": args.shift_ratio, "config": config, "trials": rows,
+                   "quiet": quiet_rows}, f, indent=1)
+    print(f"{mode} campaign kept in {root} (--rejudge {root})", file=sys.stderr)
+
+
+def rejudge(root):
+    """A kept campaign's windows diagnosed again with this tree's code, and judged as the campaign
+    judged them: what a change to diagnose does to the measured accuracy, on the same records."""
+    with open(os.path.join(root, "campaign.json")) as f:
+        kept = json.load(f)
+    work = tempfile.mkdtemp(prefix="diag-rejudge-")
+    config = kept.get("config")
+    if config is None:
+        config = os.path.join(work, "collbench.yaml")
+        with open(config, "w") as f:
+            f.write(f"state_dir: {work}\n"
+                    + (f"alerts:\n  shift_ratio: {kept['shift_ratio']}\n" if kept["mode"] == "loop" else ""))
+    against = []
+    if kept["mode"] != "loop":
+        # the baseline saved again from its runs, by this tree's `baseline save`
+        r = collbench("baseline", "save", "rejudged", "--from", os.path.join(root, "baseline.jsonl"),
+                      "--config", config, "--state-dir", work)
+        if r.returncode != 0:
+            raise RuntimeError(f"baseline save failed: {r.stderr[-500:]}")
+        against = ["--baseline", "rejudged", "--state-dir", work]
+
+    def again(row):
+        r = collbench("diagnose", os.path.join(root, row["window"]), *against, "--config", config,
+                      "--format", "json", timeout=120)
+        if r.returncode not in (0, 1):
+            raise RuntimeError(f"diagnose failed on {row['window']}: {r.stderr[-500:]}")
+        return json.loads(r.stdout)
+
+    rows, quiet_rows, changed = [], [], 0
+    for row in kept["trials"]:
+        doc = again(row)
+        new = trial_row(doc, row["slowdown"], row["class"], **{k: v for k, v in row.items() if k not in
+                        ("class", "ratio", "slowdown", "top", "lacking", "outcome")},
+                        outcome=judge(doc, row["expected"]))
+        changed += new["outcome"] != row["outcome"]
+        if new["outcome"] != row["outcome"]:
+            print(f"{row['window']} ({row['class']}): {row['outcome']} -> {new['outcome']}", file=sys.stderr)
+        rows.append(new)
+    for row in kept["quiet"]:
+        doc = again(row)
+        new = quiet_row(doc, row["slowdown"], **{k: v for k, v in row.items() if k not in
+                                                  ("verdict", "named", "ratios", "slowdown")})
+        if (new["verdict"], new["named"]) != (row["verdict"], row["named"]):
+            changed += 1
+            print(f"{row['window']} (quiet): {row['verdict']} -> {new['verdict']}, named {new['named']}",
+                  file=sys.stderr)
+        quiet_rows.append(new)
+    print(f"re-diagnosed {len(rows) + len(quiet_rows)} windows of {root}: {changed} changed", file=sys.stderr)
+    return rows, quiet_rows
 
 
 def report(rows, quiet_rows):
@@ -532,6 +606,9 @@ def main(argv=None):
                    help="seconds between the runs of one verdict (default 0: back to back)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", metavar="FILE", help="write every trial's row there too")
+    p.add_argument("--rejudge", metavar="DIR", action="append", default=[],
+                   help="no campaign: diagnose a kept campaign's windows (DIR/campaign.json, the directory a "
+                        "campaign prints at its end) again with this tree's code and report them; repeatable")
     args = p.parse_args(argv)
     args.classes = [c for c in args.classes.split(",") if c]
     args.fixture_classes = [c for c in args.fixture_classes.split(",") if c]
@@ -541,6 +618,13 @@ def main(argv=None):
     unknown = set(args.classes) - set(CLASSES)
     if unknown:
         p.error(f"unknown classes {', '.join(sorted(unknown))} (known: {', '.join(CLASSES)})")
+    if args.rejudge:
+        rows, quiet_rows = [], []
+        for root in args.rejudge:
+            r, q = rejudge(root)
+            rows, quiet_rows = rows + r, quiet_rows + q
+        report(rows, quiet_rows)
+        return 0
     if os.geteuid() != 0:
         p.error("the testbed needs root")
     # SIGTERM unwinds like Ctrl-C: the campaign's `finally` stops the daemon and takes the testbed down

@@ -342,6 +342,23 @@ def test_a_lossy_hosts_ring_link_is_folded_into_the_host(tmp_path):
     assert doc["suspects"][0]["regressions"] == ["allreduce 4MB 4 ranks ob1-tcp", "alltoall 4MB 4 ranks ob1-tcp"]
 
 
+def test_a_lossy_links_sender_named_from_host_counters_folds_into_the_link(tmp_path):
+    """The other way round (seed 62, trial 21): a 3 % lossy link h3 -> h4 named by its paths in
+    one regression, and its sender by its host counters alone in another (no lossy path of its
+    own there): one fault, the link."""
+    recs = []
+    for op, paths, moved in (("allreduce", {("h3", "h4"): 90}, None), ("alltoall", {}, {"h3|TCPTimeouts@netstat": 40})):
+        series = td.series(n=80, onset=60, factor=3.0, hosts=HOSTS4, ranks=4, transport="ob1-tcp", op=op,
+                           slow_moved=moved)
+        for i, r in enumerate(series):
+            r["congestion"]["paths"] = paths_of(paths if i >= 60 else {})(i)
+        recs += series
+    rc, doc, err = td.diagnose(td.write(tmp_path / "r.jsonl", recs))
+    found = [(s["host"], s["link"], s["cause"]) for s in named(doc)]
+    assert rc == 1 and found == [(None, ["h3", "h4"], "link_errors")], (err, found)
+    assert doc["suspects"][0]["regressions"] == ["allreduce 4MB 4 ranks ob1-tcp", "alltoall 4MB 4 ranks ob1-tcp"]
+
+
 @pytest.mark.parametrize("paths", ["not an object", {"h1|tcp_lost": 3}, {"h1>h1|tcp_lost": 3}, {"h1>h2|tcp_lost": -4},
                                    {"h1>h2|tcp_lost": "7"}, {"h1>h2>h3|tcp_lost": 1}, {"h1>h2|TCP Lost": 1}])
 def test_a_malformed_paths_field_is_a_counted_bad_line_never_a_crash(tmp_path, paths):

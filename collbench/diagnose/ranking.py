@@ -282,7 +282,7 @@ def rank(per_regression):
                 m.lacking = m.lacking + [x for x in s.lacking if x not in m.lacking]
             m.lacking = m.lacking[:MAX_LACKING]
             m.regressions += [x for x in labels if x not in m.regressions]
-    _fold_links_into_their_endpoint(merged)
+    _fold_across_regressions(merged)
     # an `unexplained` is only a suspect where nothing else explains anything
     if any(s.cause != UNEXPLAINED for s in merged.values()):
         merged = {k: s for k, s in merged.items() if s.cause != UNEXPLAINED}
@@ -293,14 +293,21 @@ def rank(per_regression):
                                                   s.host or "", s.link or ()))
 
 
-def _fold_links_into_their_endpoint(merged):
-    """A link named as "the only lossy (or marked) path" of one regression, that another names
-    as one of several such paths of a host -- the common endpoint -- is that host's: one
-    regression's op reached only part of the host's paths (a ring allreduce sends to one
-    neighbour; measured: a 3 %-lossy host's allreduce named its one ring link, first, and its
-    alltoall the host over 6 paths). The link goes, its regressions to the host. A link whose
-    host was named from host counters only, or from a single path, stays (a lossy link retransmits
-    on its sender's host counters too)."""
+def _fold_across_regressions(merged):
+    """suspects_of's rule -- per-peer evidence over host counters -- across regressions: each
+    regression sees only the paths its op uses, so two of them can name one fault twice.
+    1. A link named as the only lossy (or marked) path of one regression, that another names as
+       one of several such paths of a host -- their common endpoint -- is that host's: a ring
+       allreduce sends to one neighbour (measured: a 3 %-lossy host's allreduce named its one
+       ring link, first, and its alltoall the host over 6 paths).
+    2. A host named from its host counters alone, at one end of a link its paths named, is that
+       link's (a lossy link's sender retransmits on its host counters too; measured: a 3 % lossy
+       link named by its paths, and its sender by TCPTimeouts in another regression).
+    What is folded goes, its regressions listed on what it folded into."""
+    def fold(key, into):
+        into.regressions += [x for x in merged[key].regressions if x not in into.regressions]
+        del merged[key]
+
     for key, link in list(merged.items()):
         if link.link is None or not link.paths:
             continue
@@ -308,9 +315,15 @@ def _fold_links_into_their_endpoint(merged):
         for host in merged.values():
             if (host.cause == link.cause and host.host in pair and host.paths
                     and len({frozenset((p.host, p.peer)) for p in host.paths}) >= 2
-                    and any(frozenset((p.host, p.peer)) == pair for p in host.paths)):
-                host.regressions += [x for x in link.regressions if x not in host.regressions]
-                del merged[key]
+                    and pair in {frozenset((p.host, p.peer)) for p in host.paths}):
+                fold(key, host)
+                break
+    for key, host in list(merged.items()):
+        if host.host is None or host.paths or host.port is not None or host.cause == UNEXPLAINED:
+            continue
+        for link in merged.values():
+            if link.cause == host.cause and link.paths and link.link is not None and host.host in link.link:
+                fold(key, link)
                 break
 
 
