@@ -359,6 +359,26 @@ def test_a_lossy_links_sender_named_from_host_counters_folds_into_the_link(tmp_p
     assert doc["suspects"][0]["regressions"] == ["allreduce 4MB 4 ranks ob1-tcp", "alltoall 4MB 4 ranks ob1-tcp"]
 
 
+def test_a_host_named_from_its_paths_by_one_regression_has_them_when_another_named_it_from_host_counters(tmp_path):
+    """The same host named by three regressions: its ring link by allreduce's paths, the host by
+    alltoall's paths (common endpoint, score 0.9) and by bcast's host counters alone (score 1.0).
+    The merged suspect keeps the best score's evidence, and the paths another regression found:
+    without them it read as "named from host counters alone" and was folded into its ring link."""
+    every = {("h3", p): 60 for p in ("h1", "h2", "h4")} | {(p, "h3"): 40 for p in ("h1", "h2", "h4")} | {("h1", "h2"): 40}
+    recs = []
+    for op, paths, moved in (("allreduce", {("h3", "h4"): 90}, None), ("alltoall", every, None),
+                             ("bcast", {}, {"h3|TCPFastRetrans@netstat": 400})):
+        series = td.series(n=80, onset=60, factor=3.0, hosts=HOSTS4, ranks=4, transport="ob1-tcp", op=op,
+                           slow_moved=moved)
+        for i, r in enumerate(series):
+            r["congestion"]["paths"] = paths_of(paths if i >= 60 else {})(i)
+        recs += series
+    rc, doc, err = td.diagnose(td.write(tmp_path / "r.jsonl", recs))
+    found = [(s["host"], s["link"], s["cause"]) for s in named(doc)]
+    assert rc == 1 and found == [("h3", None, "link_errors")], (err, found)
+    assert len(doc["suspects"][0]["regressions"]) == 3 and doc["suspects"][0]["evidence"]["paths"]
+
+
 @pytest.mark.parametrize("paths", ["not an object", {"h1|tcp_lost": 3}, {"h1>h1|tcp_lost": 3}, {"h1>h2|tcp_lost": -4},
                                    {"h1>h2|tcp_lost": "7"}, {"h1>h2>h3|tcp_lost": 1}, {"h1>h2|TCP Lost": 1}])
 def test_a_malformed_paths_field_is_a_counted_bad_line_never_a_crash(tmp_path, paths):

@@ -277,9 +277,11 @@ def rank(per_regression):
             elif s.score > m.score:
                 s.regressions = m.regressions
                 s.lacking = m.lacking + [x for x in s.lacking if x not in m.lacking]
+                s.paths = s.paths or m.paths      # named from its paths by any regression: it has them
                 merged[s.identity()] = m = s
             else:
                 m.lacking = m.lacking + [x for x in s.lacking if x not in m.lacking]
+                m.paths = m.paths or s.paths
             m.lacking = m.lacking[:MAX_LACKING]
             m.regressions += [x for x in labels if x not in m.regressions]
     _fold_across_regressions(merged)
