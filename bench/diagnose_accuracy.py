@@ -411,8 +411,9 @@ def loop_campaign(args):
             slowed = slowdown(latencies(r for r in window if r["ts"] < t_fault),
                               latencies(r for r in window if r["ts"] >= t_fault))
             if fault is None:
-                quiet_rows.append(quiet_row(doc, slowed, load=load, alerted=alert_s is not None, window=os.path.basename(path),
-                                            shift_spell_s=round(watch.longest, 1), in_control_before=in_control))
+                quiet_rows.append(quiet_row(doc, slowed, load=load, alerted=alert_s is not None,
+                                            shift_spell_s=round(watch.longest, 1), in_control_before=in_control,
+                                            window=os.path.basename(path)))
                 outcome = "false culprit" if named(doc) else doc["verdict"]
             else:
                 outcome = "no steps" if doc["verdict"] == "no steps" else judge(doc, fault.expected())
@@ -525,8 +526,8 @@ def rejudge(root):
         new = trial_row(doc, row["slowdown"], row["class"], **{k: v for k, v in row.items() if k not in
                         ("class", "ratio", "slowdown", "top", "lacking", "outcome")},
                         outcome=judge(doc, row["expected"]))
-        changed += new["outcome"] != row["outcome"]
         if new["outcome"] != row["outcome"]:
+            changed += 1
             print(f"{row['window']} ({row['class']}): {row['outcome']} -> {new['outcome']}", file=sys.stderr)
         rows.append(new)
     for row in kept["quiet"]:
