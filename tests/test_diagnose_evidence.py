@@ -324,18 +324,28 @@ def test_a_path_moving_in_every_slow_step_against_one_burst_in_its_good_steps_na
     assert ev["p_value"] < 1e-3 and ev["reference"] == "good steps", ev
 
 
+LOSSY_HOST_H3 = ({("h3", p): 60 for p in ("h1", "h2", "h4")} | {(p, "h3"): 40 for p in ("h1", "h2", "h4")}
+                 | {("h1", "h2"): 40})      # h3's every path, and one beside it (its common-endpoint share 0.9)
+
+
+def shifted_ops(spec):
+    """Series of 80 steps on HOSTS4, 3x slower from step 60, one per (op, lossy paths, host counters
+    moved) in spec: the paths {(host, peer): retransmissions} and counters only in the slow steps."""
+    recs = []
+    for op, lossy, moved in spec:
+        series = td.series(n=80, onset=60, factor=3.0, hosts=HOSTS4, ranks=4, transport="ob1-tcp", op=op,
+                           slow_moved=moved)
+        for i, r in enumerate(series):
+            r["congestion"]["paths"] = paths_of(lossy if i >= 60 else {})(i)
+        recs += series
+    return recs
+
+
 def test_a_lossy_hosts_ring_link_is_folded_into_the_host(tmp_path):
     """The stress loop's lossy host (seed 64, trial 0): its ring allreduce sends to one neighbour,
     so that regression alone sees one lossy path and names the link; its alltoall sees every path
     of the host. The link is one of the host's lossy paths: the host is the answer, the link goes."""
-    ring = {("h3", "h4"): 90}
-    every = {("h3", p): 60 for p in ("h1", "h2", "h4")} | {(p, "h3"): 40 for p in ("h1", "h2", "h4")} | {("h1", "h2"): 40}
-    recs = []
-    for op, lossy in (("allreduce", ring), ("alltoall", every)):
-        series = td.series(n=80, onset=60, factor=3.0, hosts=HOSTS4, ranks=4, transport="ob1-tcp", op=op)
-        for i, r in enumerate(series):
-            r["congestion"]["paths"] = paths_of(lossy if i >= 60 else {})(i)
-        recs += series
+    recs = shifted_ops([("allreduce", {("h3", "h4"): 90}, None), ("alltoall", LOSSY_HOST_H3, None)])
     rc, doc, err = td.diagnose(td.write(tmp_path / "r.jsonl", recs))
     found = [(s["host"], s["link"], s["cause"]) for s in named(doc)]
     assert rc == 1 and found == [("h3", None, "link_errors")], (err, found)
@@ -346,13 +356,7 @@ def test_a_lossy_links_sender_named_from_host_counters_folds_into_the_link(tmp_p
     """The other way round (seed 62, trial 21): a 3 % lossy link h3 -> h4 named by its paths in
     one regression, and its sender by its host counters alone in another (no lossy path of its
     own there): one fault, the link."""
-    recs = []
-    for op, paths, moved in (("allreduce", {("h3", "h4"): 90}, None), ("alltoall", {}, {"h3|TCPTimeouts@netstat": 40})):
-        series = td.series(n=80, onset=60, factor=3.0, hosts=HOSTS4, ranks=4, transport="ob1-tcp", op=op,
-                           slow_moved=moved)
-        for i, r in enumerate(series):
-            r["congestion"]["paths"] = paths_of(paths if i >= 60 else {})(i)
-        recs += series
+    recs = shifted_ops([("allreduce", {("h3", "h4"): 90}, None), ("alltoall", {}, {"h3|TCPTimeouts@netstat": 40})])
     rc, doc, err = td.diagnose(td.write(tmp_path / "r.jsonl", recs))
     found = [(s["host"], s["link"], s["cause"]) for s in named(doc)]
     assert rc == 1 and found == [(None, ["h3", "h4"], "link_errors")], (err, found)
@@ -364,15 +368,8 @@ def test_a_host_named_from_its_paths_by_one_regression_has_them_when_another_nam
     alltoall's paths (common endpoint, score 0.9) and by bcast's host counters alone (score 1.0).
     The merged suspect keeps the best score's evidence, and the paths another regression found:
     without them it read as "named from host counters alone" and was folded into its ring link."""
-    every = {("h3", p): 60 for p in ("h1", "h2", "h4")} | {(p, "h3"): 40 for p in ("h1", "h2", "h4")} | {("h1", "h2"): 40}
-    recs = []
-    for op, paths, moved in (("allreduce", {("h3", "h4"): 90}, None), ("alltoall", every, None),
-                             ("bcast", {}, {"h3|TCPFastRetrans@netstat": 400})):
-        series = td.series(n=80, onset=60, factor=3.0, hosts=HOSTS4, ranks=4, transport="ob1-tcp", op=op,
-                           slow_moved=moved)
-        for i, r in enumerate(series):
-            r["congestion"]["paths"] = paths_of(paths if i >= 60 else {})(i)
-        recs += series
+    recs = shifted_ops([("allreduce", {("h3", "h4"): 90}, None), ("alltoall", LOSSY_HOST_H3, None),
+                        ("bcast", {}, {"h3|TCPFastRetrans@netstat": 400})])
     rc, doc, err = td.diagnose(td.write(tmp_path / "r.jsonl", recs))
     found = [(s["host"], s["link"], s["cause"]) for s in named(doc)]
     assert rc == 1 and found == [("h3", None, "link_errors")], (err, found)

@@ -315,9 +315,10 @@ def _fold_across_regressions(merged):
             continue
         pair = frozenset(link.link)
         for host in merged.values():
-            if (host.cause == link.cause and host.host in pair and host.paths
-                    and len({frozenset((p.host, p.peer)) for p in host.paths}) >= 2
-                    and pair in {frozenset((p.host, p.peer)) for p in host.paths}):
+            if host.cause != link.cause or host.host not in pair or not host.paths:
+                continue
+            its_pairs = {frozenset((p.host, p.peer)) for p in host.paths}
+            if len(its_pairs) >= 2 and pair in its_pairs:
                 fold(key, host)
                 break
     for key, host in list(merged.items()):
