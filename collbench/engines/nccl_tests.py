@@ -221,8 +221,11 @@ def run_job(cfg, binary, args, runner):
         warnings += o.warnings
         for r in o.rows:
             rows.setdefault(r.size, r)
-    ranks = first.ranks if first is not None else None
-    hosts = [d.host for d in sorted(first.devices, key=lambda d: d.rank)] if first is not None and first.devices else []
+    # a binary built without MPI=1 prints one whole run per rank, and mpirun interleaves their
+    # lines: a run's device lines may land in any of the runs parsed, so the widest one counts
+    seen = max((o for o in outs if o.devices), key=lambda o: o.ranks, default=first)
+    ranks = seen.ranks if seen is not None else None
+    hosts = [d.host for d in sorted(seen.devices, key=lambda d: d.rank)] if seen is not None and seen.devices else []
     if ranks is not None and ranks != cfg.ranks:
         why = (f"nccl-tests ran {ranks} rank(s) per communicator for a job of {cfg.ranks}: "
                f"{'a binary built without MPI=1 (make MPI=1)' if ranks == 1 else 'check -g and the launcher'}")

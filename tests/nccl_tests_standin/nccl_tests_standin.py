@@ -17,7 +17,10 @@ Test hooks (environment):
                               run printed them (fixtures/nccl_tests/midtable_failure_nccl-tests-322.txt),
                               exit 3
   NCCL_STANDIN_WRONG=SIZE     that size's out-of-place #wrong is 1.04858e+06 (%6g of 1048576)
-  NCCL_STANDIN_NOMPI=1        every rank prints its own 1-rank run (a binary built with MPI=0)
+  NCCL_STANDIN_NOMPI=1        a binary built with MPI=0: each rank runs its own 1-rank job, and
+                              mpirun's merged stdout is printed by rank 0 (so the interleave is
+                              fixed): every run's lines down to its parameter line, then the rest
+                              line by line in turn
   NCCL_STANDIN_HANG=1         print the header, then hang (bounded: 120 s)
   NCCL_STANDIN_PRINT=FILE     rank 0 prints FILE as it is (a published output from
                               tests/fixtures/nccl_tests) and exits with NCCL_STANDIN_RC (default 0)
@@ -35,6 +38,8 @@ NCCL's own settings, as NCCL 2.28 reads them (src/graph/tuning.cc, src/enqueue.c
                               table (the INFO lines of ncclTopoTuneModel, their exact format).
 """
 
+import contextlib
+import io
 import math
 import os
 import socket
@@ -266,5 +271,27 @@ def main():
     return 1 if bad else 0
 
 
+def merged_independent_runs():
+    """mpirun's stdout for nprocs ranks that each ran their own 1-rank job, interleaved as it was
+    on a loaded CI machine: the second run's header split the first's from its device lines."""
+    nprocs = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("PMI_SIZE", "1")))
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
+    if rank != 0:
+        return 0
+    runs, rc = [], 0
+    for _ in range(nprocs):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            rc = main() or rc
+        runs.append(buf.getvalue().splitlines())
+    heads = [next((i + 1 for i, line in enumerate(r) if "nThread" in line), 0) for r in runs]
+    out = [line for r, h in zip(runs, heads) for line in r[:h]]
+    tails = [r[h:] for r, h in zip(runs, heads)]
+    for i in range(max(map(len, tails), default=0)):
+        out += [t[i] for t in tails if i < len(t)]
+    print("\n".join(out))
+    return rc
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(merged_independent_runs() if os.environ.get("NCCL_STANDIN_NOMPI") else main())
