@@ -12,6 +12,9 @@ MIN_EVENTS events, in at least MIN_SLOW_STEPS slow steps and half of them, at MI
 the expected count. What fell short is said (`lacking`).
 
 The side of each counter (congestion.counters: np receiver, rp sender, link) says which path.
+Where one path alone passes its test, each of its two ends' other paths are tested pooled
+(EndpointPool): a host's port losing a little on each of its paths passes no single path's test,
+while their sum does.
 A path's tcp_retrans_segs arrives net of its tcp_dsack_dups (diagnose/load.py,
 record_field.path_loss_items): retransmissions the peer reported it already had are no loss.
 """
@@ -35,6 +38,10 @@ MIN_CONTRAST = 3.0         # at least this many times the count its normal expec
 ALPHA = 1e-3               # the test's level, over every counter tested at once (Bonferroni)
 MIN_OFF_CPU_STEPS = 3      # slow steps carrying the off-CPU rank before a slow host can be named
 MAX_SHORT = 3              # counters that moved but fell short, said in `lacking`
+POOL_SHARE_OF_PROVEN = 0.5  # an end's other paths, pooled, losing (marking) at least half the share of
+                            # segments the proven path does: one port's loss spread over its peers
+                            # (measured: a shaped port 0.70 % beside 1.06 %); a lossy link's ends stay
+                            # at their normal on their other paths, far below
 
 
 @lru_cache(maxsize=4096)
@@ -167,6 +174,7 @@ class PathEvidence:
                                 # taken out of tcp_retrans_segs (record_field.path_loss_items)
     rtt_us_max: float = None
     test: Judgement = None
+    moved_in: set = field(default_factory=set)      # the slow steps (ordinals) it moved in
 
     def qualifies(self):
         return self.test is not None and not self.test.short
@@ -205,6 +213,46 @@ class Evidence:
     slow_with_off_cpu: int = 0                               # slow steps whose records carry the field
     good_with_off_cpu: int = 0
     lacking: list = field(default_factory=list)
+    endpoint_pools: list = field(default_factory=list)   # EndpointPool of both ends of a lone proven path
+
+
+@dataclass
+class EndpointPool:
+    """One end of the only path of its family that passed its test: that host's other paths'
+    counter, pooled. Loss spread over several of one host's paths (its own port: a shaped or
+    overflowing queue drops from every peer) can leave one path proven and the rest each short;
+    pooled they pass, and the host, not the one link, is the common endpoint. A lossy link's ends
+    have other paths at their normal."""
+    host: str
+    family: str
+    counter: str
+    pair: frozenset             # the proven path's two hosts, left out of the pool
+    paths: list                 # the PathEvidence pooled (every other path of the host read with it)
+    slow_delta: float = 0
+    slow_steps: int = 0
+    test: Judgement = None
+
+    def qualifies(self):
+        return self.test is not None and not self.test.short
+
+    def as_dict(self):
+        return {"host": self.host, "counter": self.counter, "excluded": sorted(self.pair),
+                "paths": [[p.host, p.peer] for p in self.paths if p.slow_delta > 0],
+                "delta_slow": self.slow_delta, "slow_steps_moved": self.slow_steps,
+                **(self.test.as_dict() if self.test else {})}
+
+
+class PooledReference:
+    """The normal of several paths' counter taken together: their rates summed, the burstiest
+    one's overdispersion (paths of one host share its bursts: never taken as independent), and
+    the chance that any of them moves in a step."""
+    def __init__(self, refs):
+        self.rate = sum(r.rate for r in refs)
+        self.phi = max(r.phi for r in refs)
+        still = 1.0
+        for r in refs:
+            still *= 1.0 - r.step_share
+        self.step_share = min(1.0 - still, 1.0 - 1e-9)
 
 
 def gather(steps, slow, good, nodes, normal=None):
@@ -267,7 +315,7 @@ def gather(steps, slow, good, nodes, normal=None):
             if s.paths is not None:
                 ev.slow_with_paths += 1
                 slow_path_secs += s.window_s
-                _add_paths(path_acc, s.paths)
+                _add_paths(path_acc, s.paths, ev.slow_with_paths)
     normal_used, kind = _normal(ev, good_tally, normal)
     moved = [c for c in acc.values() if c.slow_steps]
     tests = len(moved) + sum(1 for p in path_acc.values() if p.test is None and p.slow_delta > 0)
@@ -292,6 +340,7 @@ def gather(steps, slow, good, nodes, normal=None):
             short.append(c)
     ev.counters.sort(key=lambda c: (-c.step_share * c.share, -c.slow_delta, c.host, c.key))
     path_short = _judge_paths(ev, path_acc, normal_used, kind, slow_path_secs, tests)
+    _pool_endpoints(ev, path_acc, normal_used, kind, slow_path_secs, tests)
     short.sort(key=lambda c: -c.slow_delta)
     for c in short[:MAX_SHORT]:
         ev.lacking.append(f"evidence short of proof: {c.host}'s {c.name}@{c.where} moved {c.slow_delta} in "
@@ -336,7 +385,7 @@ def _normal(ev, good_tally, baseline_normal):
     return None, None
 
 
-def _add_paths(path_acc, paths):
+def _add_paths(path_acc, paths, ordinal):
     step = {}
     for host, peer, name, v in paths:
         step[(host, peer, name)] = v
@@ -350,6 +399,7 @@ def _add_paths(path_acc, paths):
         if v > 0:
             p.slow_delta += v
             p.slow_steps += 1
+            p.moved_in.add(ordinal)
         segs = step.get((*p.direction, "tcp_segs_out"))    # what the counted traffic's sender sent
         if segs is not None:
             p.segs_out = (p.segs_out or 0) + segs
@@ -380,3 +430,53 @@ def _judge_paths(ev, path_acc, normal_used, kind, seconds, tests):
     ev.paths.sort(key=lambda p: (-p.slow_delta, p.host, p.peer, p.counter))
     short.sort(key=lambda p: -p.slow_delta)
     return short
+
+
+def _share(paths, counter):
+    """Events per segment sent of the proven paths' `counter` (or, when none of them counts it,
+    their largest such share); None where no segments are known (RDMA queue pairs)."""
+    same = [p for p in paths if p.counter == counter and p.segs_out]
+    shares = [p.slow_delta / p.segs_out for p in (same or [p for p in paths if p.segs_out])]
+    return max(shares) if shares else None
+
+
+def _pool_endpoints(ev, path_acc, normal_used, kind, seconds, tests):
+    """For a family whose proven paths are all between one pair of hosts, each end's other paths,
+    pooled per counter, tested as one (ev.endpoint_pools); the pool that passes, per end, with the
+    smallest p first. Tested with the same test and Bonferroni count, widened by the pools."""
+    if normal_used is None:
+        return
+    pairs, proven_paths = {}, {}
+    for p in ev.paths:
+        pairs.setdefault(p.family, set()).add(frozenset((p.host, p.peer)))
+        proven_paths.setdefault((p.family, frozenset((p.host, p.peer))), []).append(p)
+    candidates = []
+    for fam, fam_pairs in pairs.items():
+        if len(fam_pairs) != 1:
+            continue
+        pair = next(iter(fam_pairs))
+        for host in sorted(pair):
+            by_counter = {}
+            for p in path_acc.values():
+                if (p.family == fam and host in (p.host, p.peer)
+                        and frozenset((p.host, p.peer)) != pair):
+                    by_counter.setdefault(p.counter, []).append(p)
+            for name, ps in sorted(by_counter.items()):
+                candidates.append(EndpointPool(host, fam, name, pair, ps,
+                                               slow_delta=sum(p.slow_delta for p in ps),
+                                               slow_steps=len(set().union(*(p.moved_in for p in ps)))))
+    tests += len(candidates)
+    for pool in candidates:
+        if pool.slow_delta <= 0:
+            continue
+        refs = [normal_used.reference(f"{p.host}>{p.peer}", p.counter) for p in pool.paths]
+        ref = PooledReference(refs) if refs and None not in refs else None
+        pool.test = judge(int(round(pool.slow_delta)), pool.slow_steps, ev.slow_with_paths, seconds, ref, kind, tests)
+        segs = sum(p.segs_out or 0 for p in pool.paths)
+        proven = _share(proven_paths[(pool.family, pool.pair)], pool.counter)
+        if not pool.test.short and segs and proven:
+            if pool.slow_delta / segs < POOL_SHARE_OF_PROVEN * proven:
+                pool.test.short = (f"{pool.slow_delta:g} of {segs:g} segments sent ({pool.slow_delta / segs:.2%}), "
+                                   f"under {POOL_SHARE_OF_PROVEN:g}x the proven path's {proven:.2%}")
+        ev.endpoint_pools.append(pool)
+    ev.endpoint_pools.sort(key=lambda q: (not q.qualifies(), q.test.p_value if q.qualifies() else 1.0, q.host, q.counter))

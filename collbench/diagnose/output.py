@@ -7,7 +7,8 @@ stable JSON document:
                       "variant", "method", "reference_us", "current_us", "ratio", "bound_us", "steps",
                       "slow_steps", "good_steps", "normal_steps", "first_slow_ts"}],
      "suspects": [{"rank", "host", "link", "port", "priority", "cause", "score", "p_value", "detail",
-                   "evidence": {"counters": [...], "paths": [...], "off_cpu": {...} | null, "lacking": [...]},
+                   "evidence": {"counters": [...], "paths": [...], "pools": [...], "off_cpu": {...} | null,
+                                "lacking": [...]},
                    "regressions": ["allreduce 4MB", ...]}],
      "notes": [...], "input": {"files", "results", "failures", "bad_lines"}}
 """
@@ -52,7 +53,7 @@ def suspect_dict(i, s):
             "priority": s.priority, "cause": s.cause, "score": _num(s.score), "p_value": _p(s.p_value),
             "detail": s.detail,
             "evidence": {"counters": [c.as_dict() for c in s.counters], "paths": [p.as_dict() for p in s.paths],
-                         "off_cpu": s.off_cpu,
+                         "pools": [q.as_dict() for q in s.pools], "off_cpu": s.off_cpu,
                          "lacking": list(s.lacking)},
             "regressions": list(s.regressions)}
 
@@ -106,6 +107,9 @@ def _evidence_text(s):
     for p in s.paths[:3]:
         parts.append(f"{p.host} > {p.peer} {p.counter}: {p.slow_delta:g} in {p.slow_steps} slow steps "
                      f"(expected {p.test.expected:.3g})")
+    for q in s.pools[:1]:
+        parts.append(f"{q.host}'s other paths pooled {q.counter}: {q.slow_delta:g} in {q.slow_steps} slow steps "
+                     f"(expected {q.test.expected:.3g})")
     if s.off_cpu:
         o = s.off_cpu
         parts.append(f"{o['host']}'s rank waited for (on its CPU {o['on_cpu_share']:.1%}, peers "

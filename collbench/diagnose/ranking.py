@@ -50,6 +50,7 @@ class Suspect:
     lacking: list = field(default_factory=list)
     regressions: list = field(default_factory=list)  # labels of the regressions it explains
     paths: list = field(default_factory=list)        # PathEvidence (per-peer counters)
+    pools: list = field(default_factory=list)        # EndpointPool that named its host
 
     def identity(self):
         return (self.cause, self.host, self.link, self.port, self.priority)
@@ -58,6 +59,7 @@ class Suspect:
     def p_value(self):
         """How sure: the smallest corrected p-value of its counters' tests (None: not from counters)."""
         ps = [c.p_value for c in list(self.counters) + list(self.paths) if c.p_value is not None]
+        ps += [q.test.p_value for q in self.pools if q.test.p_value is not None]
         return min(ps) if ps else None
 
 
@@ -141,10 +143,12 @@ def _link_errors(cs):
                           "errors, losses and the retransmissions they cost)")
 
 
-def _path_suspects(paths):
+def _path_suspects(paths, pools=()):
     """Suspects from per-peer evidence (paths that passed the count test), per family: the common
     endpoint of the lossy (or marked) paths names that host; paths all between the same two hosts
-    name the link; paths with no common endpoint name nobody (a fabric-wide problem)."""
+    name the link, unless one end's other paths pooled passed too (evidence.EndpointPool: that end
+    is the common endpoint, its other paths each short of proof alone); paths with no common
+    endpoint name nobody (a fabric-wide problem)."""
     out = []
     by_family = {}
     for p in paths:
@@ -160,6 +164,15 @@ def _path_suspects(paths):
             for p in ps:
                 ways[p.direction] = ways.get(p.direction, 0) + p.slow_delta
             sender, receiver = max(ways, key=lambda d: (ways[d], d))
+            ends = [q for q in pools if q.family == fam and q.qualifies()]
+            if len({q.host for q in ends}) == 1:
+                q = ends[0]
+                others = [p for p in q.paths if p.slow_delta > 0]
+                out.append(Suspect(fam, host=q.host, score=1.0, paths=ps + others, pools=[q],
+                                   detail=f"{q.host}'s link: the one {what} path proven alone ({sender} -> {receiver}), "
+                                          f"and {q.host}'s {len(others)} other path(s) together beyond their normal "
+                                          f"({q.counter}: {q.slow_delta:g} in {q.slow_steps} slow steps)"))
+                continue
             out.append(Suspect(fam, link=(sender, receiver), score=1.0, paths=ps,
                                detail=f"the link {sender} -> {receiver}: the only {what} path "
                                       f"({', '.join(sorted({p.counter for p in ps}))}: {total:g} in the slow steps)"))
@@ -227,7 +240,7 @@ def suspects_of(ev, nodes):
                 out.append(s)
     _pauses_beside_marks(out, by_family.get(PFC, ()))
     # per-peer evidence names the path; it replaces a host-counter suspect of the same cause
-    for ps in _path_suspects(ev.paths):
+    for ps in _path_suspects(ev.paths, ev.endpoint_pools):
         same = [s for s in out if s.cause == ps.cause]
         for s in same:
             if {s.host} | set(s.link or ()) <= {ps.host} | set(ps.link or ()):
