@@ -83,14 +83,14 @@ def _host(r, paths=None, **extra):
 
 def test_cbcong_paths_become_the_record_field_named_like_the_hosts():
     line = _cbcong({"nodeA": _host(0, {"nodeB|tcp_retrans_segs": 41, "nodeB|tcp_rtt_us_max": 812,
-                                       "192.0.2.9|tcp_segs_out": 5}),
+                                       "nodeB|tcp_lost": 0, "192.0.2.9|tcp_segs_out": 5}),
                     "nodeB": _host(1, {}), "nodeC": _host(2, {"nodeA|qp_out_of_sequence": 3}, pd=2)})
     payload = engine_lines.parse_line(line)
     field = engine_lines.record_congestion(payload, ["10.0.0.1", "10.0.0.2", "10.0.0.3"],
                                            ranks=["10.0.0.1", "10.0.0.2", "10.0.0.3"])
     assert field["paths"] == {"10.0.0.1>10.0.0.2|tcp_retrans_segs": 41, "10.0.0.1>10.0.0.2|tcp_rtt_us_max": 812.0,
                               "10.0.0.1>192.0.2.9|tcp_segs_out": 5, "10.0.0.3>10.0.0.1|qp_out_of_sequence": 3}
-    assert isinstance(field["paths"]["10.0.0.1>10.0.0.2|tcp_rtt_us_max"], float)
+    assert isinstance(field["paths"]["10.0.0.1>10.0.0.2|tcp_rtt_us_max"], float)   # tcp_lost 0: left out
     assert field["dropped"] == 2 and record_field.validate(field) is None
     # without a rank map the engine's names stay; no "p" anywhere (an older engine): no field
     assert "nodeA>nodeB|tcp_retrans_segs" in engine_lines.record_congestion(payload)["paths"]

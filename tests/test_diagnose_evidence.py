@@ -341,6 +341,12 @@ def test_a_shaped_port_proven_on_one_path_and_losing_on_its_others_names_the_hos
     assert pool["host"] == "h3" and pool["excluded"] == ["h3", "h4"] and pool["p_value"] < 1e-3, pool
     assert sorted(map(tuple, pool["paths"])) == [("h1", "h3"), ("h2", "h3"), ("h3", "h1"), ("h3", "h2")], pool
     assert [s["host"] or s["link"] for s in named(doc)] == ["h3"], json.dumps(doc["suspects"])
+    # the same steps with their zero counters left out, as the engine writes them: the same verdict
+    for r in recs:
+        r["congestion"]["paths"] = {k: v for k, v in r["congestion"]["paths"].items() if v}
+    rc, same, err = td.diagnose(td.write(tmp_path / "r.jsonl", recs))
+    assert same["suspects"][0]["evidence"]["pools"] == [pool] and same["suspects"][0]["host"] == "h3", \
+        (err, json.dumps(same["suspects"]))
 
     # a lossy link's ends: their other paths at their usual few retransmissions, in the good steps
     # too, or losing well under half the link's share: the link, both ends
@@ -353,6 +359,20 @@ def test_a_shaped_port_proven_on_one_path_and_losing_on_its_others_names_the_hos
         top = doc["suspects"][0]
         assert (top["link"], top["host"]) == (["h4", "h3"], None) and top["evidence"]["pools"] == [], \
             (other, err, json.dumps(doc["suspects"]))
+
+
+def test_records_that_leave_zero_counters_out_weigh_loss_against_every_slow_steps_segments(tmp_path):
+    """The engine leaves a per-peer counter at 0 out of the record (congestion/record_field.py).
+    A path's loss share is of the segments sent over all the slow steps, not only those its loss
+    counter was listed in: 30 of 2000 in every other slow step is 0.75 %, routine, not 1.5 %."""
+    recs = td.series(n=80, onset=60, factor=3.0, hosts=HOSTS4, ranks=4, transport="ob1-tcp")
+    for i, r in enumerate(recs):
+        full = paths_of({("h1", "h2"): 30} if i >= 60 and i % 2 else {})(i)
+        r["congestion"]["paths"] = {k: v for k, v in full.items() if v}
+    rc, doc, err = td.diagnose(td.write(tmp_path / "r.jsonl", recs))
+    assert rc == 1 and named(doc) == [], (err, json.dumps(doc["suspects"]))
+    assert any("h1 > h2's tcp_retrans_segs" in x and "300 of 40000 segments sent" in x
+               for x in doc["suspects"][0]["evidence"]["lacking"]), json.dumps(doc["suspects"])
 
 
 LOSSY_HOST_H3 = ({("h3", p): 60 for p in ("h1", "h2", "h4")} | {(p, "h3"): 40 for p in ("h1", "h2", "h4")}

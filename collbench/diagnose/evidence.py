@@ -262,6 +262,7 @@ def gather(steps, slow, good, nodes, normal=None):
     ev = Evidence()
     acc = {}                                   # (host, key) -> CounterEvidence (slow steps, not routine)
     path_acc = {}                              # (host, peer, counter) -> PathEvidence
+    traffic = PathTraffic()                    # the paths' segments, DSACKs and RTT in the slow steps
     per_name_slow = Counter()                  # counter name -> delta over hosts (slow steps)
     hosts_per_name = defaultdict(set)
     good_tally = Tally()                       # the good steps' normal (routine movements included)
@@ -315,7 +316,9 @@ def gather(steps, slow, good, nodes, normal=None):
             if s.paths is not None:
                 ev.slow_with_paths += 1
                 slow_path_secs += s.window_s
-                _add_paths(path_acc, s.paths, ev.slow_with_paths)
+                _add_paths(path_acc, traffic, s.paths, ev.slow_with_paths)
+    for p in path_acc.values():
+        traffic.fill(p)
     normal_used, kind = _normal(ev, good_tally, normal)
     moved = [c for c in acc.values() if c.slow_steps]
     tests = len(moved) + sum(1 for p in path_acc.values() if p.test is None and p.slow_delta > 0)
@@ -340,7 +343,7 @@ def gather(steps, slow, good, nodes, normal=None):
             short.append(c)
     ev.counters.sort(key=lambda c: (-c.step_share * c.share, -c.slow_delta, c.host, c.key))
     path_short = _judge_paths(ev, path_acc, normal_used, kind, slow_path_secs, tests)
-    _pool_endpoints(ev, path_acc, normal_used, kind, slow_path_secs, tests)
+    _pool_endpoints(ev, path_acc, traffic, normal_used, kind, slow_path_secs, tests)
     short.sort(key=lambda c: -c.slow_delta)
     for c in short[:MAX_SHORT]:
         ev.lacking.append(f"evidence short of proof: {c.host}'s {c.name}@{c.where} moved {c.slow_delta} in "
@@ -385,30 +388,41 @@ def _normal(ev, good_tally, baseline_normal):
     return None, None
 
 
-def _add_paths(path_acc, paths, ordinal):
-    step = {}
+class PathTraffic:
+    """Per path (host, peer), over the slow steps: tcp_segs_out, tcp_dsack_dups summed and the
+    largest tcp_rtt_us_max, whichever steps its loss counters were listed in (a record may leave a
+    counter at 0 out: congestion/record_field.py)."""
+    FIELDS = {"tcp_segs_out": "segs_out", "tcp_dsack_dups": "dsack_dups", "tcp_rtt_us_max": "rtt_us_max"}
+
+    def __init__(self):
+        self.of = {}            # (host, peer) -> {attribute: value}
+
+    def add(self, host, peer, name, v):
+        attr = self.FIELDS.get(name)
+        if attr is not None:
+            got = self.of.setdefault((host, peer), {})
+            got[attr] = max(got.get(attr, v), v) if attr == "rtt_us_max" else got.get(attr, 0) + v
+
+    def fill(self, p):
+        """p's segs_out (its direction's sender's: what the counted traffic was), dsack_dups, rtt_us_max."""
+        p.segs_out = self.of.get(p.direction, {}).get("segs_out")
+        mine = self.of.get((p.host, p.peer), {})
+        p.dsack_dups, p.rtt_us_max = mine.get("dsack_dups"), mine.get("rtt_us_max")
+
+
+def _add_paths(path_acc, traffic, paths, ordinal):
     for host, peer, name, v in paths:
-        step[(host, peer, name)] = v
-    for (host, peer, name), v in step.items():
+        traffic.add(host, peer, name, v)
         if not weighed_path_counter(name):
             continue
-        row = counters.path_row(name)
         p = path_acc.get((host, peer, name))
         if p is None:
+            row = counters.path_row(name)
             p = path_acc[(host, peer, name)] = PathEvidence(host, peer, name, row.family, row.side)
         if v > 0:
             p.slow_delta += v
             p.slow_steps += 1
             p.moved_in.add(ordinal)
-        segs = step.get((*p.direction, "tcp_segs_out"))    # what the counted traffic's sender sent
-        if segs is not None:
-            p.segs_out = (p.segs_out or 0) + segs
-        dsack = step.get((host, peer, "tcp_dsack_dups"))
-        if dsack is not None:
-            p.dsack_dups = (p.dsack_dups or 0) + dsack
-        rtt = step.get((host, peer, "tcp_rtt_us_max"))
-        if rtt is not None:
-            p.rtt_us_max = rtt if p.rtt_us_max is None else max(p.rtt_us_max, rtt)
 
 
 def _judge_paths(ev, path_acc, normal_used, kind, seconds, tests):
@@ -440,7 +454,7 @@ def _share(paths, counter):
     return max(shares) if shares else None
 
 
-def _pool_endpoints(ev, path_acc, normal_used, kind, seconds, tests):
+def _pool_endpoints(ev, path_acc, traffic, normal_used, kind, seconds, tests):
     """For a family whose proven paths are all between one pair of hosts, each end's other paths,
     pooled per counter, tested as one (ev.endpoint_pools); the pool that passes, per end, with the
     smallest p first. Tested with the same test and Bonferroni count, widened by the pools."""
@@ -469,7 +483,11 @@ def _pool_endpoints(ev, path_acc, normal_used, kind, seconds, tests):
     for pool in candidates:
         if pool.slow_delta <= 0:
             continue
-        refs = [normal_used.reference(f"{p.host}>{p.peer}", p.counter) for p in pool.paths]
+        # the normal of every other path of the host that carried traffic, moved or not (a
+        # record leaves a counter at 0 out: its path is in the traffic, not in path_acc)
+        subjects = {(p.host, p.peer) for p in pool.paths} | {
+            hp for hp in traffic.of if pool.host in hp and frozenset(hp) != pool.pair}
+        refs = [normal_used.reference(f"{h}>{peer}", pool.counter) for h, peer in sorted(subjects)]
         ref = PooledReference(refs) if refs and None not in refs else None
         pool.test = judge(int(round(pool.slow_delta)), pool.slow_steps, ev.slow_with_paths, seconds, ref, kind, tests)
         segs = sum(p.segs_out or 0 for p in pool.paths)
