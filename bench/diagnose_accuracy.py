@@ -552,7 +552,7 @@ def report(rows, quiet_rows):
               + (f"; median fault to alert {statistics.median(a):.0f} s"
                  if (a := [r["alert_s"] for r in alerts if r["alert_s"] is not None]) else "")
               + f"; trials begun with the shift test not back in control within {LOOP_RECOVER_S} s: "
-              f"{sum(not r['in_control_before'] for r in alerts + quiet_rows)}")
+              f"{sum(r.get('in_control_before') is False for r in alerts + quiet_rows)}")
     print(f"{'class':<12} {'trials':>6} {'right':>6} {'1 end':>6} {'wrong':>6} {'unexpl':>7} {'no-reg':>7} "
           f"{'median s':>9} {'slowdown':>13} {f'right if >={SLOWED}x':>15}  strengths right/tried")
     for cls in CLASSES + tuple(FIXTURE_STRENGTHS):
@@ -578,7 +578,8 @@ def report(rows, quiet_rows):
         print(f"quiet runs: {len(quiet_rows)}; false culprits {sum(q['named'] > 0 for q in quiet_rows)}; "
               f"slowdown {min(q['slowdown'] for q in quiet_rows):.2f}-{max(q['slowdown'] for q in quiet_rows):.2f}; "
               f"false alarms (a regression found) {sum(q['verdict'] != 'no regression' for q in quiet_rows)}; "
-              + (f"alerts fired {sum(q['alerted'] for q in quiet_rows)}; " if "alerted" in quiet_rows[0] else "")
+              + (f"alerts fired {sum(q['alerted'] for q in timed)} of {len(timed)}; "
+                 if (timed := [q for q in quiet_rows if "alerted" in q]) else "")
               + f"load average {min(loads):.1f}-{max(loads):.1f}")
 
 

@@ -325,11 +325,11 @@ def test_a_path_moving_in_every_slow_step_against_one_burst_in_its_good_steps_na
 
 
 def test_a_shaped_port_proven_on_one_path_and_losing_on_its_others_names_the_host(tmp_path):
-    """The stress loop's shaped link (seed 65, all 3 trials): tbf on both directions of h3's link
-    drops from every peer, but one path alone passed its test and the link to it was named; h3's
-    other paths lost 0.9 % each (short of the 1 % floor alone), and pooled they are beyond their
-    normal at more than half the proven path's share: h3 is the common endpoint."""
-    shaped = {("h4", "h3"): 30} | {(h, "h3"): 18 for h in ("h1", "h2")} | {("h3", h): 18 for h in ("h1", "h2", "h4")}
+    """The stress loop's shaped link (seeds 64-66: 8 trials of 20): tbf on h3's link drops what
+    every peer sends it, but one path alone passed its test and the link to it was named. h3's
+    other paths in lost 0.6 % each (short of the 1 % floor alone); pooled they are beyond their
+    normal, at 0.4x the proven path's share: h3 is the common endpoint."""
+    shaped = {("h4", "h3"): 30} | {(h, "h3"): 12 for h in ("h1", "h2")}
     recs = td.series(n=80, onset=60, factor=3.0, hosts=HOSTS4, ranks=4, transport="ob1-tcp")
     for i, r in enumerate(recs):
         r["congestion"]["paths"] = paths_of(shaped if i >= 60 else {})(i)
@@ -338,8 +338,8 @@ def test_a_shaped_port_proven_on_one_path_and_losing_on_its_others_names_the_hos
     assert rc == 1 and (top["host"], top["link"], top["cause"]) == ("h3", None, "link_errors"), \
         (err, json.dumps(doc["suspects"]))
     (pool,) = top["evidence"]["pools"]
-    assert pool["host"] == "h3" and pool["excluded"] == ["h3", "h4"] and pool["p_value"] < 1e-3, pool
-    assert sorted(map(tuple, pool["paths"])) == [("h1", "h3"), ("h2", "h3"), ("h3", "h1"), ("h3", "h2")], pool
+    assert (pool["host"], pool["direction"], pool["excluded"]) == ("h3", "in", ["h3", "h4"]), pool
+    assert pool["p_value"] < 1e-3 and sorted(map(tuple, pool["paths"])) == [("h1", "h3"), ("h2", "h3")], pool
     assert [s["host"] or s["link"] for s in named(doc)] == ["h3"], json.dumps(doc["suspects"])
     # the same steps with their zero counters left out, as the engine writes them: the same verdict
     for r in recs:
@@ -349,7 +349,7 @@ def test_a_shaped_port_proven_on_one_path_and_losing_on_its_others_names_the_hos
         (err, json.dumps(same["suspects"]))
 
     # a lossy link's ends: their other paths at their usual few retransmissions, in the good steps
-    # too, or losing well under half the link's share: the link, both ends
+    # too, or losing under a quarter of the link's share: the link, both ends
     for other in (2, 5):
         lossy = {("h4", "h3"): 30} | {(h, "h3"): other for h in ("h1", "h2")}
         for i, r in enumerate(recs):

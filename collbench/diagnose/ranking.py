@@ -170,7 +170,8 @@ def _path_suspects(paths, pools=()):
                 others = [p for p in q.paths if p.slow_delta > 0]
                 out.append(Suspect(fam, host=q.host, score=1.0, paths=ps + others, pools=[q],
                                    detail=f"{q.host}'s link: the one {what} path proven alone ({sender} -> {receiver}), "
-                                          f"and {q.host}'s {len(others)} other path(s) together beyond their normal "
+                                          f"and {q.host}'s {len(others)} other path(s) {'into it' if q.way == 'in' else 'out of it'} "
+                                          f"together beyond their normal "
                                           f"({q.counter}: {q.slow_delta:g} in {q.slow_steps} slow steps)"))
                 continue
             out.append(Suspect(fam, link=(sender, receiver), score=1.0, paths=ps,
