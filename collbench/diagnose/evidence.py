@@ -41,7 +41,7 @@ MAX_SHORT = 3              # counters that moved but fell short, said in `lackin
 POOL_SHARE_OF_PROVEN = 0.25 # an end's other paths one way, pooled, losing (marking) at least a quarter
                             # of the share of segments the proven path does: one port's loss spread
                             # over its peers (measured, 8 shaped ports in the stress loop: 0.40-2.0x);
-                            # a lossy link's ends lost nothing on their other paths (20 loop trials)
+                            # a lossy link's ends lost nothing on their other paths (17 loop trials)
 MIN_POOL_STEPS = 2          # a pool only moves a proven fault to one of its two ends, naming nobody new:
                             # one burst is still no pattern, but half the slow steps is not asked (a
                             # port drops from whichever peer's burst fills it: 2-3 of 5-8 slow steps)
