@@ -172,7 +172,6 @@ class PathEvidence:
     family: str
     side: str = ""              # the counter's side of <host> (rp: it sent, np: it received from <peer>)
     slow_delta: float = 0
-    slow_steps: int = 0
     segs_out: float = None      # tcp_segs_out of its direction's sender over the same steps (the
                                 # traffic a loss share is of: <peer>'s to <host> for an np counter)
     dsack_dups: float = None    # tcp_dsack_dups over the same steps: spurious retransmissions, already
@@ -180,6 +179,10 @@ class PathEvidence:
     rtt_us_max: float = None
     test: Judgement = None
     moved_in: set = field(default_factory=set)      # the slow steps (ordinals) it moved in
+
+    @property
+    def slow_steps(self):
+        return len(self.moved_in)
 
     def qualifies(self):
         return self.test is not None and not self.test.short
@@ -433,7 +436,6 @@ def _add_paths(path_acc, traffic, paths, ordinal):
             p = path_acc[(host, peer, name)] = PathEvidence(host, peer, name, row.family, row.side)
         if v > 0:
             p.slow_delta += v
-            p.slow_steps += 1
             p.moved_in.add(ordinal)
 
 

@@ -162,10 +162,15 @@ def fmt(v, width):
     return format(v, f"{width}.1e")
 
 
+def world():
+    """(rank, ranks) as Open MPI or MPICH's launcher set them (0, 1 without one)."""
+    return (int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0"))),
+            int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("PMI_SIZE", "1"))))
+
+
 def main():
     name = os.path.basename(sys.argv[0])
-    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
-    nprocs = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("PMI_SIZE", "1")))
+    rank, nprocs = world()
     if os.environ.get("NCCL_STANDIN_MARK"):
         with open(os.environ["NCCL_STANDIN_MARK"], "a") as mark:
             mark.write(f"{name} {rank} {' '.join(sys.argv[1:])}\n")
@@ -274,8 +279,7 @@ def main():
 def merged_independent_runs():
     """mpirun's stdout for nprocs ranks that each ran their own 1-rank job, interleaved as it was
     on a loaded CI machine: the second run's header split the first's from its device lines."""
-    nprocs = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("PMI_SIZE", "1")))
-    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
+    rank, nprocs = world()
     if rank != 0:
         return 0
     runs, rc = [], 0
