@@ -356,9 +356,11 @@ def test_killed_ranks_leave_no_zombie_under_the_daemon(stress):
     pid = s.start()
     s.wait_for(lambda r: len(results_in(r)) >= 4, timeout=90, what="results")
     for k in range(1, 3):
-        ranks = wait_for(lambda: [p for p, n in job_processes(pid).items() if n.startswith("collbench-engine")],
+        # mpirun starts its ranks one after the other: wait for both, not the first one seen
+        ranks = wait_for(lambda: (r if len(r := [p for p, n in job_processes(pid).items()
+                                                 if n.startswith("collbench-engine")]) == 2 else None),
                          timeout=60, interval=0.2)
-        assert len(ranks) == 2, job_processes(pid)
+        assert ranks and len(ranks) == 2, job_processes(pid)
         os.kill(rank_zero(ranks), signal.SIGKILL)
         s.wait_for(lambda r: len(events(r, "relaunch")) >= k, timeout=90, what=f"relaunch {k}")
         left = wait_for(lambda: not zombie_children(pid), timeout=10, interval=0.2)
