@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 
 from collbench.baselines.comparison import DEFAULT_K, DEFAULT_THRESHOLD
-from collbench.change_point import DRIFT, WARMUP, ShiftDetector
+from collbench.change_point import DRIFT, MIN_RATIO, WARMUP, ShiftDetector
 from collbench.stats import median
 
 SHIFT_STEPS = 4                   # a shift shows in four steps at least (change_point)
@@ -92,9 +92,25 @@ def shift(key, steps, threshold=DEFAULT_THRESHOLD):
     cur = median(steps[i].latency_us for i in slow)
     if cur < threshold * ref:
         return None
-    before = [i for i in good if i < slow[0]]
+    normal = None
+    for onset in (_first_departure(steps, slow[0]), slow[0]):
+        before = [i for i in good if i < onset]
+        if len(before) >= MIN_NORMAL_STEPS:
+            normal = before
+            break
     return Regression(key, "shift", ref, cur, min(steps[i].latency_us for i in slow), slow, good, len(steps),
-                      steps[slow[0]].ts, normal=before if len(before) >= MIN_NORMAL_STEPS else None)
+                      steps[slow[0]].ts, normal=normal)
+
+
+def _first_departure(steps, first_slow):
+    """Where the series first left its level before the shift: the start of its first
+    excursion that fired at the smallest shift's gate (MIN_RATIO), else first_slow."""
+    det = ShiftDetector(min_ratio=MIN_RATIO)
+    for s in steps[:first_slow + 1]:
+        det.add(s.latency_us)
+        if det.shift:
+            return det.change_index
+    return first_slow
 
 
 def _upper_level(indices, latencies, threshold):
