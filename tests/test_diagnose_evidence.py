@@ -309,6 +309,49 @@ def test_a_shift_weighs_its_counters_against_the_steps_before_its_onset(tmp_path
     assert ev["reference"] == "good steps" and ev["expected"] < 1, ev
 
 
+def test_a_fault_whose_first_steps_stay_under_the_gate_is_weighed_against_the_steps_before_it(tmp_path):
+    """The stress loop's 1 % lossy links (seeds 64 and 67): the loss began 20-25 s before the
+    steps that crossed the alert's 2.0x gate, at a milder level (1.6x) the shift test's reference
+    followed. Those steps carried the link's loss, and taken as the normal they made it read as
+    0.3-0.4x normal: `unexplained`. The normal ends where the series first left its level, at the
+    smallest shift's gate (1.2x)."""
+    cfg = tmp_path / "collbench.yaml"
+    cfg.write_text(f"state_dir: {tmp_path}\nalerts:\n  shift_ratio: 2.0\n")
+    recs = td.series(n=140, onset=40, factor=1.0, hosts=HOSTS4, ranks=4, transport="ob1-tcp")
+    for i, r in enumerate(recs):
+        r["latency_avg_us"] *= 1.0 if i < 40 else (1.6 if i < 110 else 4.0)
+        r["congestion"]["paths"] = paths_of({("h2", "h4"): 90} if i >= 40 else {})(i)
+    rc, doc, err = td.diagnose(td.write(tmp_path / "r.jsonl", recs), "--config", cfg)
+    (reg,) = doc["regressions"]
+    assert rc == 1 and reg["slow_steps"] == 30 and reg["normal_steps"] == 40, (err, doc["regressions"])
+    top = doc["suspects"][0]
+    assert top["link"] == ["h2", "h4"] and top["cause"] == "link_errors", json.dumps(doc["suspects"])
+
+
+def test_pooled_series_take_their_normal_before_the_first_departure_too(tmp_path):
+    """Two series regressed and a third did not; all three carry a lossy link's loss (in every
+    other step) from where the first two left their level. Each regressed series alone moved it
+    in 2 of its 4 slow steps (a counter needs 3); pooled (diagnose/verdict.py) they moved it in 4
+    of 8, and the third series' steps between the departure and the first slow step, which carry
+    the loss too, are no normal either."""
+    cfg = tmp_path / "collbench.yaml"
+    cfg.write_text(f"state_dir: {tmp_path}\nalerts:\n  shift_ratio: 2.0\n")
+    recs = []
+    for n, (op, size) in enumerate(OPS[1:4]):
+        series = td.series(n=140, onset=40, factor=1.0, hosts=HOSTS4, ranks=4, transport="ob1-tcp", op=op,
+                           size=size, seed=n)
+        for i, r in enumerate(series):
+            if n < 2:
+                r["latency_avg_us"] *= 1.0 if i < 40 else (1.6 if i < 136 else 4.0)
+            r["congestion"]["paths"] = paths_of({("h2", "h4"): 90} if i >= 40 and i % 2 == 0 else {})(i)
+        recs += series
+    rc, doc, err = td.diagnose(td.write(tmp_path / "r.jsonl", recs), "--config", cfg)
+    assert rc == 1 and [r["slow_steps"] for r in doc["regressions"]] == [4, 4], (err, doc["regressions"])
+    assert [r["normal_steps"] for r in doc["regressions"]] == [40, 40], doc["regressions"]
+    top = doc["suspects"][0]
+    assert top["link"] == ["h2", "h4"] and len(top["regressions"]) == 2, json.dumps(doc["suspects"])
+
+
 def test_a_path_moving_in_every_slow_step_against_one_burst_in_its_good_steps_names_the_link(tmp_path):
     """The steps view of the count test (congestion/normal.py): one burst of 400 retransmissions in
     60 good steps makes the events view cautious (p 0.02), but moving in 20 of 20 slow steps

@@ -37,7 +37,8 @@ def _pooled(loaded, regs, normal):
     `once` run against a baseline has one step per series: alone, none shows a pattern); the
     good steps are the regressed series' normal steps and every step of the series that did not
     regress -- before the group's first onset when every shift's normal is its steps before its
-    onset (a fault touches the series it did not slow too). The counters and the off-CPU rank are
+    onset (a fault touches the series it did not slow too: a lossy link's alltoall moves its loss
+    while only the allreduce crossed the gate). The counters and the off-CPU rank are
     the host's, not the op's, so they pool over ops."""
     out = []
     shapes = {}
@@ -48,7 +49,7 @@ def _pooled(loaded, regs, normal):
             continue
         steps, slow, good = [], [], []
         regressed = {r.key for r in group}
-        onset = min(r.first_slow_ts for r in group) if all(r.normal is not None for r in group) else None
+        onset = min(r.onset_ts for r in group) if all(r.normal is not None for r in group) else None
         for r in group:
             base = len(steps)
             steps += loaded.series[r.key]
