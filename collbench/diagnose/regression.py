@@ -108,10 +108,10 @@ def shift(key, steps, threshold=DEFAULT_THRESHOLD):
 def _first_departure(steps, first_slow):
     """Where the series first left its level before the shift: the start of its first
     excursion that fired at the smallest shift's gate (MIN_RATIO), else first_slow. A 1 % lossy
-    link in the stress loop slowed its first steps under the alert's 2.0x gate for 10-80 s
-    before any crossed it, so the shift test's reference followed them; they carried the link's
-    loss, and as the normal they made it read 0.3-0.4x normal. Chosen from latency alone, never from the counters the
-    normal is for, so it cannot pick a stretch because its counters were quiet."""
+    link in the stress loop slowed its steps under the alert's 2.0x gate for 25-80 s before any
+    crossed it, so the shift test's reference followed them; they carried the link's loss, and
+    as the normal they made it read 0.3-0.4x normal. Chosen from latency alone, never from the
+    counters the normal is for, so it cannot pick a stretch because its counters were quiet."""
     det = ShiftDetector(min_ratio=MIN_RATIO)
     for s in steps[:first_slow + 1]:
         det.add(s.latency_us)
