@@ -238,9 +238,16 @@ class EndpointPool:
     pair: frozenset             # the proven path's two hosts, left out of the pool
     paths: list                 # the PathEvidence pooled (its other paths that way, read in the slow steps)
     peers: list                 # every other peer it had traffic with: the pool's normal is theirs
-    slow_delta: float = 0
-    slow_steps: int = 0
     test: Judgement = None
+
+    @property
+    def slow_delta(self):
+        return sum(p.slow_delta for p in self.paths)
+
+    @property
+    def slow_steps(self):
+        """The slow steps any of its paths moved in."""
+        return len(set().union(*(p.moved_in for p in self.paths)))
 
     def qualifies(self):
         return self.test is not None and not self.test.short
@@ -494,10 +501,8 @@ def _pool_endpoints(ev, path_acc, traffic, normal_used, kind, seconds, tests):
             # at 0 out: its path is in the traffic, not in path_acc): the pool's normal is theirs
             peers = {x for hp in traffic.of if host in hp for x in hp} - {host, other}
             for (name, way), ps in sorted(by_key.items()):
-                candidates.append(EndpointPool(host, fam, name, way, pair, ps, sorted(peers | {
-                    x for p in ps for x in (p.host, p.peer)} - {host}),
-                    slow_delta=sum(p.slow_delta for p in ps),
-                    slow_steps=len(set().union(*(p.moved_in for p in ps)))))
+                ends = {p.peer if p.host == host else p.host for p in ps}
+                candidates.append(EndpointPool(host, fam, name, way, pair, ps, sorted(peers | ends)))
     tests += len(candidates)
     for pool in candidates:
         if pool.slow_delta <= 0:
